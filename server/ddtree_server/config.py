@@ -1,0 +1,142 @@
+"""ServerConfig: everything `ddtree-server serve` needs to load a model and serve it.
+
+The values come from the command line (`ddtree_server.commands.serve`) or from code (tests, bench).
+Model files are only *named* here; `ddtree_server.models` locates and verifies them. `None` means
+"the documented default", resolved by the component that owns that default:
+
+* `target` and `gguf` both `None` -> the embedded SmolLM2 GGUF (`ddtree_server.models.default`).
+* `drafter` `None` -> the shipped drafter in `ddtree_server/assets/drafter` when present and
+  compatible with the target, otherwise no drafter (autoregressive decoding only).
+* `mode` `None` -> the engine picks ddtree when a drafter is loaded and the target supports tree
+  attention, dflash for targets that cannot verify trees, ar without a drafter.
+* `device` / `dtype` are resolved here: cuda when available, else cpu; bf16 on cuda, fp32 on cpu.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Mode = Literal["ar", "dflash", "ddtree"]
+Device = Literal["cuda", "cpu"]
+DType = Literal["bf16", "fp32"]
+
+# Keyword names apply_chat_template() reserves for itself; never accepted as template kwargs.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "tokenize", "add_generation_prompt", "return_tensors", "return_dict",
+     "padding", "truncation", "max_length", "tools", "documents", "chat_template",
+     "continue_final_message", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+)
+
+
+def _cuda_available() -> bool:
+    import torch  # local import: only resolving the default device needs torch
+
+    return bool(torch.cuda.is_available())
+
+
+class ServerConfig(BaseModel):
+    """Validated server settings (immutable).
+
+    Raises `pydantic.ValidationError` on construction for out-of-range or contradictory values
+    (both `target` and `gguf`, a missing file or folder, a tree budget below 1, bad JSON, ...).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: Path | None = Field(None, description="Hugging Face model folder of the target model.")
+    gguf: Path | None = Field(None, description="GGUF file of the target model.")
+    drafter: Path | None = Field(None, description="z-lab DFlash drafter folder (config.json + safetensors).")
+    target_layer_ids: list[int] | None = Field(
+        None, description="Operator override of the drafter's target_layer_ids (decoder layer indices)."
+    )
+    mode: Mode | None = Field(None, description="Default decoding mode; requests may override it.")
+    tree_budget: int | None = Field(None, ge=1, le=4096, description="Default DDTree node budget (nodes).")
+    host: str = Field("127.0.0.1", min_length=1, description="Listen address.")
+    port: int = Field(8000, ge=0, le=65535, description="Listen port (0: any free port).")
+    device: Device = Field(None, validate_default=False, description="cuda | cpu (default: cuda if available).")
+    dtype: DType = Field(None, validate_default=False, description="bf16 | fp32 (default: bf16 on cuda, fp32 on cpu).")
+    api_key: str | None = Field(None, repr=False, description="Bearer token required on /v1/* when set.")
+    served_model_name: str | None = Field(None, description="Model id shown in /v1/models and responses.")
+    max_model_len: int | None = Field(None, ge=16, description="Context window in tokens (default: the model's).")
+    max_queue: int = Field(64, ge=0, description="Requests waiting for the worker before 429 (requests).")
+    max_concurrency: int = Field(1, ge=1, description="Requests the worker runs at the same time (requests).")
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Default keyword arguments for the chat template (requests may add)."
+    )
+    drain_timeout_s: float = Field(120.0, ge=0, description="Longest wait for in-flight requests on SIGTERM (s).")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = dict(data)
+            if data.get("device") is None:
+                data["device"] = "cuda" if _cuda_available() else "cpu"
+            if data.get("dtype") is None:
+                data["dtype"] = "bf16" if data["device"] == "cuda" else "fp32"
+        return data
+
+    @field_validator("target_layer_ids", mode="before")
+    @classmethod
+    def _parse_layer_ids(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.replace(" ", ",").split(",") if p.strip()]
+            try:
+                return [int(p) for p in parts]
+            except ValueError:
+                raise ValueError(f"expected comma-separated layer indices, got {value!r}") from None
+        return value
+
+    @field_validator("target_layer_ids")
+    @classmethod
+    def _check_layer_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("must name at least one layer")
+            if any(i < 0 for i in value):
+                raise ValueError("layer indices must be >= 0")
+        return value
+
+    @field_validator("chat_template_kwargs", mode="before")
+    @classmethod
+    def _parse_template_kwargs(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not valid JSON: {exc}") from None
+        if value is None:
+            return {}
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _check_template_kwargs(cls, value: dict[str, Any]) -> dict[str, Any]:
+        clash = sorted(RESERVED_TEMPLATE_KWARGS & value.keys())
+        if clash:
+            raise ValueError(f"reserved keys not allowed: {', '.join(clash)}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_paths(self) -> ServerConfig:
+        if self.target is not None and self.gguf is not None:
+            raise ValueError("give either --target or --gguf, not both")
+        if self.target is not None and not self.target.is_dir():
+            raise ValueError(f"--target {self.target}: not a directory")
+        if self.gguf is not None and not self.gguf.is_file():
+            raise ValueError(f"--gguf {self.gguf}: no such file")
+        if self.drafter is not None and not self.drafter.is_dir():
+            raise ValueError(f"--drafter {self.drafter}: not a directory")
+        return self
+
+    @property
+    def torch_dtype(self):
+        """The torch dtype for `dtype` (imports torch)."""
+        import torch
+
+        return {"bf16": torch.bfloat16, "fp32": torch.float32}[self.dtype]
