@@ -1,0 +1,262 @@
+"""DFlashDrafter: the z-lab DFlash block drafter (ddtree.md §1.1-§1.6) and its draft KV cache.
+
+Parameter names equal the z-lab checkpoint keys (§1.3): `fc`, `hidden_norm`, `layers.{i}.*`, `norm`.
+The token embedding and the LM head belong to the target; they are passed in and are NOT part of
+this module's state dict or parameters (so an optimizer over `parameters()` never touches them).
+
+Forward (§1.5): target features of the context -> `hidden_norm(fc(.))`, shared by every layer as
+extra keys/values; the block `[bonus, MASK * (bs-1)]` gives the queries; attention is
+non-causal over all context and the whole block; row j >= 1 predicts the token AT position s+j.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+
+from ddtree_server.models.drafter_config import DrafterConfig
+
+
+class DraftCache:
+    """Context K/V of one sequence for every draft layer (ddtree.md §1.6).
+
+    k, v: [num_layers, num_kv_heads, max_len, head_dim]; rows [0, length) are valid; row p holds
+    the K/V of the committed token at absolute position p.
+    """
+
+    def __init__(self, config: DrafterConfig, max_len: int, device: torch.device, dtype: torch.dtype) -> None:
+        shape = (config.num_hidden_layers, config.num_key_value_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.length = 0
+
+    def crop(self, length: int) -> None:
+        """Keep rows [0, length); raises ValueError if length is out of [0, self.length]."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a draft cache of length {self.length} to {length}")
+        self.length = length
+
+
+def _hf_config(cfg: DrafterConfig) -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, hidden_act=cfg.hidden_act,
+        rms_norm_eps=cfg.rms_norm_eps, rope_parameters=dict(cfg.rope_parameters),
+        max_position_embeddings=cfg.max_position_embeddings, attention_bias=cfg.attention_bias)
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [B, heads, T, hd]; cos/sin: [B, T, hd]."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class DFlashAttention(nn.Module):
+    """q/k/v/o projections with per-head q/k RMSNorm (Qwen3 style); queries only for the block."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        h, hd, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+        self.q_proj = nn.Linear(h, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(h, self.n_kv * hd, bias=bias)
+        self.v_proj = nn.Linear(h, self.n_kv * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, h, bias=bias)
+        self.q_norm = Qwen3RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.k_norm = Qwen3RMSNorm(hd, eps=cfg.rms_norm_eps)
+
+    def q(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x: [B, T, H] (already input-normed) -> roped queries [B, heads, T, hd]."""
+        b, t, _ = x.shape
+        return _rope(self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2), cos, sin)
+
+    def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """x: [B, T, H] -> roped keys and values, each [B, kv_heads, T, hd]."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        return _rope(k, cos, sin), v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """q: [B, heads, Tq, hd]; k/v: [B, kv_heads, Tk, hd]; mask: bool [B, 1, Tq, Tk] (True = see)
+        or None (everything visible, non-causal). Returns [B, Tq, H]."""
+        rep = self.n_heads // self.n_kv
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, scale=self.head_dim ** -0.5)
+        b, _, t, _ = a.shape
+        return self.o_proj(a.transpose(1, 2).reshape(b, t, -1))
+
+
+class DFlashLayer(nn.Module):
+    """Pre-norm decoder layer; the context features join the keys/values without a per-layer norm."""
+
+    def __init__(self, cfg: DrafterConfig, hf_cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.self_attn = DFlashAttention(cfg)
+        self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.mlp = Qwen3MLP(hf_cfg)
+
+    def finish(self, x: Tensor, attn_out: Tensor) -> Tensor:
+        """Residual add of the attention output, then the MLP sub-block."""
+        x = x + attn_out
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """The DFlash drafter; see the module docstring. Sizes come from `config` (DrafterConfig)."""
+
+    def __init__(self, config: DrafterConfig, embed_tokens: nn.Module, lm_head: nn.Module) -> None:
+        super().__init__()
+        self.config = config
+        hf_cfg = _hf_config(config)
+        self.fc = nn.Linear(config.context_width, config.hidden_size, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(config, hf_cfg) for _ in range(config.num_hidden_layers))
+        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self._shared = (embed_tokens, lm_head)  # a tuple: not registered as submodules
+        with torch.device("cpu"):  # real numbers even when the module is built on the meta device
+            rot = Qwen3RotaryEmbedding(hf_cfg)
+        self._inv_freq = rot.inv_freq.detach().float().cpu()  # kept in fp32 whatever the module dtype
+        self._rope_scale = float(rot.attention_scaling)
+        self._inv_freq_dev: dict[torch.device, Tensor] = {}
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        """The target's token embedding (shared, frozen): ids [...] -> [..., H]."""
+        return self._shared[0]
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The target's LM head (shared, frozen): [..., H] -> logits [..., vocab]."""
+        return self._shared[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions: long [B, T] (absolute token positions) -> cos, sin [B, T, head_dim] in dtype.
+        Computed in fp32 from the drafter's own rope settings (never the target's)."""
+        dev = positions.device
+        inv = self._inv_freq_dev.get(dev)
+        if inv is None:
+            inv = self._inv_freq_dev[dev] = self._inv_freq.to(dev)
+        freqs = positions.float()[..., None] * inv
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self._rope_scale).to(dtype), (emb.sin() * self._rope_scale).to(dtype)
+
+    def project_context(self, ctx: Tensor) -> Tensor:
+        """ctx: [..., len(target_layer_ids) * H] target features -> hidden_norm(fc(ctx)) [..., H]."""
+        return self.hidden_norm(self.fc(ctx.to(self.dtype)))
+
+    def block_ids(self, first: Tensor) -> Tensor:
+        """first: long [...] clean tokens -> [..., block_size] = [first, MASK, ..., MASK]."""
+        ids = torch.full((*first.shape, self.config.block_size), self.config.mask_token_id,
+                         dtype=torch.long, device=first.device)
+        ids[..., 0] = first
+        return ids
+
+    # ------------------------------------------------------------------ inference (batch 1)
+    def new_cache(self, max_len: int) -> DraftCache:
+        """An empty DraftCache for up to `max_len` positions (context + one block), on this module's device."""
+        return DraftCache(self.config, max_len, self.fc.weight.device, self.dtype)
+
+    @torch.no_grad()
+    def append_context(self, cache: DraftCache, ctx: Tensor, start_pos: int) -> None:
+        """Append the K/V of the features ctx [n, L*H] of positions [cache.length, start_pos).
+        Raises ValueError if n != start_pos - cache.length or the cache is too short for a block."""
+        c0, n = cache.length, ctx.shape[0]
+        if c0 + n != start_pos:
+            raise ValueError(f"context of {n} rows does not fill positions [{c0}, {start_pos})")
+        if start_pos + self.config.block_size > cache.max_len:
+            raise ValueError(f"draft cache of {cache.max_len} rows cannot hold a block at {start_pos}")
+        if n:
+            h = self.project_context(ctx)[None]
+            pos = torch.arange(c0, start_pos, device=h.device)[None]
+            cos, sin = self.rope(pos, h.dtype)
+            for i, layer in enumerate(self.layers):
+                k, v = layer.self_attn.kv(h, cos, sin)
+                cache.k[i, :, c0:start_pos] = k[0]
+                cache.v[i, :, c0:start_pos] = v[0]
+        cache.length = start_pos
+
+    @torch.no_grad()
+    def draft_block(self, cache: DraftCache, bonus_token: int | Tensor) -> Tensor:
+        """Draft the block at [cache.length, cache.length + block_size) after the cached context.
+
+        bonus_token: the verified token at position s = cache.length (int or 0-d long tensor).
+        Returns logits [block_size - 1, vocab] for positions s+1 .. s+block_size-1. The block's
+        own K/V are written past `length` and dropped (cache.length stays s)."""
+        s, bs = cache.length, self.config.block_size
+        first = torch.as_tensor(bonus_token, dtype=torch.long, device=cache.k.device).reshape(1)
+        x = self.embed_tokens(self.block_ids(first)).to(self.dtype)  # [1, bs, H]
+        cos, sin = self.rope(torch.arange(s, s + bs, device=x.device)[None], x.dtype)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            xn = layer.input_layernorm(x)
+            k, v = attn.kv(xn, cos, sin)
+            cache.k[i, :, s:s + bs] = k[0]
+            cache.v[i, :, s:s + bs] = v[0]
+            out = attn.attend(attn.q(xn, cos, sin), cache.k[i, None, :, :s + bs], cache.v[i, None, :, :s + bs], None)
+            x = layer.finish(x, out)
+        return self.lm_head(self.norm(x[0, 1:]))
+
+    def propose(self, cache: DraftCache, ctx: Tensor, bonus_token: int | Tensor, start_pos: int) -> Tensor:
+        """Contract call (docs/architecture.md): append ctx [n, L*H] (positions [cache.length,
+        start_pos)), draft the block at start_pos; returns logits [block_size-1, vocab];
+        afterwards cache.length == start_pos."""
+        self.append_context(cache, ctx, start_pos)
+        return self.draft_block(cache, bonus_token)
+
+    # ------------------------------------------------------------------ reference / training
+    def forward(self, ctx: Tensor, block_ids: Tensor) -> Tensor:
+        """From-scratch forward exactly as the z-lab module (§1.5), no cache.
+
+        ctx: [B, s, L*H] features of positions [0, s); block_ids: long [B, block_size] at
+        positions [s, s+block_size). Returns logits [B, block_size-1, vocab] (rows 1..bs-1)."""
+        b, s, _ = ctx.shape
+        bs = block_ids.shape[1]
+        h = self.project_context(ctx)
+        x = self.embed_tokens(block_ids).to(self.dtype)
+        cos, sin = self.rope(torch.arange(s + bs, device=x.device).expand(b, -1), x.dtype)
+        for layer in self.layers:
+            attn = layer.self_attn
+            xn = layer.input_layernorm(x)
+            k, v = attn.kv(torch.cat([h, xn], dim=1), cos, sin)
+            x = layer.finish(x, attn.attend(attn.q(xn, cos[:, s:], sin[:, s:]), k, v, None))
+        return self.lm_head(self.norm(x[:, 1:]))
+
+    def forward_train(self, ctx: Tensor, input_ids: Tensor, anchors: Tensor, anchor_valid: Tensor) -> Tensor:
+        """Block-diffusion training forward: many anchor blocks per sequence in one pass.
+
+        ctx: [B, T, L*H] target features of every position; input_ids: long [B, T];
+        anchors: long [B, A] block start positions (the clean anchor token input_ids[b, a] sits
+        in slot 0, slots 1..bs-1 are MASK at positions a+1..a+bs-1); anchor_valid: bool [B, A].
+        Block (b, i) sees context positions p < anchors[b, i] and its own block (bidirectional);
+        an invalid anchor sees only its own block. Returns final-normed hidden [B, A, bs, H];
+        apply `lm_head` to rows 1..bs-1 for logits (row j predicts input_ids[b, a+j])."""
+        b, t = input_ids.shape
+        a, bs = anchors.shape[1], self.config.block_size
+        blk_pos = (anchors[:, :, None] + torch.arange(bs, device=anchors.device)).reshape(b, a * bs)
+        x = self.embed_tokens(self.block_ids(input_ids.gather(1, anchors))).to(self.dtype).reshape(b, a * bs, -1)
+        h = self.project_context(ctx)
+        cos_c, sin_c = self.rope(torch.arange(t, device=x.device).expand(b, -1), x.dtype)
+        cos_b, sin_b = self.rope(blk_pos, x.dtype)
+        see_ctx = (torch.arange(t, device=x.device) < anchors[:, :, None]) & anchor_valid[:, :, None]  # [B, A, T]
+        blk = torch.arange(a * bs, device=x.device) // bs
+        see_blk = (blk[:, None] == blk[None, :]).expand(b, -1, -1)  # [B, A*bs, A*bs]
+        mask = torch.cat([see_ctx.repeat_interleave(bs, dim=1), see_blk], dim=2)[:, None]
+        for layer in self.layers:
+            attn = layer.self_attn
+            xn = layer.input_layernorm(x)
+            kc, vc = attn.kv(h, cos_c, sin_c)
+            kb, vb = attn.kv(xn, cos_b, sin_b)
+            out = attn.attend(attn.q(xn, cos_b, sin_b), torch.cat([kc, kb], 2), torch.cat([vc, vb], 2), mask)
+            x = layer.finish(x, out)
+        return self.norm(x).reshape(b, a, bs, -1)
