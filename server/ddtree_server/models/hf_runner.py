@@ -1,0 +1,76 @@
+"""Fallback runner: plain decoding through transformers' own model.
+
+Used for targets our TargetModel cannot run with a tree (hybrid / recurrent / linear-attention
+architectures such as Qwen3.5, Qwen3-Next, Mamba, Jamba, and any other model_type we do not
+implement; ddtree.md §4.9). It offers the TargetModel calling convention for the ``ar`` loop only:
+no tree masks, no compaction, no captured features.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class HFCache:
+    """Wraps whatever cache object the transformers model returns; only appending is supported."""
+
+    def __init__(self, max_len: int):
+        self.max_len = max_len
+        self.length = 0
+        self.past = None
+
+    def reset(self) -> None:
+        """Drop the cached state."""
+        self.length = 0
+        self.past = None
+
+    def keep(self, start: int, rows) -> None:
+        """Unsupported: recurrent state cannot be compacted (raises NotImplementedError)."""
+        raise NotImplementedError("KV compaction is not available for the fallback runner")
+
+
+class HFRunner:
+    """``forward(cache, input_ids [n], positions [n]) -> (logits [n, vocab], None)`` over an HF model."""
+
+    capture_layers: list[int] = []
+
+    def __init__(self, model):
+        self.model = model.eval()
+        self.config = model.config
+        self.capture_layers = []
+
+    @property
+    def embed_tokens(self):
+        return self.model.get_input_embeddings()
+
+    @property
+    def lm_head(self):
+        return self.model.get_output_embeddings()
+
+    def new_cache(self, max_len: int) -> HFCache:
+        """A fresh, empty HFCache."""
+        return HFCache(max_len)
+
+    @torch.inference_mode()
+    def forward(self, cache: HFCache, input_ids: Tensor, positions: Tensor,
+                tree_mask: Tensor | None = None, last_only: bool = False) -> tuple[Tensor, None]:
+        """Append ``n`` tokens; returns logits ``[n, vocab]`` (``[1, vocab]`` with last_only).
+
+        Raises:
+            NotImplementedError: a tree mask was given (tree mode is unavailable here).
+            ValueError: the cache would exceed ``max_len`` or positions are not contiguous.
+        """
+        if tree_mask is not None:
+            raise NotImplementedError("tree verification is not available for this architecture")
+        n = input_ids.shape[0]
+        if cache.length + n > cache.max_len:
+            raise ValueError(f"cache full: {cache.length} + {n} > {cache.max_len}")
+        out = self.model(input_ids=input_ids[None], position_ids=positions[None],
+                         past_key_values=cache.past, use_cache=True,
+                         logits_to_keep=1 if last_only else 0)
+        cache.past = out.past_key_values
+        cache.length += n
+        return out.logits[0], None
+
+    __call__ = forward

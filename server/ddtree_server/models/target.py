@@ -1,0 +1,289 @@
+"""TargetModel: our own Llama-family forward (Llama, Mistral, Qwen2, Qwen3) with a static KV cache.
+
+Why our own forward (ddtree.md §2.3, §4.3, §4.14): tree verification needs explicit positions
+(s + depth), an ancestor mask over the new block, in-place KV compaction and hidden states of a
+few chosen layers; owning the cache avoids the transformers cache API churn between 5.17 and 5.24.
+The maths mirrors transformers' Llama/Qwen2/Qwen3 modules (RMSNorm in fp32, RoPE from
+``transformers.modeling_rope_utils`` so ``rope_parameters`` incl. llama3/yarn/linear scaling are
+honoured, GQA attention through ``torch.nn.functional.scaled_dot_product_attention``, SwiGLU MLP).
+
+Batch size is 1 throughout: token tensors are 1-D ``[n]``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def rope_inv_freq(config) -> tuple[Tensor, float]:
+    """Inverse RoPE frequencies ``[head_dim // 2]`` (fp32, CPU) and the attention scaling factor.
+
+    Reads ``config.rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling`` (4.x).
+    Non-default types go through ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``; dynamic
+    types are evaluated once at the configured length (no per-length re-scaling).
+    """
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    if not params:
+        params = dict(getattr(config, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    partial = getattr(config, "partial_rotary_factor", 1.0) or 1.0
+    dim = int(head_dim * partial)
+    if rope_type == "default":
+        base = float(params["rope_theta"])
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))
+        return inv_freq, 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"unsupported rope_type {rope_type!r}")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    return inv_freq.float().cpu(), float(scaling)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last axis, computed in fp32 and cast back (as transformers' LlamaRMSNorm)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class KVCache:
+    """Static, pre-allocated KV cache for batch 1.
+
+    ``k``/``v``: ``[num_layers, kv_heads, max_len, head_dim]``; rows ``[0, length)`` are valid.
+    """
+
+    def __init__(self, num_layers: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        shape = (num_layers, kv_heads, max_len, head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.length = 0
+
+    def reset(self) -> None:
+        """Forget every row (no memory is freed)."""
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        """Keep rows ``[0, length)``. Raises ValueError if ``length`` is outside ``[0, self.length]``."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
+        self.length = length
+
+    def keep(self, start: int, rows: Sequence[int]) -> None:
+        """Compact: row ``start + rows[i]`` moves to ``start + i``, then truncate to ``start + len(rows)``.
+
+        Used after tree verification to keep the accepted path (ddtree.md §2.5). When ``rows`` is
+        ``0..k-1`` nothing moves. Raises ValueError for rows outside ``[0, length - start)``.
+        """
+        rows = list(rows)
+        count = len(rows)
+        if count and (min(rows) < 0 or start + max(rows) >= self.length):
+            raise ValueError(f"rows {rows} outside the cache window [{start}, {self.length})")
+        if rows != list(range(count)):
+            idx = torch.tensor(rows, dtype=torch.long).add_(start).to(self.k.device, non_blocking=True)
+            self.k[:, :, start:start + count] = self.k.index_select(2, idx)
+            self.v[:, :, start:start + count] = self.v.index_select(2, idx)
+        self.length = start + count
+
+
+class Attention(nn.Module):
+    """GQA self-attention; optional q/k/v bias (Qwen2) and per-head q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, config, qk_norm: bool):
+        super().__init__()
+        hidden = config.hidden_size
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // self.n_heads
+        bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
+        self.q_proj = nn.Linear(hidden, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.n_kv * self.head_dim, bias=bias)
+        o_bias = bool(getattr(config, "attention_bias", False)) and config.model_type != "qwen2"
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, hidden, bias=o_bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = qk_norm
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int,
+                mask: Tensor | None) -> Tensor:
+        n = x.shape[0]
+        s = cache.length
+        q = self.q_proj(x).view(n, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(n, self.n_kv, self.head_dim)
+        v = self.v_proj(x).view(n, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        cache.k[layer, :, s:s + n] = k.transpose(0, 1)
+        cache.v[layer, :, s:s + n] = v.transpose(0, 1)
+        keys = cache.k[layer, :, : s + n].unsqueeze(0)
+        values = cache.v[layer, :, : s + n].unsqueeze(0)
+        # GQA without repeating K/V: the n_rep query heads of one KV head become n_rep*n query rows.
+        rep = self.n_heads // self.n_kv
+        q = q.transpose(0, 1).reshape(1, self.n_kv, rep * n, self.head_dim)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        out = out.view(self.n_heads, n, self.head_dim).transpose(0, 1).reshape(n, -1)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, config):
+        super().__init__()
+        act = getattr(config, "hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ValueError(f"unsupported hidden_act {act!r} (only silu)")
+        bias = bool(getattr(config, "mlp_bias", False))
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm decoder layer: attention and MLP residual blocks."""
+
+    def __init__(self, config, qk_norm: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, qk_norm)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, cache, layer, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+TREE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+class TargetModel(nn.Module):
+    """Llama-family causal LM over a static KV cache, with explicit positions and tree masks.
+
+    Parameter names equal transformers' with the ``model.`` prefix removed (``embed_tokens``,
+    ``layers.{i}.self_attn.q_proj``, ``norm``, ``lm_head``). ``capture_layers`` lists decoder-layer
+    ids (0-based; id k = output of decoder layer k) whose outputs ``forward`` returns.
+    """
+
+    def __init__(self, config):
+        super().__init__()
+        if config.model_type not in TREE_FAMILIES:
+            raise ValueError(f"TargetModel supports {TREE_FAMILIES}, not {config.model_type!r}")
+        self.config = config
+        qk_norm = config.model_type == "qwen3"
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, qk_norm) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.embed_tokens.weight
+        self.head_dim = self.layers[0].self_attn.head_dim
+        with torch.device("cpu"):
+            inv_freq, self.rope_scaling = rope_inv_freq(config)
+        self._inv_freq = {torch.device("cpu"): inv_freq}
+        self.capture_layers: list[int] = []
+
+    def tie_weights(self) -> None:
+        """Re-share ``lm_head.weight`` with ``embed_tokens.weight`` for tied-embedding configs."""
+        if getattr(self.config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def new_cache(self, max_len: int) -> KVCache:
+        """A fresh KVCache of ``max_len`` rows in this model's dtype/device."""
+        w = self.embed_tokens.weight
+        return KVCache(len(self.layers), self.config.num_key_value_heads, max_len, self.head_dim,
+                       w.dtype, w.device)
+
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        device = positions.device
+        inv = self._inv_freq.get(device)
+        if inv is None:
+            inv = self._inv_freq[torch.device("cpu")].to(device)
+            self._inv_freq[device] = inv
+        freqs = positions.float()[:, None] * inv[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scaling).to(dtype)[:, None, :]
+        sin = (emb.sin() * self.rope_scaling).to(dtype)[:, None, :]
+        return cos, sin
+
+    def _mask(self, s: int, n: int, tree_mask: Tensor | None, device) -> Tensor | None:
+        """Bool ``[1, 1, rep*n, s+n]`` (True = attend) or None when everything is visible."""
+        if tree_mask is None and n == 1:
+            return None
+        mask = torch.ones((n, s + n), dtype=torch.bool, device=device)
+        if tree_mask is None:
+            mask[:, s:] = torch.ones((n, n), dtype=torch.bool, device=device).tril_()
+        else:
+            if tree_mask.shape != (n, n):
+                raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}, expected ({n}, {n})")
+            mask[:, s:] = tree_mask
+        rep = self.config.num_attention_heads // self.config.num_key_value_heads
+        return mask.repeat(rep, 1)[None, None]
+
+    def forward(self, cache: KVCache, input_ids: Tensor, positions: Tensor,
+                tree_mask: Tensor | None = None, last_only: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
+        """Run ``n`` new tokens after the ``cache.length`` cached ones and append their K/V.
+
+        Args:
+            cache: the request's KVCache; ``cache.length`` grows by n.
+            input_ids: ``[n]`` long token ids.
+            positions: ``[n]`` long RoPE positions (s + depth for tree nodes).
+            tree_mask: optional bool ``[n, n]``, True where column j is an ancestor-or-self of row
+                i; replaces the causal mask inside the new block (the cached prefix stays fully
+                visible). None = causal.
+            last_only: return logits for the last row only (prefill).
+        Returns:
+            logits ``[n, vocab]`` (``[1, vocab]`` with last_only) in the model dtype, and the
+            captured features ``[n, len(capture_layers) * hidden]`` (None if nothing is captured).
+        Raises:
+            ValueError: the cache has fewer than n free rows, or the mask shape is wrong.
+        """
+        n = input_ids.shape[0]
+        s = cache.length
+        if s + n > cache.max_len:
+            raise ValueError(f"KV cache full: {s} + {n} rows > max_len {cache.max_len}")
+        x = self.embed_tokens(input_ids)
+        cos, sin = self._rope(positions, x.dtype)
+        mask = self._mask(s, n, tree_mask, x.device)
+        want = {layer: i for i, layer in enumerate(self.capture_layers)}
+        captured: list[Tensor | None] = [None] * len(want)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, i, mask)
+            if i in want:
+                captured[want[i]] = x
+        cache.length = s + n
+        if last_only:
+            x = x[-1:]
+        logits = self.lm_head(self.norm(x))
+        feats = torch.cat(captured, dim=-1) if captured else None
+        return logits, feats
