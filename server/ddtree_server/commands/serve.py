@@ -1,9 +1,159 @@
-"""`ddtree-server serve` (placeholder until implemented)."""
+"""`ddtree-server serve`: run the OpenAI-compatible HTTP server (uvicorn) on one model.
+
+The HTTP listener starts first and the model loads on the worker thread, so /ready reports
+loading / warming before it turns 200 (and `READY=1` goes to `$NOTIFY_SOCKET`). SIGTERM or SIGINT
+drains: /ready says draining, new requests get 503, in-flight requests finish (at most
+`--drain-timeout` seconds), then the process exits 0. A second signal exits at once. A model that
+fails to load or warm up makes the process exit 1.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
 import typer
+
+log = logging.getLogger("ddtree_server.serve")
+
+
+def load_engine(config: Any, status: Any) -> Any:
+    """Build the Engine for `config`; `status(text)` reports loading progress."""
+    from ddtree_server.engine.engine import Engine
+
+    status("loading target and drafter")
+    return Engine.from_config(config)
+
+
+def warmup(engine: Any) -> None:
+    """One short greedy generation in the default mode. Raises RuntimeError if it does not finish."""
+    from ddtree_server.engine.sampling import SamplingParams
+
+    ids = list(engine.tokenizer.encode("The capital of France is", add_special_tokens=True))
+    last = None
+    for last in engine.generate(ids, SamplingParams(max_tokens=4, temperature=0.0)):
+        pass
+    if last is None or last.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"warm-up generation did not finish (last event: {last!r})")
+
+
+def run_server(config: Any) -> int:
+    """Serve until SIGTERM/SIGINT. Returns the process exit status (0 drained, 1 load failure)."""
+    import uvicorn
+
+    from ddtree_server.api import sdnotify
+    from ddtree_server.api.app import create_app
+    from ddtree_server.api.metrics import Metrics
+    from ddtree_server.api.worker import Worker
+
+    logging.basicConfig(level=config.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    metrics = Metrics()
+    outcome = {"status": 0}
+    server: Any = None
+
+    def on_state(state: str, detail: str) -> None:
+        metrics.state.state(state)
+        sdnotify.on_state(state, detail)
+        if state == "failed":
+            outcome["status"] = 1
+            if server is not None:
+                server.should_exit = True
+
+    def on_finished(job: Any, event: Any) -> None:
+        stats = event.stats.to_dict() if event is not None and event.stats is not None else None
+        metrics.observe_finished(prompt_tokens=len(job.prompt_ids), stats=stats,
+                                 cancelled=job.cancel.is_set() or getattr(event, "finish_reason", None) == "cancelled")
+
+    worker = Worker(load=lambda status: load_engine(config, status), warmup=warmup, max_queue=config.max_queue,
+                    max_concurrency=config.max_concurrency, on_state=on_state, on_finished=on_finished)
+    app = create_app(config, worker, metrics)
+    uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
+                               log_level=config.log_level, timeout_graceful_shutdown=30)
+    server = _server_class()(uv_config, worker=worker, drain_timeout=config.drain_timeout_s)
+    server.run()
+    if worker.state == "failed":
+        outcome["status"] = 1
+    log.info("exiting with status %d", outcome["status"])
+    return outcome["status"]
+
+
+def _server_class() -> type:
+    """uvicorn.Server subclass with drain-on-signal (built here so that --help never imports uvicorn)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        """uvicorn.Server whose first SIGTERM/SIGINT drains the worker before shutting down."""
+
+        def __init__(self, config: Any, *, worker: Any, drain_timeout: float) -> None:
+            super().__init__(config)
+            self._worker, self._drain_timeout, self._draining = worker, drain_timeout, False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # Not recorded in _captured_signals: uvicorn would re-raise it and the exit status
+            # would be -SIGTERM instead of 0 after a clean drain.
+            if self._draining:
+                log.warning("second signal %d: exiting without waiting", sig)
+                self.force_exit = self.should_exit = True
+                return
+            self._draining = True
+            log.info("signal %d: draining (at most %.0f s)", sig, self._drain_timeout)
+            self._worker.begin_drain()
+            threading.Thread(target=self._drain, name="ddtree-drain", daemon=True).start()
+
+        def _drain(self) -> None:
+            if not self._worker.wait_idle(self._drain_timeout):
+                log.warning("drain timeout: %d running, %d queued requests abandoned",
+                            self._worker.running, self._worker.queued)
+            self.should_exit = True
+
+    return DrainingServer
 
 
 def register(app: typer.Typer) -> None:
-    """Add this sub-command to the Typer app (nothing yet)."""
+    """Add `serve` to the Typer app."""
+
+    @app.command("serve")
+    def serve(
+        target: Optional[Path] = typer.Option(None, "--target", help="Hugging Face model folder of the target."),
+        gguf: Optional[Path] = typer.Option(None, "--gguf", help="GGUF target file (default: embedded SmolLM2)."),
+        drafter: Optional[Path] = typer.Option(None, "--drafter", help="DFlash drafter folder (default: shipped one)."),
+        target_layer_ids: Optional[str] = typer.Option(None, "--target-layer-ids",
+                                                       help="Override the drafter's target layers, e.g. 1,9,17."),
+        mode: Optional[str] = typer.Option(None, "--mode", help="ar | dflash | ddtree (default: best available)."),
+        tree_budget: Optional[int] = typer.Option(None, "--tree-budget", help="DDTree node budget (nodes)."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Listen address."),
+        port: int = typer.Option(8000, "--port", help="Listen port."),
+        device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: cuda if available)."),
+        dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 (default: bf16 cuda, fp32 cpu)."),
+        api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DDTREE_API_KEY",
+                                              help="Require this Bearer token on /v1/* (env DDTREE_API_KEY)."),
+        served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model id for clients."),
+        max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context window (tokens)."),
+        max_queue: int = typer.Option(64, "--max-queue", help="Waiting requests before 429."),
+        max_concurrency: int = typer.Option(1, "--max-concurrency", help="Requests running at once."),
+        chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
+                                                           help='Default template kwargs as JSON, e.g. \'{"enable_thinking": false}\'.'),
+        drain_timeout: float = typer.Option(120.0, "--drain-timeout", help="Longest drain on SIGTERM (s)."),
+        log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
+    ) -> None:
+        """Serve the OpenAI-compatible API (chat, completions, streaming) with speculative decoding."""
+        from pydantic import ValidationError
+
+        from ddtree_server.config import ServerConfig
+
+        values = dict(target=target, gguf=gguf, drafter=drafter, target_layer_ids=target_layer_ids, mode=mode,
+                      tree_budget=tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
+                      served_model_name=served_model_name, max_model_len=max_model_len, max_queue=max_queue,
+                      max_concurrency=max_concurrency, chat_template_kwargs=chat_template_kwargs,
+                      drain_timeout_s=drain_timeout, log_level=log_level)
+        try:
+            config = ServerConfig(**values)
+        except ValidationError as exc:
+            for err in exc.errors():
+                where = "--" + "-".join(str(p) for p in err["loc"]).replace("_", "-") if err["loc"] else "config"
+                typer.echo(f"error: {where}: {err['msg']}", err=True)
+            raise typer.Exit(2) from None
+        raise typer.Exit(run_server(config))

@@ -1,0 +1,263 @@
+"""FastAPI app factory: the routes of the OpenAI-compatible server, its error shapes and auth.
+
+Routes: GET /health, /ready, /metrics, /v1/models[/{id}]; POST /v1/chat/completions,
+/v1/completions. Every error is `{"error": {message, type, param, code}}`; request validation
+errors are 400 (not FastAPI's 422); everything a client can get wrong is decided before the
+first byte of a stream. With an API key, /v1/* needs `Authorization: Bearer <key>` (401);
+/health, /ready and /metrics stay open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ddtree_server.api import prompts
+from ddtree_server.api.metrics import Metrics
+from ddtree_server.api.schemas import (ApiError, ChatCompletionRequest, CompletionRequest, chat_response,
+                                       completion_response, error_body, model_card, new_id, now)
+from ddtree_server.api.streaming import HEADERS, MEDIA_TYPE, ChunkShape, event_stream
+from ddtree_server.api.worker import Job, NotAccepting, QueueFull, Worker
+from ddtree_server.config import ServerConfig
+
+log = logging.getLogger("ddtree_server.api")
+
+DISCONNECT_POLL_S = 0.25   # how often a waiting request checks whether its client left (s)
+_PENDING = object()
+
+
+class ClientGone(Exception):
+    """The client closed the connection before the response started."""
+
+
+def available_modes(engine: Any) -> set[str]:
+    """Decoding modes this engine can run: ar always; dflash/ddtree with a drafter."""
+    modes = getattr(engine, "available_modes", None)
+    if modes:
+        return set(modes)
+    found = {"ar"}
+    if getattr(engine, "drafter", None) is not None:
+        found.add("dflash")
+        if getattr(engine, "tree_mode_available", False):
+            found.add("ddtree")
+    return found
+
+
+class _Middleware:
+    """Pure ASGI middleware: API-key check on /v1/* and per-request metrics (status by endpoint)."""
+
+    def __init__(self, app: Any, *, api_key: str | None, metrics: Metrics) -> None:
+        self.app, self.api_key, self.metrics = app, api_key, metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, status = scope.get("path", ""), [500]
+
+        async def send_wrapper(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            if self.api_key and path.startswith("/v1/") and not self._authorised(scope):
+                status[0] = 401
+                body = error_body("invalid or missing API key (send Authorization: Bearer <key>)",
+                                  code="invalid_api_key")
+                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            self.metrics.count_request(path, status[0])
+
+    def _authorised(self, scope: dict) -> bool:
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, token = value.decode("latin-1").partition(" ")
+                return scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), self.api_key)
+        return False
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
+    param = ".".join(loc) or None
+    msg = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if first.get("type") == "missing":
+        return f"missing required field {param!r}", param
+    return (f"{param}: {msg}" if param else msg), param
+
+
+def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAPI:
+    """The ASGI app; its lifespan starts the worker (model load in the background) and stops it."""
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        worker.start()   # loads the model on the worker thread; the listener is up meanwhile
+        yield
+        worker.stop()
+
+    app = FastAPI(title="ddtree-server", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.state.worker, app.state.metrics = worker, metrics
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        headers = {"Retry-After": "5"} if exc.status in (429, 503) else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if exc.status_code == 404 else None
+        return JSONResponse(error_body(str(exc.detail), code=code), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _crash(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return JSONResponse(error_body(f"internal error: {type(exc).__name__}", type="server_error"),
+                            status_code=500)
+
+    def ready_engine() -> Any:
+        if worker.state != "ready":
+            raise ApiError(503, f"the server is {worker.state}: {worker.detail}", type="service_unavailable",
+                           code=worker.state)
+        return worker.engine
+
+    def check_model(name: str | None, engine: Any) -> None:
+        if name is not None and name != engine.model_id:
+            raise ApiError(404, f"the model {name!r} does not exist; this server serves {engine.model_id!r}",
+                           param="model", code="model_not_found")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        alive = worker.alive()
+        return JSONResponse({"status": "ok" if alive else "unhealthy", "state": worker.state},
+                            status_code=200 if alive else 503)
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        body = {"state": worker.state, "detail": worker.detail, "elapsed_s": round(worker.elapsed(), 3)}
+        return JSONResponse(body, status_code=200 if worker.state == "ready" else 503)
+
+    @app.get("/metrics")
+    async def metrics_route() -> Response:
+        metrics.queue_depth.set(worker.queued)
+        metrics.running.set(worker.running)
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    def card(engine: Any) -> dict[str, Any]:
+        extra = {"decoding": {"default_mode": engine.default_mode, "modes": sorted(available_modes(engine)),
+                              "tree_mode_available": bool(engine.tree_mode_available)}}
+        for attr in ("target_id", "drafter_id"):
+            if getattr(engine, attr, None) is not None:
+                extra[attr.removesuffix("_id")] = getattr(engine, attr)
+        return model_card(model_id=engine.model_id, created=int(time.time() - worker.elapsed()),
+                          max_model_len=engine.max_model_len, extra=extra)
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [card(ready_engine())]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> dict[str, Any]:
+        engine = ready_engine()
+        check_model(model_id, engine)
+        return card(engine)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        engine = ready_engine()
+        check_model(body.model, engine)
+        ids = await run_in_threadpool(prompts.chat_prompt_ids, engine.tokenizer, body, config.chat_template_kwargs)
+        return await _generate(request, engine, body, ids, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        engine = ready_engine()
+        check_model(body.model, engine)
+        vocab = getattr(engine, "vocab_size", None) or len(engine.tokenizer)
+        ids = await run_in_threadpool(prompts.completion_prompt_ids, engine.tokenizer, body.prompt, vocab)
+        return await _generate(request, engine, body, ids, "completion")
+
+    async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str) -> Response:
+        mode, budget = prompts.check_decoding(body, available_modes(engine))
+        from ddtree_server.engine.sampling import SamplingParams
+
+        params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams)
+        rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
+        job = Job(rid=rid, prompt_ids=ids, params=params, mode=mode, tree_budget=budget)
+        try:
+            worker.submit(job)
+        except QueueFull as exc:
+            raise ApiError(429, f"the server is busy: {exc}; retry later", type="rate_limit_error",
+                           code="queue_full") from None
+        except NotAccepting as exc:
+            raise ApiError(503, f"the server is {exc}", type="service_unavailable", code=str(exc)) from None
+        try:
+            first = await _next(job, request)
+        except ClientGone:
+            return Response(status_code=499)
+        except Exception as exc:
+            log.exception("request %s failed", rid)
+            raise ApiError(500, f"generation failed: {exc}", type="server_error") from None
+        metrics.ttft.observe(time.monotonic() - job.submitted_at)
+        created, model = now(), engine.model_id
+        if body.stream:
+            shape = ChunkShape(kind, rid, created, model, body.include_usage())
+
+            def on_close(finished: bool) -> None:
+                if not finished and not job.cancel.is_set():
+                    log.info("request %s: client disconnected during the stream", rid)
+                    job.cancel.set()
+
+            stream = event_stream(shape, first, lambda: job.next_event(), prompt_tokens=len(ids), on_close=on_close)
+            return StreamingResponse(stream, media_type=MEDIA_TYPE, headers=HEADERS)
+        texts, event, last = [], first, first
+        while event is not None:
+            texts.append(event.text)
+            last = event
+            try:
+                event = await _next(job, request)
+            except ClientGone:
+                return Response(status_code=499)
+        stats = last.stats.to_dict() if last.stats is not None else None
+        tokens = stats["generated_tokens"] if stats else 0
+        build = chat_response if kind == "chat" else completion_response
+        return JSONResponse(build(rid=rid, created=created, model=model, text="".join(texts),
+                                  finish_reason=last.finish_reason, prompt_tokens=len(ids),
+                                  completion_tokens=tokens, decoding=stats))
+
+    async def _next(job: Job, request: Request) -> Any:
+        """The job's next event; cancels the job and raises ClientGone when the client has left
+        (checked at least every DISCONNECT_POLL_S seconds, also while events keep coming)."""
+        while True:
+            due = job.submitted_at + DISCONNECT_POLL_S * (1 + int((time.monotonic() - job.submitted_at)
+                                                                  / DISCONNECT_POLL_S))
+            try:
+                event = await job.next_event(timeout=max(due - time.monotonic(), 0.01))
+            except asyncio.TimeoutError:
+                event = _PENDING
+            if time.monotonic() >= due and await request.is_disconnected():
+                log.info("request %s: client disconnected before the response", job.rid)
+                job.cancel.set()
+                raise ClientGone()
+            if event is not _PENDING:
+                return event
+
+    app.add_middleware(_Middleware, api_key=config.api_key, metrics=metrics)
+    return app

@@ -1,0 +1,72 @@
+"""Prometheus metrics of the API server (prometheus-client, one registry per app).
+
+Names (all prefixed `ddtree_`):
+
+* `requests_total{endpoint,status}` — HTTP requests answered, by route and status code;
+* `prompt_tokens_total`, `generated_tokens_total` — tokens in and out (tokens);
+* `acceptance_length` — histogram of mean accepted tokens per target forward, per request (tokens);
+* `decode_tokens_per_second` — histogram of per-request decode speed (tokens/s);
+* `time_to_first_token_seconds` — queue wait + prefill + first round, per request (s);
+* `queue_depth` / `running_requests` — requests waiting for / running on the worker;
+* `requests_cancelled_total` — generations stopped because the client went away;
+* `server_state` — loading | warming | ready | draining | stopped | failed.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Enum, Gauge,
+                               Histogram, generate_latest)
+
+STATES = ["loading", "warming", "ready", "draining", "stopped", "failed"]
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics")
+
+
+class Metrics:
+    """The server's metric objects, registered on a private `CollectorRegistry`."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("ddtree_requests", "HTTP requests answered.", ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("ddtree_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
+        self.generated_tokens = Counter("ddtree_generated_tokens", "Tokens generated.", registry=r)
+        self.cancelled = Counter("ddtree_requests_cancelled", "Generations cancelled by a client disconnect.",
+                                 registry=r)
+        self.acceptance_length = Histogram(
+            "ddtree_acceptance_length", "Mean accepted tokens per target forward (tau), per request.",
+            buckets=(1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16), registry=r)
+        self.tokens_per_second = Histogram(
+            "ddtree_decode_tokens_per_second", "Decode speed per request (tokens/s).",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 400, 800, 1600), registry=r)
+        self.ttft = Histogram(
+            "ddtree_time_to_first_token_seconds", "Queue wait + prefill + first round (s).",
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
+        self.queue_depth = Gauge("ddtree_queue_depth", "Requests waiting for the worker.", registry=r)
+        self.running = Gauge("ddtree_running_requests", "Requests running on the worker.", registry=r)
+        self.state = Enum("ddtree_server_state", "Server lifecycle state.", states=STATES, registry=r)
+        self.state.state("loading")
+
+    def count_request(self, path: str, status: int) -> None:
+        """Count one answered request; unknown paths are folded into `other` (bounded labels)."""
+        endpoint = path if path in ENDPOINTS else ("/v1/models" if path.startswith("/v1/models/") else "other")
+        self.requests.labels(endpoint=endpoint, status=str(status)).inc()
+
+    def observe_finished(self, *, prompt_tokens: int, stats: dict | None, cancelled: bool = False) -> None:
+        """Record one finished generation from its `DecodeStats.to_dict()` (may be None)."""
+        self.prompt_tokens.inc(prompt_tokens)
+        if cancelled:
+            self.cancelled.inc()
+        if not stats:
+            return
+        self.generated_tokens.inc(stats.get("generated_tokens") or 0)
+        tau = stats.get("mean_acceptance_length")
+        if tau:
+            self.acceptance_length.observe(tau)
+        tps = stats.get("tokens_per_second")
+        if tps:
+            self.tokens_per_second.observe(tps)
+
+    def render(self) -> bytes:
+        """The text exposition format of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,109 @@
+"""Turn a validated API request into engine input: prompt token ids, SamplingParams, mode, budget.
+
+* chat: the tokenizer's chat template renders the messages (with `add_generation_prompt=True`
+  and the merged `chat_template_kwargs`), then the text is tokenised without extra special tokens;
+* completions: the prompt is tokenised VERBATIM (no template, no system prompt); special tokens
+  are added per the tokenizer's default, without doubling a BOS the text already starts with;
+  token-id prompts are used as given after a vocabulary check.
+
+Every client mistake raises `ApiError` (HTTP 4xx) here, before anything is queued or streamed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ddtree_server.api.schemas import ApiError, ChatCompletionRequest, CompletionRequest
+from ddtree_server.config import RESERVED_TEMPLATE_KWARGS
+
+log = logging.getLogger("ddtree_server.api")
+
+DEFAULT_TEMPERATURE = 1.0   # OpenAI's default when a request omits it
+
+
+@dataclass
+class Prepared:
+    """Engine input for one request."""
+
+    prompt_ids: list[int]
+    params: Any               # engine.sampling.SamplingParams
+    mode: str | None
+    tree_budget: int | None
+
+
+def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any]) -> list[int]:
+    """Render the chat template and tokenise it. Raises ApiError(400) on any template failure.
+
+    `developer` messages are rendered as `system` (chat templates know no developer role).
+    """
+    kwargs = {**default_kwargs, **(request.chat_template_kwargs or {})}
+    clash = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+    if clash:
+        raise ApiError(400, f"chat_template_kwargs may not set {', '.join(clash)}", param="chat_template_kwargs")
+    messages = []
+    for message in request.messages:
+        item = message.model_dump(exclude_none=True)
+        item["role"] = "system" if message.role == "developer" else message.role
+        item["content"] = message.text()
+        messages.append(item)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    except Exception as exc:   # jinja errors, raise_exception() in templates, bad kwargs
+        log.info("chat template error: %s", exc)
+        raise ApiError(400, f"chat template error: {exc}", param="messages", code="chat_template_error") from None
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int) -> list[int]:
+    """Token ids of a raw prompt. Raises ApiError(400) for ids outside [0, vocab_size)."""
+    if isinstance(prompt, list):
+        bad = [t for t in prompt if not 0 <= t < vocab_size]
+        if bad:
+            raise ApiError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
+                           param="prompt", code="invalid_token_id")
+        return list(prompt)
+    ids = list(tokenizer.encode(prompt, add_special_tokens=True))
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos:
+        ids = ids[1:]   # the text already started with BOS and the tokenizer added another
+    if not ids:
+        raise ApiError(400, "prompt is empty after tokenisation", param="prompt")
+    return ids
+
+
+def check_decoding(request: ChatCompletionRequest | CompletionRequest, modes: set[str]) -> tuple[str | None, int | None]:
+    """The per-request (mode, tree_budget) override. Raises ApiError(400) for a mode not available."""
+    override = request.decoding
+    if override is None:
+        return None, None
+    if override.mode is not None and override.mode not in modes:
+        raise ApiError(400, f"decoding mode {override.mode!r} is not available on this server "
+                            f"(available: {', '.join(sorted(modes))})", param="decoding.mode")
+    return override.mode, override.tree_budget
+
+
+def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_len: int,
+                    max_model_len: int, params_cls: Any) -> Any:
+    """SamplingParams for the request. Raises ApiError(400) when the prompt (+ max_tokens) does
+    not fit the context window of `max_model_len` tokens; max_tokens omitted -> the rest of it."""
+    limit = request.token_limit()
+    param = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) else "max_tokens"
+    if prompt_len >= max_model_len:
+        raise ApiError(400, f"the prompt has {prompt_len} tokens but the context window is {max_model_len} "
+                            f"tokens (at least one must be left to generate)",
+                       param="messages" if isinstance(request, ChatCompletionRequest) else "prompt",
+                       code="context_length_exceeded")
+    if limit is None:
+        limit = max_model_len - prompt_len
+    elif prompt_len + limit > max_model_len:
+        raise ApiError(400, f"prompt ({prompt_len} tokens) + {param} ({limit}) = {prompt_len + limit} tokens "
+                            f"exceeds the context window of {max_model_len} tokens",
+                       param=param, code="context_length_exceeded")
+    temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+    return params_cls(max_tokens=limit, temperature=temperature,
+                      top_p=1.0 if request.top_p is None else request.top_p, seed=request.seed,
+                      stop=list(request.stop), ignore_eos=request.ignore_eos)

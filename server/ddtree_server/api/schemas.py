@@ -1,0 +1,220 @@
+"""Request and response bodies of the OpenAI-compatible API (the subset we serve + extensions).
+
+Extensions over the OpenAI schema:
+
+* request `decoding: {"mode": "ar"|"dflash"|"ddtree", "tree_budget": N}` overrides the server's
+  default decoding for one request (clients send it with `extra_body`);
+* request `chat_template_kwargs: {...}` (chat only) is passed to the tokenizer's chat template;
+* every response, and the final chunk of every stream, carries `decoding` = `DecodeStats.to_dict()`.
+
+Unknown request fields are ignored (OpenAI clients send many optional ones); fields we cannot honour
+(`n` > 1, several prompts, non-text content parts, `logprobs`) are rejected with 400.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class DecodingOverride(BaseModel):
+    """Per-request decoding override (extension field `decoding`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: Literal["ar", "dflash", "ddtree"] | None = None
+    tree_budget: int | None = Field(None, ge=1, le=4096)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    """A `{"type": "text", "text": ...}` content part (the only part type we accept)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    """One chat message. `content` is text or a list of text parts; assistant/tool may send null."""
+
+    model_config = ConfigDict(extra="allow")
+    role: Role
+    content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        """The message text: content parts joined without separator; null content is ''."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class _GenerationRequest(BaseModel):
+    """Fields shared by chat and text completions (OpenAI names, OpenAI ranges)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = None
+    max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate (tokens).")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    n: int = Field(1, ge=1, description="Choices per request; only 1 is supported.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    decoding: DecodingOverride | None = None
+    ignore_eos: bool = False
+    logprobs: Any = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value: str | list[str] | None) -> list[str]:
+        if value is None:
+            return []
+        stops = [value] if isinstance(value, str) else value
+        if len(stops) > 16:
+            raise ValueError("at most 16 stop sequences")
+        if any(s == "" for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return stops
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int) -> int:
+        if value != 1:
+            raise ValueError("n > 1 is not supported: send one request per choice")
+        return value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: Any) -> Any:
+        if value not in (None, False, 0):
+            raise ValueError("logprobs are not supported")
+        return None
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def token_limit(self) -> int | None:
+        """`max_completion_tokens` (newer name) wins over `max_tokens`; None -> rest of the context."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+def _as_prompt(value: Any) -> str | list[int]:
+    """One prompt: a string or a list of token ids (ints). Raises ValueError otherwise."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(type(t) is int for t in value):
+        return value
+    raise ValueError("prompt must be a string, a list of one string, a list of token ids "
+                     "or a list of one list of token ids")
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: Union[str, list[int]] = Field(..., description="Tokenised verbatim: no chat template.")
+    echo: bool = False
+    suffix: StrictStr | None = None
+    max_tokens: int | None = Field(16, ge=1, description="Most tokens to generate (OpenAI default 16).")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, value: Any) -> str | list[int]:
+        if isinstance(value, list) and value and isinstance(value[0], (str, list)):
+            if len(value) != 1:
+                raise ValueError("only one prompt per request is supported")
+            value = value[0]
+        prompt = _as_prompt(value)
+        if len(prompt) == 0:
+            raise ValueError("prompt must not be empty")
+        return prompt
+
+    @field_validator("echo", "suffix")
+    @classmethod
+    def _unsupported(cls, value: Any, info: Any) -> Any:
+        if value:
+            raise ValueError(f"{info.field_name} is not supported")
+        return value
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+# ---- errors ---------------------------------------------------------------------------------
+
+class ApiError(Exception):
+    """A client-visible error: HTTP `status` and an OpenAI-style error object.
+
+    `type` is "invalid_request_error" for 4xx client mistakes, "authentication_error" (401),
+    "rate_limit_error" (429), "service_unavailable" (503) and "server_error" (500).
+    """
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """`{"error": {message, type, param, code}}`, the OpenAI error envelope."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# ---- responses ------------------------------------------------------------------------------
+
+def new_id(prefix: str) -> str:
+    """A fresh response id such as `chatcmpl-3f2a...` (32 hex digits)."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    """Unix time in whole seconds (the `created` field)."""
+    return int(time.time())
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def chat_response(*, rid: str, created: int, model: str, text: str, finish_reason: str | None,
+                  prompt_tokens: int, completion_tokens: int, decoding: dict | None) -> dict[str, Any]:
+    """A complete `chat.completion` object."""
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish_reason}],
+            "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
+
+
+def completion_response(*, rid: str, created: int, model: str, text: str, finish_reason: str | None,
+                        prompt_tokens: int, completion_tokens: int, decoding: dict | None) -> dict[str, Any]:
+    """A complete `text_completion` object."""
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+            "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
+
+
+def model_card(*, model_id: str, created: int, max_model_len: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """One entry of `GET /v1/models` (`max_model_len` in tokens, plus extension fields)."""
+    return {"id": model_id, "object": "model", "created": created, "owned_by": "ddtree-server",
+            "max_model_len": max_model_len, **extra}

@@ -1,0 +1,259 @@
+"""The request queue and the single worker thread that owns the (not thread-safe) Engine.
+
+Life cycle (`Worker.state`): loading -> warming -> ready -> draining -> stopped, or failed when the
+model cannot be loaded or warmed up. The thread loads the engine itself, so the HTTP listener can
+answer /health and /ready while the weights load.
+
+Requests are `Job`s: the asyncio side submits them (`submit`, never blocks) and awaits their events
+(`Job.next_event`); the worker thread runs up to `max_concurrency` engine generators, interleaved
+one engine round at a time, and hands every `GenerationEvent` back through the job's event loop.
+Setting `Job.cancel` stops a generation at the engine's next round (finish_reason "cancelled").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger("ddtree_server.worker")
+
+HEARTBEAT_STALE_S = 300.0   # /health fails when one engine round has blocked this long (s)
+_END = object()             # delivered after a job's last event
+
+
+def _raising(exc: Exception) -> Iterator[Any]:
+    raise exc
+    yield  # pragma: no cover  (makes this a generator)
+
+
+class NotAccepting(Exception):
+    """The worker takes no new jobs: not ready yet, draining, stopped or failed (HTTP 503)."""
+
+
+class QueueFull(Exception):
+    """`max_queue` jobs are already waiting (HTTP 429)."""
+
+
+@dataclass
+class Job:
+    """One generation request as the worker sees it; create it on the event loop's thread."""
+
+    rid: str
+    prompt_ids: list[int]
+    params: Any                      # engine.sampling.SamplingParams
+    mode: str | None = None
+    tree_budget: int | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    loop: asyncio.AbstractEventLoop = field(default_factory=asyncio.get_running_loop)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    submitted_at: float = field(default_factory=time.monotonic)
+    first_event_at: float | None = None
+
+    def deliver(self, item: Any) -> None:
+        """Hand an event (or an exception, or the end marker) to the awaiting request (any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+        except RuntimeError:   # the event loop is closed: nobody is listening any more
+            self.cancel.set()
+
+    async def next_event(self, timeout: float | None = None) -> Any:
+        """The next GenerationEvent; None after the last one.
+
+        Raises the engine's exception if the generation failed, `asyncio.TimeoutError` when nothing
+        arrived within `timeout` seconds (the job keeps running).
+        """
+        item = await asyncio.wait_for(self.events.get(), timeout)
+        if item is _END:
+            self.events.put_nowait(_END)   # stay at the end for repeated calls
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+
+class Worker:
+    """Owns the engine on one thread and serves `Job`s from a bounded queue.
+
+    `load(status)` builds the engine (it may call `status(text)` to report progress);
+    `warmup(engine)` runs one short generation; `on_state(state, detail)` is called on every state
+    change (from the worker thread or the caller of `begin_drain`/`stop`); `on_finished(job, event)`
+    after each job's final event (metrics).
+    """
+
+    def __init__(self, *, load: Callable[[Callable[[str], None]], Any], warmup: Callable[[Any], None],
+                 max_queue: int = 64, max_concurrency: int = 1,
+                 on_state: Callable[[str, str], None] | None = None,
+                 on_finished: Callable[[Job, Any], None] | None = None) -> None:
+        self._load, self._warmup = load, warmup
+        self._queue: queue.Queue[Job] = queue.Queue(maxsize=max(max_queue, 1))
+        self._max_queue, self._max_concurrency = max_queue, max_concurrency
+        self._on_state = on_state or (lambda state, detail: None)
+        self._on_finished = on_finished or (lambda job, event: None)
+        self._lock = threading.Lock()
+        self._running = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="ddtree-worker", daemon=True)
+        self.engine: Any = None
+        self.state, self.detail = "loading", "starting"
+        self.started_at = time.monotonic()
+        self.heartbeat = time.monotonic()
+
+    # ---- control (any thread) -----------------------------------------------------------------
+    def start(self) -> None:
+        """Start the worker thread (loads the model in the background)."""
+        self._set_state("loading", "loading the model")
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job. Raises NotAccepting (503) unless ready, QueueFull (429) when full."""
+        with self._lock:
+            if self.state != "ready":
+                raise NotAccepting(self.state)
+            if self._queue.qsize() >= self._max_queue and self._running >= self._max_concurrency:
+                raise QueueFull(f"{self._max_queue} requests are already waiting")
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                raise QueueFull(f"{self._max_queue} requests are already waiting") from None
+
+    def begin_drain(self) -> None:
+        """Refuse new jobs from now on; queued and running jobs still complete."""
+        with self._lock:
+            if self.state in ("ready", "loading", "warming"):
+                self._set_state("draining", "finishing in-flight requests")
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until no job is queued or running (True) or `timeout` seconds passed (False)."""
+        deadline = time.monotonic() + timeout
+        while self.queued or self.running:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread once its queue is empty; waits up to `timeout` seconds for it to exit."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self.state != "failed":
+            self._set_state("stopped", "stopped")
+
+    # ---- status -------------------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def alive(self) -> bool:
+        """Liveness: the thread runs and, once serving, no engine round has blocked too long."""
+        if not self._thread.is_alive() or self.state == "failed":
+            return False
+        if self.state in ("loading", "warming"):
+            return True
+        return time.monotonic() - self.heartbeat < HEARTBEAT_STALE_S
+
+    def elapsed(self) -> float:
+        """Seconds since the worker was created."""
+        return time.monotonic() - self.started_at
+
+    def _set_state(self, state: str, detail: str) -> None:
+        if self.state in ("draining", "stopped", "failed") and state in ("loading", "warming", "ready"):
+            return   # a drain or failure is final
+        self.state, self.detail = state, detail
+        log.info("state %s: %s", state, detail)
+        try:
+            self._on_state(state, detail)
+        except Exception:  # a failing observer must not kill the worker
+            log.exception("state observer failed")
+
+    # ---- the worker thread --------------------------------------------------------------------
+    def _main(self) -> None:
+        try:
+            self.engine = self._load(lambda text: self._set_state("loading", text))
+            self._set_state("warming", "warm-up generation")
+            self._warmup(self.engine)
+        except Exception as exc:
+            log.exception("model load / warm-up failed")
+            self._set_state("failed", f"{type(exc).__name__}: {exc}")
+            return
+        self.heartbeat = time.monotonic()
+        with self._lock:
+            if self.state == "warming":
+                self._set_state("ready", "ready")
+        self._serve()
+
+    def _serve(self) -> None:
+        active: deque[tuple[Job, Iterator[Any]]] = deque()
+        while True:
+            self.heartbeat = time.monotonic()
+            self._admit(active)
+            if not active:
+                if self._stop.is_set() and self._queue.empty():
+                    return
+                continue
+            job, events = active.popleft()
+            if self._step(job, events):
+                active.append((job, events))
+            else:
+                with self._lock:
+                    self._running -= 1
+
+    def _admit(self, active: deque) -> None:
+        while len(active) < self._max_concurrency:
+            try:
+                job = self._queue.get(timeout=0.2) if not active else self._queue.get_nowait()
+            except queue.Empty:
+                return
+            with self._lock:
+                self._running += 1
+            if job.cancel.is_set():   # the client left while the job waited
+                log.info("request %s cancelled before it started", job.rid)
+                self._finish(job, None, cancelled=True)
+                with self._lock:
+                    self._running -= 1
+                continue
+            try:
+                events = self.engine.generate(job.prompt_ids, job.params, mode=job.mode,
+                                              tree_budget=job.tree_budget, cancel=job.cancel)
+            except Exception as exc:
+                events = _raising(exc)
+            active.append((job, events))
+
+    def _step(self, job: Job, events: Iterator[Any]) -> bool:
+        """Advance one job by one engine round; False when it is finished."""
+        try:
+            event = next(events)
+        except StopIteration:
+            self._finish(job, None, cancelled=job.cancel.is_set())
+            return False
+        except Exception as exc:
+            log.exception("request %s failed", job.rid)
+            job.deliver(exc)
+            job.deliver(_END)
+            return False
+        if job.first_event_at is None:
+            job.first_event_at = time.monotonic()
+        job.deliver(event)
+        if event.finish_reason is None:
+            return True
+        self._finish(job, event, cancelled=event.finish_reason == "cancelled")
+        return False
+
+    def _finish(self, job: Job, event: Any, *, cancelled: bool) -> None:
+        job.deliver(_END)
+        if cancelled:
+            log.info("request %s cancelled (client disconnected)", job.rid)
+        try:
+            self._on_finished(job, event)
+        except Exception:
+            log.exception("finish observer failed")
