@@ -1,0 +1,122 @@
+"""The Transport protocol (docs/architecture.md "Transport contract") and LocalTransport.
+
+Implementations: :class:`LocalTransport` (this machine), ``ssh.SshTransport`` (a node over SSH),
+``pct.ContainerTransport`` (an LXC container through ``pct exec`` on a node transport).
+
+Commands are argv lists everywhere; a transport serialises them at most once per shell that parses
+them (ops.md §1.3). Concrete transports also accept ``idempotent=True`` on ``run`` (safe to retry
+after a connection drop); it is not part of the protocol and LocalTransport ignores it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import ContextManager, Protocol, runtime_checkable
+
+from ddtctl.errors import CommandTimeout
+from ddtctl.remote.command import validate_argv
+from ddtctl.remote.push import ExecFileOps, Progress, push_file
+from ddtctl.remote.result import PutResult, Result
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Where commands run and files go.
+
+    name: "local", "node:pve1", "ct200@pve1".
+    run(argv, stdin=None, timeout=None, env=None) -> Result: argv is a real argv vector; stdin bytes
+        are written then closed (stdin is closed/empty when None); timeout in seconds raises
+        CommandTimeout; env adds variables for this command only. A non-zero exit is NOT an error
+        (call ``Result.check()``); connection failures raise UnreachableError.
+    put(local, remote, mode=0o644, progress=None) -> PutResult: streamed, resumable and sha256
+        verified; progress(done_bytes, total_bytes). Raises TransferError / RemoteError.
+    forward(host, port): context manager yielding an (address, port) on THIS machine that reaches
+        host:port as seen from the transport's side.
+    close(): release connections; idempotent.
+    """
+
+    name: str
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
+            timeout: float | None = None, env: Mapping[str, str] | None = None) -> Result: ...
+
+    def put(self, local: Path, remote: str, *, mode: int = 0o644,
+            progress: Progress | None = None) -> PutResult: ...
+
+    def forward(self, host: str, port: int) -> ContextManager[tuple[str, int]]: ...
+
+    def close(self) -> None: ...
+
+
+class _LocalFileOps(ExecFileOps):
+    """Push primitives on this machine; chunks are written with plain file I/O."""
+
+    def write(self, path: str, offset: int, chunks: Iterable[bytes],
+              sent: Callable[[int], None]) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if offset == 0 else 0)
+        fd = os.open(path, flags, 0o600)
+        with os.fdopen(fd, "r+b" if offset else "wb") as fh:
+            fh.seek(offset)
+            for chunk in chunks:
+                fh.write(chunk)
+                fh.flush()
+                sent(len(chunk))
+
+
+class LocalTransport:
+    """Runs argv with ``subprocess`` on this machine (never ``shell=True``).
+
+    env is added to (not substituted for) this process's environment. Timeout kills the process
+    (SIGKILL) and raises CommandTimeout with the output collected so far."""
+
+    name = "local"
+
+    def __init__(self, name: str = "local"):
+        self.name = name
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
+            timeout: float | None = None, env: Mapping[str, str] | None = None,
+            idempotent: bool = False) -> Result:
+        items = validate_argv(argv)
+        full_env = {**os.environ, **env} if env else None
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                list(items),
+                input=stdin if stdin is not None else None,
+                stdin=subprocess.DEVNULL if stdin is None else None,
+                capture_output=True,
+                timeout=timeout,
+                env=full_env,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            partial = Result(items, -9, exc.stdout or b"", exc.stderr or b"",
+                             time.monotonic() - start, self.name)
+            raise CommandTimeout(f"{self.name}: timed out after {timeout} s: {items[0]}",
+                                 partial) from None
+        except OSError as exc:  # program not found / not executable: report like a shell would
+            return Result(items, 127 if isinstance(exc, FileNotFoundError) else 126, b"",
+                          f"{items[0]}: {exc.strerror}\n".encode(), time.monotonic() - start,
+                          self.name)
+        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+        return Result(items, code, proc.stdout, proc.stderr, time.monotonic() - start, self.name)
+
+    def put(self, local: Path, remote: str, *, mode: int = 0o644,
+            progress: Progress | None = None) -> PutResult:
+        return push_file(_LocalFileOps(self.run, self.name), local, remote, mode=mode,
+                         progress=progress)
+
+    @contextlib.contextmanager
+    def forward(self, host: str, port: int) -> Iterator[tuple[str, int]]:
+        """The address is reachable from here as it is: yields (host, port) unchanged."""
+        yield (host, port)
+
+    def close(self) -> None:
+        pass
+
