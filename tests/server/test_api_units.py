@@ -1,0 +1,184 @@
+"""Fast tests of the API's pure parts: config, request schemas, SSE framing, metrics, sd_notify,
+and the app's error shapes while no model is loaded (the worker is not started)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from ddtree_server.api import sdnotify
+from ddtree_server.api.app import create_app
+from ddtree_server.api.metrics import Metrics
+from ddtree_server.api.schemas import ChatCompletionRequest, CompletionRequest
+from ddtree_server.api.streaming import DONE, sse
+from ddtree_server.api.worker import Worker
+from ddtree_server.config import ServerConfig
+
+
+# ---- config ----------------------------------------------------------------------------------
+
+def test_config_defaults_resolve_device_and_dtype():
+    cfg = ServerConfig(device="cpu")
+    assert (cfg.device, cfg.dtype, cfg.host, cfg.port, cfg.max_queue) == ("cpu", "fp32", "127.0.0.1", 8000, 64)
+    assert ServerConfig(device="cuda").dtype == "bf16"
+    assert ServerConfig(device="cpu", dtype="bf16").dtype == "bf16"
+
+
+def test_config_parses_operator_strings():
+    cfg = ServerConfig(device="cpu", target_layer_ids="1, 9,17", chat_template_kwargs='{"enable_thinking": false}')
+    assert cfg.target_layer_ids == [1, 9, 17]
+    assert cfg.chat_template_kwargs == {"enable_thinking": False}
+
+
+@pytest.mark.parametrize("values", [
+    {"target_layer_ids": "a,b"}, {"chat_template_kwargs": "{not json"}, {"chat_template_kwargs": '{"tokenize": 1}'},
+    {"tree_budget": 0}, {"mode": "beam"}, {"gguf": "/nonexistent.gguf"}, {"max_concurrency": 0},
+])
+def test_config_rejects_bad_values(values):
+    with pytest.raises(ValidationError):
+        ServerConfig(device="cpu", **values)
+
+
+def test_config_rejects_target_and_gguf_together(tmp_path):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"x")
+    with pytest.raises(ValidationError, match="not both"):
+        ServerConfig(device="cpu", target=tmp_path, gguf=gguf)
+
+
+# ---- schemas ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("hi", "hi"), (["hi"], "hi"), ([1, 2], [1, 2]), ([[3, 4]], [3, 4]),
+])
+def test_completion_prompt_forms(prompt, expected):
+    assert CompletionRequest(prompt=prompt).prompt == expected
+
+
+@pytest.mark.parametrize("prompt", [[], "", ["a", "b"], [[1], [2]], [[]], 5, [1.5], [True]])
+def test_completion_prompt_rejects(prompt):
+    with pytest.raises(ValidationError):
+        CompletionRequest(prompt=prompt)
+
+
+def test_chat_request_fields():
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                                      {"type": "text", "text": "b"}]}],
+                                stop="x", max_tokens=5, max_completion_tokens=3, decoding={"mode": "ar"})
+    assert req.messages[0].text() == "ab" and req.stop == ["x"] and req.token_limit() == 3
+    assert req.decoding.mode == "ar" and not req.include_usage()
+
+
+@pytest.mark.parametrize("body", [
+    {"messages": []}, {"messages": [{"role": "robot", "content": "x"}]},
+    {"messages": [{"role": "user", "content": "x"}], "n": 2},
+    {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
+    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+    {"messages": [{"role": "user", "content": "x"}], "decoding": {"mode": "beam"}},
+    {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+])
+def test_chat_request_rejects(body):
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest(**body)
+
+
+# ---- SSE, metrics, sd_notify -----------------------------------------------------------------
+
+def test_sse_framing():
+    assert sse({"a": "é"}) == 'data: {"a":"é"}\n\n'.encode()
+    assert DONE == b"data: [DONE]\n\n"
+
+
+def test_metrics_render_names():
+    m = Metrics()
+    m.count_request("/v1/completions", 200)
+    m.count_request("/random/path", 404)
+    m.observe_finished(prompt_tokens=5, stats={"generated_tokens": 7, "mean_acceptance_length": 2.5,
+                                               "tokens_per_second": 30.0}, cancelled=True)
+    text = m.render().decode()
+    assert 'ddtree_requests_total{endpoint="/v1/completions",status="200"} 1.0' in text
+    assert 'endpoint="other"' in text
+    assert "ddtree_generated_tokens_total 7.0" in text
+    assert "ddtree_requests_cancelled_total 1.0" in text
+    assert "ddtree_acceptance_length_count 1.0" in text
+
+
+def test_sdnotify_sends_datagrams(tmp_path, monkeypatch):
+    path = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(path)
+        sock.settimeout(2)
+        monkeypatch.setenv("NOTIFY_SOCKET", path)
+        sdnotify.on_state("ready", "ready")
+        assert sock.recv(1024).decode() == "READY=1\nSTATUS=ready: ready"
+        sdnotify.on_state("loading", "loading target")
+        assert sock.recv(1024).decode() == "STATUS=loading: loading target"
+    monkeypatch.delenv("NOTIFY_SOCKET")
+    assert sdnotify.notify("READY=1") is False
+
+
+# ---- the app before the model is loaded --------------------------------------------------------
+
+def _request(method: str, path: str, api_key: str | None = None, **kwargs) -> httpx.Response:
+    config = ServerConfig(device="cpu", api_key=api_key)
+    worker = Worker(load=lambda status: None, warmup=lambda engine: None)   # never started
+    app = create_app(config, worker, Metrics())
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.request(method, path, **kwargs)
+
+    return asyncio.run(go())
+
+
+def _error(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}, body
+    return body["error"]
+
+
+def test_ready_reports_loading_and_models_503():
+    response = _request("GET", "/ready")
+    assert response.status_code == 503
+    assert response.json()["state"] == "loading" and "elapsed_s" in response.json()
+    assert _request("GET", "/v1/models").status_code == 503
+    assert _request("GET", "/health").status_code == 503   # worker thread not running
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"model": "m", "messages": []}, "messages"),
+    ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
+    ({"model": "m"}, "messages"),
+])
+def test_validation_errors_are_openai_400(body, param):
+    response = _request("POST", "/v1/chat/completions", json=body)
+    assert response.status_code == 400
+    error = _error(response)
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_malformed_json_is_400():
+    response = _request("POST", "/v1/completions", content=b'{"prompt": ', headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert "malformed JSON" in _error(response)["message"]
+
+
+def test_api_key_guards_v1_only():
+    assert _request("GET", "/v1/models", api_key="k").status_code == 401
+    assert _error(_request("POST", "/v1/completions", api_key="k", json={}))["code"] == "invalid_api_key"
+    assert _request("GET", "/v1/models", api_key="k", headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert _request("GET", "/v1/models", api_key="k", headers={"Authorization": "Bearer k"}).status_code == 503
+    assert _request("GET", "/ready", api_key="k").status_code == 503
+    assert _request("GET", "/metrics", api_key="k").status_code == 200
+
+
+def test_unknown_route_is_openai_404():
+    response = _request("GET", "/v1/nothing")
+    assert response.status_code == 404 and _error(response)["code"] == "not_found"
