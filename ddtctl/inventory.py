@@ -1,0 +1,337 @@
+"""Load inventory.yaml, report errors as `FILE:LINE: key.path: message`, resolve and select hosts.
+
+The YAML is composed into a node tree first (`yaml.compose`) so that every pydantic error location
+can be mapped back to the line of the key or value it concerns. Cross references (a container on
+an undefined node, a group naming an unknown host, a name used twice) are checked here with the
+same reporting. Selection turns command-line words (host names, group names, node names, globs,
+`--all`, `--limit`) into an ordered list of `Host`s and refuses an empty selection.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+import yaml
+from pydantic import ValidationError
+
+from ddtctl.errors import InventoryError, UsageError
+from ddtctl.inventory_schema import HOST_NAME, Container, InventoryModel, LocalHost, Node
+
+DEFAULT_INVENTORY = "inventory.yaml"
+SMOLLM2_MODEL_ID = "SmolLM2-135M-Instruct"
+
+
+def inventory_path(explicit: str | os.PathLike | None = None) -> Path:
+    """The inventory file: `--inventory`, else $DDTCTL_INVENTORY, else ./inventory.yaml."""
+    return Path(explicit or os.environ.get("DDTCTL_INVENTORY") or DEFAULT_INVENTORY)
+
+
+def ddtctl_home() -> Path:
+    """ddtctl's state directory: $DDTCTL_HOME, else ~/.local/state/ddtctl (not created here)."""
+    env = os.environ.get("DDTCTL_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".local" / "state" / "ddtctl"
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One problem in the inventory: 1-based line (0 = unknown), dotted key path, message."""
+
+    line: int
+    path: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Host:
+    """A resolved deploy target: a container (with its node) or a local host."""
+
+    name: str
+    kind: str                      # "container" | "local"
+    address: str                   # HTTP address of the service
+    root: str                      # install root on the target (releases/, current)
+    service: Any                   # DdtreeService | SglangService | VllmService
+    groups: tuple[str, ...] = ()
+    node_name: str | None = None
+    node: Node | None = None
+    vmid: int | None = None
+
+    @property
+    def unit(self) -> str:
+        """systemd unit name (also the local supervisor's service name)."""
+        return self.service.unit or f"{self.service.kind}.service"
+
+    @property
+    def model_id(self) -> str:
+        """The model id the service must list in /v1/models."""
+        svc = self.service
+        if svc.model_id:
+            return svc.model_id
+        if svc.target is None:
+            return SMOLLM2_MODEL_ID
+        base = svc.target.path.rstrip("/").rsplit("/", 1)[-1]
+        return base[:-5] if base.endswith(".gguf") else base
+
+    @property
+    def bind(self) -> str:
+        """Listen address passed to the service."""
+        return self.service.bind or ("127.0.0.1" if self.kind == "local" else "0.0.0.0")
+
+
+@dataclass
+class Inventory:
+    """A validated inventory: hosts by name (containers first, then local hosts) and groups."""
+
+    path: Path
+    model: InventoryModel
+    hosts: dict[str, Host] = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)
+
+    def select(self, words: Sequence[str] = (), *, all_hosts: bool = False,
+               limit: str | None = None) -> list[Host]:
+        """Hosts named by `words` (host, group or node names, or globs) or `all_hosts`.
+
+        `limit` (a glob or comma list) narrows the result. Raises UsageError for unknown words
+        and for an empty selection.
+        """
+        if not words and not all_hosts:
+            raise UsageError("name a HOST or group, or pass --all "
+                             f"(hosts: {', '.join(self.hosts) or 'none'})")
+        chosen: list[str] = list(self.hosts) if all_hosts else []
+        for word in words:
+            chosen.extend(self._expand(word))
+        if limit:
+            pats = [p.strip() for p in limit.split(",") if p.strip()]
+            chosen = [n for n in chosen if any(fnmatch.fnmatchcase(n, p) or n in self.groups.get(p, ())
+                                               for p in pats)]
+        names = list(dict.fromkeys(chosen))
+        if not names:
+            raise UsageError("no hosts selected" + (f" (--limit {limit!r} matched none)" if limit else ""))
+        return [self.hosts[n] for n in names]
+
+    def _expand(self, word: str) -> list[str]:
+        if word in self.hosts:
+            return [word]
+        if word in self.groups:
+            return list(self.groups[word])
+        if any(c in word for c in "*?["):
+            hits = [n for n in self.hosts if fnmatch.fnmatchcase(n, word)]
+            if hits:
+                return hits
+        near = difflib.get_close_matches(word, [*self.hosts, *self.groups], n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise UsageError(f"unknown host or group {word!r}{hint} (see `ddtctl inventory`)")
+
+
+# ----------------------------------------------------------------------------- loading
+
+def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
+    """Read and validate an inventory file.
+
+    Raises InventoryError (exit code 2) listing every issue as `FILE:LINE: key.path: message`.
+    """
+    file = inventory_path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InventoryError(f"{file}: cannot read inventory: {exc.strerror or exc} "
+                             "(pass --inventory FILE or set DDTCTL_INVENTORY)") from None
+    return parse_inventory(text, file)
+
+
+def parse_inventory(text: str, file: Path) -> Inventory:
+    """Validate inventory YAML `text` (named `file` in messages); see `load_inventory`."""
+    root, data = _compose(text, file)
+    issues = _duplicate_keys(root)
+    if not issues:
+        try:
+            model = InventoryModel.model_validate(data)
+        except ValidationError as exc:
+            issues = [_issue_from_error(root, err) for err in exc.errors()]
+        else:
+            inv, issues = _resolve(model, root, file)
+            if not issues:
+                return inv
+    _fail(file, issues)
+
+
+def _compose(text: str, file: Path) -> tuple[yaml.Node | None, Any]:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.SafeLoader("").construct_document(root) if root is not None else {}
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else 0
+        _fail(file, [Issue(line, "", f"invalid YAML: {exc.problem}")])
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        _fail(file, [Issue(1, "", "the top level must be a mapping")])
+    return root, data
+
+
+def format_issue(file: Path, issue: Issue) -> str:
+    """`FILE:LINE: key.path: message` (the line or path part is left out when unknown)."""
+    where = f"{file}:{issue.line}" if issue.line else str(file)
+    return f"{where}: {issue.path}: {issue.message}" if issue.path else f"{where}: {issue.message}"
+
+
+def _fail(file: Path, issues: list[Issue]) -> NoReturn:
+    issues = sorted(issues, key=lambda i: (i.line, i.path))
+    err = InventoryError("\n".join(format_issue(file, i) for i in issues))
+    err.issues = issues
+    raise err
+
+
+def _duplicate_keys(node: yaml.Node | None, prefix: tuple = ()) -> list[Issue]:
+    issues: list[Issue] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key, value in node.value:
+            name = key.value
+            if name in seen:
+                issues.append(Issue(key.start_mark.line + 1, _dotted((*prefix, name)),
+                                    f"duplicate key (first defined on line {seen[name]})"))
+            else:
+                seen[name] = key.start_mark.line + 1
+            issues += _duplicate_keys(value, (*prefix, name))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            issues += _duplicate_keys(item, (*prefix, i))
+    return issues
+
+
+def _node_at(root: yaml.Node | None, loc: Sequence, *, want_key: bool = False) -> tuple[yaml.Node | None, tuple]:
+    """Walk `loc` down the YAML tree: (deepest node reached, the part of `loc` actually found).
+
+    A discriminated-union tag in `loc` (the service `kind`) is skipped. With `want_key`, a fully
+    found location ending at a mapping key returns the key node (for "unknown key" errors).
+    """
+    node, found, key_node = root, (), None
+    for part in loc:
+        key_node = None
+        if isinstance(node, yaml.MappingNode):
+            match = [(k, v) for k, v in node.value if k.value == str(part)]
+            if not match:
+                if any(k.value == "kind" and v.value == part for k, v in node.value):
+                    continue
+                break
+            key_node, node = match[-1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+        else:
+            break
+        found = (*found, part)
+    if want_key and key_node is not None and found and found[-1] == loc[-1]:
+        return key_node, found
+    return node, found
+
+
+def _issue_from_error(root: yaml.Node | None, err: dict) -> Issue:
+    loc = tuple(err["loc"])
+    node, found = _node_at(root, loc, want_key=err["type"] == "extra_forbidden")
+    line = node.start_mark.line + 1 if node is not None else 0
+    shown = tuple(p for p in loc if p in found or not isinstance(p, str) or p not in _TAGS)
+    msg = {"extra_forbidden": "unknown key", "missing": "required key is missing",
+           "union_tag_invalid": "kind must be one of ddtree, sglang, vllm",
+           "union_tag_not_found": "`kind:` is missing (ddtree, sglang or vllm)"}.get(err["type"], err["msg"])
+    return Issue(line, _dotted(shown), msg)
+
+
+_TAGS = ("ddtree", "sglang", "vllm")
+
+
+def _dotted(loc: Sequence) -> str:
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
+
+
+# ----------------------------------------------------------------------------- cross references
+
+def _resolve(model: InventoryModel, root: yaml.Node | None, file: Path) -> tuple[Inventory, list[Issue]]:
+    issues: list[Issue] = []
+
+    def at(*loc: Any) -> int:
+        node, _ = _node_at(root, loc)
+        return node.start_mark.line + 1 if node is not None else 0
+
+    def bad(loc: tuple, message: str) -> None:
+        issues.append(Issue(at(*loc), _dotted(loc), message))
+
+    seen: dict[str, str] = {}
+    for section in ("nodes", "containers", "local", "groups"):
+        for name in getattr(model, section):
+            if not HOST_NAME.match(name):
+                bad((section, name), "names use letters, digits, '_', '.', '-' and start with a letter or digit")
+            if name in seen and not (section == "groups" and seen[name] == "nodes"):
+                bad((section, name), f"name already used under {seen[name]}:")
+            seen.setdefault(name, section)
+    vmids: dict[tuple[str, int], str] = {}
+    for name, ct in model.containers.items():
+        if ct.node not in model.nodes:
+            near = difflib.get_close_matches(ct.node, list(model.nodes), n=1)
+            bad(("containers", name, "node"), f"undefined node {ct.node!r}"
+                + (f"; did you mean {near[0]!r}?" if near else f" (nodes: {', '.join(model.nodes) or 'none'})"))
+        key = (ct.node, ct.vmid)
+        if key in vmids:
+            bad(("containers", name, "vmid"), f"vmid {ct.vmid} already used by {vmids[key]} on node {ct.node}")
+        vmids.setdefault(key, name)
+
+    hosts: dict[str, Host] = {}
+    for name, ct in model.containers.items():
+        hosts[name] = _container_host(name, ct, model.nodes.get(ct.node))
+    for name, lh in model.local.items():
+        hosts[name] = _local_host(name, lh)
+    for name, host in hosts.items():
+        issues += _service_issues(host, root)
+
+    groups: dict[str, list[str]] = {}
+    for gname, members in model.groups.items():
+        for i, member in enumerate(members):
+            if member not in hosts:
+                bad(("groups", gname, i), f"unknown host {member!r}")
+        groups.setdefault(gname, []).extend(m for m in members if m in hosts)
+    for name, host in hosts.items():
+        for gname in host.groups:
+            if gname in hosts:
+                bad(_host_section(host) + (name, "groups"), f"group {gname!r} has the name of a host")
+            groups.setdefault(gname, []).append(name)
+        if host.node_name:
+            groups.setdefault(host.node_name, []).append(name)
+    groups = {g: list(dict.fromkeys(m)) for g, m in groups.items()}
+    return Inventory(file, model, hosts, groups), issues
+
+
+def _host_section(host: Host) -> tuple[str]:
+    return ("containers",) if host.kind == "container" else ("local",)
+
+
+def _service_issues(host: Host, root: yaml.Node | None) -> list[Issue]:
+    svc, loc = host.service, (*_host_section(host), host.name, "service")
+    out: list[Issue] = []
+
+    def bad(sub: tuple, message: str) -> None:
+        node, _ = _node_at(root, (*loc, *sub))
+        out.append(Issue(node.start_mark.line + 1 if node is not None else 0, _dotted((*loc, *sub)), message))
+
+    if svc.kind in ("sglang", "vllm") and svc.target is None:
+        bad(("kind",), f"a {svc.kind} service needs `target:` (the model path)")
+    if host.kind == "local" and svc.kind != "ddtree":
+        bad(("kind",), "local hosts run the bundled ddtree server only")
+    if host.kind == "local" and svc.weights == "shared":
+        bad(("weights",), "`shared` weights need a Proxmox node; local hosts use `push`")
+    return out
+
+
+def _container_host(name: str, ct: Container, node: Node | None) -> Host:
+    return Host(name=name, kind="container", address=ct.address, root=ct.root, service=ct.service,
+                groups=tuple(ct.groups), node_name=ct.node, node=node, vmid=ct.vmid)
+
+
+def _local_host(name: str, lh: LocalHost) -> Host:
+    root = lh.root or str(ddtctl_home() / "hosts" / name)
+    return Host(name=name, kind="local", address=lh.address, root=os.path.expanduser(root),
+                service=lh.service, groups=tuple(lh.groups))
