@@ -1,0 +1,108 @@
+"""The three decode loops: ``ar``, ``dflash`` and ``ddtree`` (batch 1).
+
+Each loop is a generator over one request. Its first item is ``[t0]``, the token chosen from the
+prefill logits; every further item is the list of tokens one target forward ("round") produced:
+1 for ``ar``, ``len(path)`` (accepted drafts + bonus) for the speculative loops. The caller
+(Engine) applies the stop rules and closes the generator when done; a loop returns by itself only
+when the KV cache is full.
+
+Speculative round (ddtree.md §2.1), state: target cache of length s, bonus b at position s,
+ctx = captured target features of the tokens the drafter has not seen yet:
+1. draft logits ``[bs-1, vocab]`` = drafter.propose(draft_cache, ctx, b, s)
+2. tree: ``ddtree`` = best-first tree (spec/tree.py) from one log_softmax + top-K and one
+   device-to-host copy; ``dflash`` = the chain of draft argmaxes
+3. verify: one target forward over [b, nodes] at positions s + depth with the ancestor mask
+   (no mask for chains)
+4. walk (spec/walk.py) over the target's per-node choices; compact the KV cache to the path;
+   ctx = features of the path; s += len(path); b = bonus
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from ddtree_server.engine.sampling import TokenChooser
+from ddtree_server.spec.tree import DraftTree, build_ddtree, chain_tree, root_only
+from ddtree_server.spec.walk import accepted_tokens, walk
+
+TreeBuilder = Callable[[Tensor, int, int], DraftTree]  # (draft_logits [L, V], root token, budget)
+
+
+def _prefill(target, cache, prompt_ids: Sequence[int], device) -> tuple[Tensor, Tensor | None]:
+    ids = torch.tensor(list(prompt_ids), dtype=torch.long, device=device)
+    pos = torch.arange(len(prompt_ids), device=device)
+    return target.forward(cache, ids, pos, last_only=True)
+
+
+def ar_loop(target, cache, prompt_ids: Sequence[int], chooser: TokenChooser,
+            device: torch.device | str) -> Iterator[list[int]]:
+    """Plain autoregressive decoding with the KV cache: one token per target forward."""
+    logits, _ = _prefill(target, cache, prompt_ids, device)
+    token = chooser.choose(logits)[0]
+    yield [token]
+    ids = torch.empty(1, dtype=torch.long, device=device)
+    pos = torch.empty(1, dtype=torch.long, device=device)
+    while cache.length + 1 <= cache.max_len:
+        ids.fill_(token)
+        pos.fill_(cache.length)
+        logits, _ = target.forward(cache, ids, pos)
+        token = chooser.choose(logits)[0]
+        yield [token]
+
+
+def ddtree_builder(draft_logits: Tensor, root: int, budget: int) -> DraftTree:
+    """Best-first DDTree from draft logits ``[L, vocab]``: log_softmax (fp32, raw logits), top-K
+    with K = min(budget, vocab), one packed device-to-host copy, then ``build_ddtree``."""
+    if budget <= 0:
+        return root_only(root)
+    k = min(budget, draft_logits.shape[-1])
+    logp = torch.log_softmax(draft_logits.float(), dim=-1)
+    vals, ids = logp.topk(k, dim=-1)
+    # ids < 2**24 are exact in fp32: one tensor, one copy
+    packed = torch.stack((vals, ids.to(torch.float32))).cpu().numpy()
+    return build_ddtree(root, packed[0], packed[1].astype("int64"), budget)
+
+
+def dflash_builder(draft_logits: Tensor, root: int, budget: int) -> DraftTree:
+    """DFlash's linear block: the argmax chain of all ``L`` draft rows (``budget`` caps it)."""
+    tokens = draft_logits.argmax(dim=-1).tolist()
+    return chain_tree(root, tokens[: max(budget, 0)])
+
+
+def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], chooser: TokenChooser,
+              device: torch.device | str, build: TreeBuilder, budget: int) -> Iterator[list[int]]:
+    """Speculative decoding with a drafter and a tree builder (see module docstring).
+
+    ``target.capture_layers`` must equal ``drafter.config.target_layer_ids``. Raises ValueError
+    if they differ.
+    """
+    if list(target.capture_layers) != list(drafter.config.target_layer_ids):
+        raise ValueError("target.capture_layers must equal the drafter's target_layer_ids")
+    logits, ctx = _prefill(target, cache, prompt_ids, device)
+    bonus = chooser.choose(logits)[0]
+    yield [bonus]
+    s = len(prompt_ids)
+    while True:
+        room = cache.max_len - s - 1
+        if room < 0:
+            return
+        draft_logits = drafter.propose(draft_cache, ctx, bonus, s)
+        tree = build(draft_logits, bonus, min(budget, room))
+        ids = torch.tensor(tree.tokens, dtype=torch.long, device=device)
+        pos = torch.tensor(tree.depths, dtype=torch.long, device=device).add_(s)
+        mask = None if tree.is_chain else torch.from_numpy(tree.ancestors()).to(device)
+        logits, feats = target.forward(cache, ids, pos, tree_mask=mask)
+        path, new_bonus = walk(tree, chooser.choose(logits))
+        cache.keep(s, path)
+        k = len(path)
+        if path == list(range(k)):
+            ctx = feats[:k]
+        else:
+            ctx = feats.index_select(0, torch.tensor(path, dtype=torch.long, device=feats.device))
+        out = accepted_tokens(tree, path, new_bonus)
+        s += k
+        bonus = new_bonus
+        yield out

@@ -1,0 +1,214 @@
+"""Engine: owns the target, optional drafter and tokenizer; runs one request at a time.
+
+Not thread-safe: the API runs it on a single worker thread. Modes (docs/architecture.md):
+``ar`` (target only), ``dflash`` (linear draft block), ``ddtree`` (draft tree). The default is
+``ddtree`` when a drafter is loaded and the target can verify trees, else ``ar``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from ddtree_server.engine import decode
+from ddtree_server.engine.sampling import SamplingParams, TokenChooser
+from ddtree_server.engine.stopping import StopChecker
+
+MODES = ("ar", "dflash", "ddtree")
+
+
+@dataclass
+class DecodeStats:
+    """Per-request decoding statistics (seconds; tau = tokens per target forward incl. bonus)."""
+
+    mode: str
+    tree_budget: int | None
+    block_size: int | None
+    decode_rounds: int
+    generated_tokens: int
+    mean_acceptance_length: float
+    prefill_seconds: float
+    decode_seconds: float
+    tokens_per_second: float
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass
+class GenerationEvent:
+    """One streamed step: tokens accepted this round (after stop trimming) and their text."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    stats: DecodeStats | None
+
+
+class Engine:
+    """Decoding engine over a TargetModel (or HFRunner) and an optional DFlash drafter.
+
+    Args:
+        target: TargetModel / HFRunner (``new_cache``, ``forward``, ``capture_layers``).
+        tokenizer: HF tokenizer (with chat template).
+        drafter: DFlashDrafter-like (``config.block_size``, ``config.target_layer_ids``,
+            ``new_cache``, ``propose``) or None.
+        model_id: served model name; max_model_len: context window in tokens (prompt + output).
+        tree_mode_available: False for targets that cannot verify trees (hybrid fallback).
+        default_mode: None -> ddtree with a drafter and tree mode, else ar.
+        tree_budget: default DDTree node budget (None -> block_size - 1).
+        eos_token_ids: stop tokens always added (unless ignore_eos).
+    Raises:
+        ValueError: an unknown/unavailable default mode or drafter/target mismatch.
+    """
+
+    def __init__(self, target, tokenizer, drafter=None, *, model_id: str = "model",
+                 max_model_len: int | None = None, tree_mode_available: bool = True,
+                 default_mode: str | None = None, tree_budget: int | None = None,
+                 eos_token_ids: Sequence[int] | None = None):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        self.model_id = model_id
+        cfg_len = getattr(target.config, "max_position_embeddings", None) or 4096
+        self.max_model_len = int(min(max_model_len or cfg_len, cfg_len))
+        self.tree_mode_available = bool(tree_mode_available)
+        self.eos_token_ids = list(eos_token_ids if eos_token_ids is not None
+                                  else [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+        self.block_size = int(drafter.config.block_size) if drafter is not None else None
+        self.tree_budget = int(tree_budget) if tree_budget is not None else (
+            self.block_size - 1 if self.block_size else None)
+        if drafter is not None:
+            if not self.tree_mode_available:
+                raise ValueError("a drafter needs a target that can verify trees")
+            target.capture_layers = list(drafter.config.target_layer_ids)
+        self.default_mode = default_mode or ("ddtree" if self.spec_available else "ar")
+        self._check_mode(self.default_mode)
+        self.device = target.embed_tokens.weight.device
+        self._cache = None
+        self._draft_cache = None
+        self.messages: list[str] = []  # start-up lines (set by engine.factory.load_engine)
+
+    @property
+    def spec_available(self) -> bool:
+        """True when dflash / ddtree can run (drafter loaded, tree-capable target)."""
+        return self.drafter is not None and self.tree_mode_available
+
+    def _check_mode(self, mode: str) -> str:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
+        if mode != "ar" and not self.spec_available:
+            why = "no drafter is loaded" if self.drafter is None else "the target cannot verify trees"
+            raise ValueError(f"mode {mode} is unavailable: {why}")
+        return mode
+
+    def encode(self, text: str, chat: bool = True) -> list[int]:
+        """Prompt ids: the chat template with one user message (``chat``), else raw tokens."""
+        if not chat:
+            return list(self.tokenizer.encode(text))
+        out = self.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                 add_generation_prompt=True, tokenize=True)
+        if hasattr(out, "keys") and "input_ids" in out:
+            out = out["input_ids"]
+        return [int(t) for t in out]
+
+    def _caches(self):
+        if self._cache is None:
+            self._cache = self.target.new_cache(self.max_model_len + 1)
+        self._cache.reset()
+        if self.drafter is not None:
+            if self._draft_cache is None:
+                self._draft_cache = self.drafter.new_cache(self.max_model_len + 1 + self.block_size)
+            self._draft_cache.crop(0)
+        return self._cache, self._draft_cache
+
+    def _loop(self, mode: str, prompt_ids, chooser, budget: int | None):
+        cache, dcache = self._caches()
+        if mode == "ar":
+            return decode.ar_loop(self.target, cache, prompt_ids, chooser, self.device)
+        if mode == "dflash":
+            return decode.spec_loop(self.target, self.drafter, cache, dcache, prompt_ids, chooser,
+                                    self.device, decode.dflash_builder, self.block_size - 1)
+        return decode.spec_loop(self.target, self.drafter, cache, dcache, prompt_ids, chooser,
+                                self.device, decode.ddtree_builder, budget)
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams, *, mode: str | None = None,
+                 tree_budget: int | None = None, cancel: threading.Event | None = None
+                 ) -> Iterator[GenerationEvent]:
+        """Stream a completion of ``prompt_ids``; the last event carries finish_reason and stats.
+
+        max_tokens is clipped to the room left in ``max_model_len`` (finish "length").
+        Raises ValueError (before the first event) for an empty or too long prompt, bad params,
+        an unavailable mode or a negative tree budget.
+        """
+        params.validate()
+        mode = self._check_mode(mode or self.default_mode)
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in max_model_len "
+                             f"{self.max_model_len}")
+        budget = None
+        if mode == "ddtree":
+            budget = int(tree_budget if tree_budget is not None else self.tree_budget)
+            if budget < 0:
+                raise ValueError(f"tree_budget must be >= 0, got {budget}")
+        stop_ids = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
+        checker = StopChecker(self.tokenizer, max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
+                              stop=params.stop, stop_token_ids=stop_ids, prompt_ids=prompt_ids)
+        return self._run(mode, prompt_ids, params, budget, checker, cancel)
+
+    def _run(self, mode, prompt_ids, params, budget, checker, cancel) -> Iterator[GenerationEvent]:
+        chooser = TokenChooser(params, self.device)
+        t0 = time.perf_counter()
+        loop = self._loop(mode, prompt_ids, chooser, budget)
+        prefill_s, rounds, produced, first = 0.0, 0, 0, True
+        t_decode = t0
+        while True:
+            if cancel is not None and cancel.is_set():
+                ids, text = [], checker.finish("cancelled")
+                break
+            with torch.inference_mode():
+                tokens = next(loop, None)
+            if tokens is None:  # KV cache full
+                ids, text = [], checker.finish("length")
+                break
+            if first:
+                first = False
+                t_decode = time.perf_counter()
+                prefill_s = t_decode - t0
+            else:
+                rounds += 1
+                produced += len(tokens)
+            ids, text = checker.feed(tokens)
+            if checker.finished:
+                break
+            if ids or text:
+                yield GenerationEvent(ids, text, None, None)
+        loop.close()
+        decode_s = time.perf_counter() - t_decode
+        n = len(checker.token_ids)
+        stats = DecodeStats(
+            mode=mode, tree_budget=budget, block_size=self.block_size if mode != "ar" else None,
+            decode_rounds=rounds, generated_tokens=n,
+            mean_acceptance_length=(produced / rounds) if rounds else 0.0,
+            prefill_seconds=prefill_s, decode_seconds=decode_s,
+            tokens_per_second=(n / decode_s) if decode_s > 0 else 0.0)
+        yield GenerationEvent(ids, text, checker.finish_reason, stats)
+
+    def generate_text(self, prompt: str | list[int], params: SamplingParams, *, chat: bool = True,
+                      mode: str | None = None, tree_budget: int | None = None,
+                      cancel: threading.Event | None = None) -> tuple[str, DecodeStats]:
+        """Run a whole request; ``prompt`` is text (encoded with ``encode(chat=chat)``) or ids."""
+        ids = self.encode(prompt, chat=chat) if isinstance(prompt, str) else prompt
+        text, stats = "", None
+        for ev in self.generate(ids, params, mode=mode, tree_budget=tree_budget, cancel=cancel):
+            text += ev.text
+            stats = ev.stats or stats
+        return text, stats

@@ -1,0 +1,82 @@
+"""Build an Engine from paths (CLI, API server, bench): target + tokenizer + optional drafter.
+
+Defaults (docs/architecture.md, config.py): no target and no GGUF -> the embedded SmolLM2 GGUF;
+no drafter -> the shipped drafter folder when present and compatible, else none.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ddtree_server.engine.engine import Engine
+from ddtree_server.models import default
+from ddtree_server.models.load import load_target, resolve_dtype
+
+log = logging.getLogger(__name__)
+
+
+def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = None,
+                drafter: str | Path | None = None, use_default_drafter: bool = True,
+                target_layer_ids: list[int] | None = None, device: str = "cpu", dtype: str = "fp32",
+                mode: str | None = None, tree_budget: int | None = None,
+                max_model_len: int | None = None, model_id: str | None = None) -> Engine:
+    """Load models and return a ready Engine; ``engine.messages`` holds the start-up lines.
+
+    Raises:
+        DefaultModelError: the default GGUF is needed but missing/corrupt.
+        TargetLoadError / DrafterLoadError / DrafterConfigError: bad model files (an explicit
+            drafter only; an incompatible DEFAULT drafter is skipped with a message).
+        ValueError: bad dtype or unavailable mode.
+    """
+    messages: list[str] = []
+    sha = None
+    if target is None and gguf is None:
+        gguf = default.default_gguf_path(verify=True)
+        sha = default.DEFAULT_GGUF_SHA256
+        model_id = model_id or default.DEFAULT_MODEL_ID
+    loaded = load_target(target, gguf=gguf, gguf_sha256=sha, device=device, dtype=dtype)
+    messages.append(loaded.message)
+    if model_id is None:
+        model_id = Path(target).name if target is not None else Path(gguf).stem
+    draft_model = None
+    explicit = drafter is not None
+    if drafter is None and use_default_drafter and default.default_drafter_available():
+        drafter = default.default_drafter_dir()
+    if drafter is not None and not loaded.tree_mode_available:
+        messages.append(f"drafter {drafter} ignored: the target cannot verify draft trees")
+        drafter = None
+    if drafter is not None:
+        from ddtree_server.models.drafter_load import load_drafter
+
+        cfg = loaded.config
+        try:
+            draft_model = load_drafter(
+                drafter, embed_tokens=loaded.model.embed_tokens, lm_head=loaded.model.lm_head,
+                target_hidden_size=cfg.hidden_size, target_num_layers=cfg.num_hidden_layers,
+                target_vocab_size=cfg.vocab_size, target_layer_ids=target_layer_ids,
+                device=device, dtype=resolve_dtype(dtype))
+            messages.append(f"drafter {drafter}: block size {draft_model.config.block_size}, "
+                            f"target layers {list(draft_model.config.target_layer_ids)}")
+        except Exception as exc:  # noqa: BLE001 - the default drafter is optional
+            if explicit:
+                raise
+            messages.append(f"default drafter skipped: {exc}")
+            draft_model = None
+    engine = Engine(loaded.model, loaded.tokenizer, draft_model, model_id=model_id,
+                    max_model_len=max_model_len, tree_mode_available=loaded.tree_mode_available,
+                    default_mode=mode, tree_budget=tree_budget, eos_token_ids=loaded.eos_token_ids)
+    messages.append(f"default mode {engine.default_mode}" + (
+        f", tree budget {engine.tree_budget}" if engine.default_mode == "ddtree" else ""))
+    engine.messages = messages
+    for line in messages:
+        log.info("%s", line)
+    return engine
+
+
+def engine_from_config(cfg) -> Engine:
+    """Engine for a ``ddtree_server.config.ServerConfig``."""
+    return load_engine(target=cfg.target, gguf=cfg.gguf, drafter=cfg.drafter,
+                       target_layer_ids=cfg.target_layer_ids, device=cfg.device, dtype=cfg.dtype,
+                       mode=cfg.mode, tree_budget=cfg.tree_budget, max_model_len=cfg.max_model_len,
+                       model_id=cfg.served_model_name)

@@ -1,0 +1,118 @@
+"""Pure DDTree construction: best-first draft trees from per-position draft log-probs (CPU only).
+
+Source: Ringel & Romano, "DDTree" (arXiv 2604.12989) §3-§4, Algorithm 1, Propositions 1-3,
+Lemma 1; notes in ddtree.md §2.2. Under the factorised surrogate Q(y_1:L) = prod_i q_i(y_i), the
+expected acceptance length of a prefix-closed tree is the sum of its nodes' prefix probabilities,
+so the optimal tree of B nodes is the set of the B most probable prefixes; only the per-position
+top-K tokens (K = min(B, |V|)) can appear. A heap enumerates prefixes in decreasing cumulative
+log-probability: popping a node pushes its next sibling (rank + 1) and its first child (rank 0 at
+the next depth). Ties are broken by the rank tuple (lexicographic).
+
+Node 0 is the root (the verified bonus token); draft nodes are numbered 1..n in pop order, so a
+node's index is always larger than its parent's.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+@dataclass
+class DraftTree:
+    """A draft tree of ``size = 1 + n`` nodes (node 0 = root).
+
+    tokens: ``[1+n]`` token ids (tokens[0] = root/bonus token); depths: ``[1+n]`` (root 0);
+    parents: ``[1+n]`` (parents[0] = -1); children: per node, ``{token: child index}``;
+    is_chain: every node's parent is the previous node (causal attention is then exact).
+    """
+
+    tokens: list[int]
+    depths: list[int]
+    parents: list[int]
+    children: list[dict[int, int]]
+    is_chain: bool
+    _ancestors: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def size(self) -> int:
+        """Number of nodes including the root."""
+        return len(self.tokens)
+
+    def ancestors(self) -> np.ndarray:
+        """Bool ``[size, size]``: ``[i, j]`` is True iff j is an ancestor of i or i itself."""
+        if self._ancestors is None:
+            n = self.size
+            anc = np.zeros((n, n), dtype=bool)
+            anc[0, 0] = True
+            for i in range(1, n):
+                anc[i] = anc[self.parents[i]]
+                anc[i, i] = True
+            self._ancestors = anc
+        return self._ancestors
+
+
+def _make(tokens: list[int], depths: list[int], parents: list[int]) -> DraftTree:
+    children: list[dict[int, int]] = [{} for _ in tokens]
+    for i in range(1, len(tokens)):
+        children[parents[i]][tokens[i]] = i
+    chain = all(parents[i] == i - 1 for i in range(1, len(tokens)))
+    return DraftTree(tokens, depths, parents, children, chain)
+
+
+def root_only(root_token: int) -> DraftTree:
+    """The tree with just the root (budget 0)."""
+    return _make([int(root_token)], [0], [-1])
+
+
+def chain_tree(root_token: int, draft_tokens: Sequence[int]) -> DraftTree:
+    """A single path root -> draft_tokens[0] -> draft_tokens[1] ... (DFlash's linear block)."""
+    toks = [int(root_token)] + [int(t) for t in draft_tokens]
+    return _make(toks, list(range(len(toks))), list(range(-1, len(toks) - 1)))
+
+
+def build_ddtree(root_token: int, topk_logp: Sequence[Sequence[float]],
+                 topk_ids: Sequence[Sequence[int]], budget: int) -> DraftTree:
+    """Best-first DDTree (Algorithm 1) with at most ``budget`` draft nodes.
+
+    Args:
+        root_token: the bonus token at the root.
+        topk_logp: ``[L, K]`` log-probs of the per-position top-K draft tokens, each row sorted
+            in decreasing order (``log_softmax`` of the RAW draft logits, no temperature).
+            Row d-1 belongs to depth d (draft position s + d).
+        topk_ids: ``[L, K]`` the matching token ids (unique within a row).
+        budget: maximum number of draft nodes (root excluded); <= 0 gives the root only.
+    Returns:
+        DraftTree with ``min(budget, L*K)`` draft nodes; depth <= L.
+    Raises:
+        ValueError: the two tables differ in shape.
+    """
+    logp = [list(map(float, row)) for row in topk_logp]
+    ids = [list(map(int, row)) for row in topk_ids]
+    if [len(r) for r in logp] != [len(r) for r in ids]:
+        raise ValueError("topk_logp and topk_ids must have the same shape")
+    depth_max = len(logp)
+    if budget <= 0 or depth_max == 0 or not logp[0]:
+        return root_only(root_token)
+    k = min(budget, len(logp[0]))
+    if budget == 1:
+        return chain_tree(root_token, [ids[0][0]])
+    tokens, depths, parents = [int(root_token)], [0], [-1]
+    # entry: (-score, rank tuple, parent index, depth, rank, score)
+    heap = [(-logp[0][0], (0,), 0, 1, 0, logp[0][0])]
+    while heap and len(tokens) <= budget:
+        _, ranks, parent, depth, rank, score = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(ids[depth - 1][rank])
+        depths.append(depth)
+        parents.append(parent)
+        if rank + 1 < k:
+            sib = score - logp[depth - 1][rank] + logp[depth - 1][rank + 1]
+            heapq.heappush(heap, (-sib, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, sib))
+        if depth < depth_max:
+            child = score + logp[depth][0]
+            heapq.heappush(heap, (-child, ranks + (0,), node, depth + 1, 0, child))
+    return _make(tokens, depths, parents)
