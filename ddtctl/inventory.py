@@ -20,10 +20,11 @@ import yaml
 from pydantic import ValidationError
 
 from ddtctl.errors import InventoryError, UsageError
-from ddtctl.inventory_schema import HOST_NAME, Container, InventoryModel, LocalHost, Node
+from ddtctl.inventory_schema import HOST_NAME, Container, Host, InventoryModel, LocalHost, Node
+
+__all__ = ["Host", "Inventory", "Issue", "load_inventory", "parse_inventory", "inventory_path", "ddtctl_home"]
 
 DEFAULT_INVENTORY = "inventory.yaml"
-SMOLLM2_MODEL_ID = "SmolLM2-135M-Instruct"
 
 
 def inventory_path(explicit: str | os.PathLike | None = None) -> Path:
@@ -44,42 +45,6 @@ class Issue:
     line: int
     path: str
     message: str
-
-
-@dataclass(frozen=True)
-class Host:
-    """A resolved deploy target: a container (with its node) or a local host."""
-
-    name: str
-    kind: str                      # "container" | "local"
-    address: str                   # HTTP address of the service
-    root: str                      # install root on the target (releases/, current)
-    service: Any                   # DdtreeService | SglangService | VllmService
-    groups: tuple[str, ...] = ()
-    node_name: str | None = None
-    node: Node | None = None
-    vmid: int | None = None
-
-    @property
-    def unit(self) -> str:
-        """systemd unit name (also the local supervisor's service name)."""
-        return self.service.unit or f"{self.service.kind}.service"
-
-    @property
-    def model_id(self) -> str:
-        """The model id the service must list in /v1/models."""
-        svc = self.service
-        if svc.model_id:
-            return svc.model_id
-        if svc.target is None:
-            return SMOLLM2_MODEL_ID
-        base = svc.target.path.rstrip("/").rsplit("/", 1)[-1]
-        return base[:-5] if base.endswith(".gguf") else base
-
-    @property
-    def bind(self) -> str:
-        """Listen address passed to the service."""
-        return self.service.bind or ("127.0.0.1" if self.kind == "local" else "0.0.0.0")
 
 
 @dataclass
@@ -211,29 +176,37 @@ def _node_at(root: yaml.Node | None, loc: Sequence, *, want_key: bool = False) -
     A discriminated-union tag in `loc` (the service `kind`) is skipped. With `want_key`, a fully
     found location ending at a mapping key returns the key node (for "unknown key" errors).
     """
-    node, found, key_node = root, (), None
+    node, found, key_node, complete = root, (), None, True
     for part in loc:
-        key_node = None
         if isinstance(node, yaml.MappingNode):
             match = [(k, v) for k, v in node.value if k.value == str(part)]
             if not match:
                 if any(k.value == "kind" and v.value == part for k, v in node.value):
                     continue
+                complete = False
                 break
             key_node, node = match[-1]
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
+            key_node, node = None, node.value[part]
         else:
+            complete = False
             break
         found = (*found, part)
-    if want_key and key_node is not None and found and found[-1] == loc[-1]:
+    if want_key and complete and key_node is not None:
         return key_node, found
     return node, found
 
 
 def _issue_from_error(root: yaml.Node | None, err: dict) -> Issue:
     loc = tuple(err["loc"])
-    node, found = _node_at(root, loc, want_key=err["type"] == "extra_forbidden")
+    if err["type"] == "missing":                 # point at the key of the mapping that lacks it
+        node, found = _node_at(root, loc[:-1], want_key=True)
+        found = (*found, loc[-1])
+    elif err["type"].startswith("union_tag"):    # point at `kind:`
+        node, found = _node_at(root, (*loc, "kind"))
+        found = loc
+    else:
+        node, found = _node_at(root, loc, want_key=err["type"] == "extra_forbidden")
     line = node.start_mark.line + 1 if node is not None else 0
     shown = tuple(p for p in loc if p in found or not isinstance(p, str) or p not in _TAGS)
     msg = {"extra_forbidden": "unknown key", "missing": "required key is missing",
@@ -255,7 +228,7 @@ def _resolve(model: InventoryModel, root: yaml.Node | None, file: Path) -> tuple
     issues: list[Issue] = []
 
     def at(*loc: Any) -> int:
-        node, _ = _node_at(root, loc)
+        node, _ = _node_at(root, loc, want_key=True)
         return node.start_mark.line + 1 if node is not None else 0
 
     def bad(loc: tuple, message: str) -> None:

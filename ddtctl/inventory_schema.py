@@ -1,4 +1,4 @@
-"""Pydantic schema of inventory.yaml: Proxmox nodes, LXC containers, local hosts and their services.
+"""Pydantic schema of inventory.yaml (nodes, containers, local hosts, services) and the resolved `Host`.
 
 Pure data: no file or network access here. `ddtctl.inventory` loads the YAML, maps validation
 errors back to file lines, resolves cross references and selects hosts.
@@ -11,12 +11,14 @@ configures, starts and probes: it never builds or installs those.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+SMOLLM2_MODEL_ID = "SmolLM2-135M-Instruct"   # the embedded default model of ddtree-server
 UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*\.service$")
 
 
@@ -42,7 +44,7 @@ class Node(_Strict):
     address: str = Field(min_length=1, description="SSH host name or IP address.")
     user: str | None = Field(None, description="SSH user (default: ~/.ssh/config, then the local user).")
     port: int | None = Field(None, ge=1, le=65535, description="SSH port (default: ~/.ssh/config, then 22).")
-    ssh_options: dict[str, str] = Field(default_factory=dict, description="Extra ssh_config options.")
+    ssh_options: dict[str, EnvValue] = Field(default_factory=dict, description="Extra ssh_config options.")
     models_root: str = Field("/srv/ddtctl/models", description="Node folder of `shared` weights (absolute).")
 
     @field_validator("models_root")
@@ -174,3 +176,39 @@ class InventoryModel(_Strict):
     containers: dict[str, Container] = Field(default_factory=dict)
     local: dict[str, LocalHost] = Field(default_factory=dict)
     groups: dict[str, list[str]] = Field(default_factory=dict, description="group -> host names")
+
+
+@dataclass(frozen=True)
+class Host:
+    """A resolved deploy target: a container (with its node) or a local host."""
+
+    name: str
+    kind: str                      # "container" | "local"
+    address: str                   # HTTP address of the service
+    root: str                      # install root on the target (releases/, current)
+    service: Any                   # DdtreeService | SglangService | VllmService
+    groups: tuple[str, ...] = ()
+    node_name: str | None = None
+    node: Node | None = None
+    vmid: int | None = None
+
+    @property
+    def unit(self) -> str:
+        """systemd unit name (also the local supervisor's service name)."""
+        return self.service.unit or f"{self.service.kind}.service"
+
+    @property
+    def model_id(self) -> str:
+        """The model id the service must list in /v1/models."""
+        svc = self.service
+        if svc.model_id:
+            return svc.model_id
+        if svc.target is None:
+            return SMOLLM2_MODEL_ID
+        base = svc.target.path.rstrip("/").rsplit("/", 1)[-1]
+        return base[:-5] if base.endswith(".gguf") else base
+
+    @property
+    def bind(self) -> str:
+        """Listen address passed to the service."""
+        return self.service.bind or ("127.0.0.1" if self.kind == "local" else "0.0.0.0")

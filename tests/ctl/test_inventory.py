@@ -1,0 +1,191 @@
+"""Inventory loading: every error as exact `FILE:LINE: key.path: message`; host selection."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ddtctl.errors import InventoryError, UsageError
+from ddtctl.inventory import inventory_path, load_inventory, parse_inventory
+
+REPO = Path(__file__).resolve().parents[2]
+
+GOOD = """\
+nodes:
+  pve1:
+    address: 10.0.0.1
+  pve2:
+    address: 10.0.0.2
+    user: admin
+    port: 2222
+containers:
+  ct200:
+    vmid: 200
+    node: pve1
+    address: 10.0.0.20
+    groups: [gpu]
+    service:
+      kind: ddtree
+      port: 8000
+      gpus: [0]
+  ct201:
+    vmid: 201
+    node: pve1
+    address: 10.0.0.21
+    service:
+      kind: vllm
+      port: 8001
+      target: {path: /models/q}
+  ct129:
+    vmid: 129
+    node: pve2
+    address: 10.0.0.29
+    groups: [gpu]
+    service:
+      kind: sglang
+      port: 30000
+      target: {path: /models/q, source: /src/q}
+local:
+  here:
+    service: {kind: ddtree, port: 8411, device: cpu}
+groups:
+  web: [ct201, here]
+"""
+
+
+def _errors(text: str, name: str = "inventory.yaml") -> list[str]:
+    with pytest.raises(InventoryError) as info:
+        parse_inventory(textwrap.dedent(text), Path(name))
+    assert info.value.exit_code == 2
+    return str(info.value).splitlines()
+
+
+def _edit(old: str, new: str) -> str:
+    assert old in GOOD
+    return GOOD.replace(old, new, 1)
+
+
+def test_good_inventory_resolves() -> None:
+    inv = parse_inventory(GOOD, Path("inventory.yaml"))
+    assert list(inv.hosts) == ["ct200", "ct201", "ct129", "here"]
+    ct = inv.hosts["ct200"]
+    assert (ct.kind, ct.vmid, ct.node_name, ct.node.address, ct.root, ct.unit) == (
+        "container", 200, "pve1", "10.0.0.1", "/opt/ddtree", "ddtree.service")
+    assert ct.model_id == "SmolLM2-135M-Instruct" and ct.bind == "0.0.0.0"
+    assert inv.hosts["ct201"].model_id == "q" and inv.hosts["ct201"].unit == "vllm.service"
+    assert inv.hosts["here"].bind == "127.0.0.1" and inv.hosts["here"].kind == "local"
+    assert inv.groups["gpu"] == ["ct200", "ct129"] and inv.groups["pve1"] == ["ct200", "ct201"]
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), [
+    ("    vmid: 200\n", "    vmid: 42\n",
+     "inventory.yaml:10: containers.ct200.vmid: Input should be greater than or equal to 100"),
+    ("    vmid: 200\n", "    vmid: two\n",
+     "inventory.yaml:10: containers.ct200.vmid: Input should be a valid integer, unable to parse string "
+     "as an integer"),
+    ("    node: pve1\n    address: 10.0.0.20\n", "    node: pve9\n    address: 10.0.0.20\n",
+     "inventory.yaml:11: containers.ct200.node: undefined node 'pve9'; did you mean 'pve2'?"),
+    ("    node: pve1\n    address: 10.0.0.20\n", "    node: zzz\n    address: 10.0.0.20\n",
+     "inventory.yaml:11: containers.ct200.node: undefined node 'zzz' (nodes: pve1, pve2)"),
+    ("    port: 2222\n", "    port: 2222\n    colour: blue\n", "inventory.yaml:8: nodes.pve2.colour: unknown key"),
+    ("      port: 8000\n      gpus", "      prot: 8000\n      gpus",
+     "inventory.yaml:14: containers.ct200.service.port: required key is missing\n"
+     "inventory.yaml:16: containers.ct200.service.prot: unknown key"),
+    ("      kind: vllm\n", "      kind: tgi\n",
+     "inventory.yaml:23: containers.ct201.service: kind must be one of ddtree, sglang, vllm"),
+    ("      port: 30000\n", "      port: many\n",
+     "inventory.yaml:33: containers.ct129.service.port: Input should be a valid integer, unable to parse "
+     "string as an integer"),
+    ("    service: {kind: ddtree, port: 8411, device: cpu}\n", "    service: {kind: ddtree, device: cpu}\n",
+     "inventory.yaml:37: local.here.service.port: required key is missing"),
+    ("  web: [ct201, here]\n", "  web: [ct201, ct999]\n", "inventory.yaml:39: groups.web[1]: unknown host 'ct999'"),
+    ("  ct201:\n    vmid: 201\n", "  ct201:\n    vmid: 200\n",
+     "inventory.yaml:19: containers.ct201.vmid: vmid 200 already used by ct200 on node pve1"),
+    ("      target: {path: /models/q}\n", "",
+     "inventory.yaml:23: containers.ct201.service.kind: a vllm service needs `target:` (the model path)"),
+    ("      gpus: [0]\n", "      gpus: [0]\n      environment: {BAD-NAME: x}\n",
+     "inventory.yaml:18: containers.ct200.service.environment: Value error, 'BAD-NAME' is not a valid "
+     "environment variable name"),
+    ("      target: {path: /models/q}\n", "      target: {path: models/q}\n",
+     "inventory.yaml:25: containers.ct201.service.target.path: Value error, must be an absolute path"),
+])
+def test_error_lines(old: str, new: str, expected: str) -> None:
+    assert _errors(_edit(old, new)) == expected.split("\n")
+
+
+def test_duplicate_keys_and_names() -> None:
+    dup = GOOD.replace("local:\n  here:", "local:\n  ct200:").replace("[ct201, here]", "[ct201]")
+    assert _errors(dup) == ["inventory.yaml:36: local.ct200: name already used under containers:"]
+    twice = GOOD + "  web: [ct200]\n"
+    assert _errors(twice) == ["inventory.yaml:40: groups.web: duplicate key (first defined on line 39)"]
+
+
+def test_all_errors_reported_in_line_order() -> None:
+    text = _edit("    vmid: 200\n", "    vmid: 1\n").replace("      port: 30000\n", "      port: 70000\n")
+    assert _errors(text, "fleet.yaml") == [
+        "fleet.yaml:10: containers.ct200.vmid: Input should be greater than or equal to 100",
+        "fleet.yaml:33: containers.ct129.service.port: Input should be less than or equal to 65535",
+    ]
+
+
+def test_yaml_syntax_and_shape_errors(tmp_path: Path) -> None:
+    assert _errors("nodes:\n  pve1: [unclosed\n") == [
+        "inventory.yaml:3: invalid YAML: expected ',' or ']', but got '<stream end>'"]
+    assert _errors("- a\n- b\n") == ["inventory.yaml:1: the top level must be a mapping"]
+    with pytest.raises(InventoryError, match="cannot read inventory"):
+        load_inventory(tmp_path / "missing.yaml")
+
+
+def test_inventory_path_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DDTCTL_INVENTORY", raising=False)
+    assert inventory_path() == Path("inventory.yaml")
+    monkeypatch.setenv("DDTCTL_INVENTORY", "/x/fleet.yaml")
+    assert inventory_path() == Path("/x/fleet.yaml")
+    assert inventory_path("other.yaml") == Path("other.yaml")
+
+
+def test_local_root_follows_ddtctl_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("DDTCTL_HOME", str(tmp_path))
+    inv = parse_inventory(GOOD, Path("inventory.yaml"))
+    assert inv.hosts["here"].root == str(tmp_path / "hosts" / "here")
+
+
+@pytest.mark.parametrize(("words", "kwargs", "expected"), [
+    (["ct200"], {}, ["ct200"]),
+    (["gpu"], {}, ["ct200", "ct129"]),
+    (["pve1"], {}, ["ct200", "ct201"]),
+    (["ct2*"], {}, ["ct200", "ct201"]),
+    (["web", "ct201", "ct200"], {}, ["ct201", "here", "ct200"]),
+    ([], {"all_hosts": True}, ["ct200", "ct201", "ct129", "here"]),
+    ([], {"all_hosts": True, "limit": "ct1*,here"}, ["ct129", "here"]),
+    ([], {"all_hosts": True, "limit": "gpu"}, ["ct200", "ct129"]),
+])
+def test_select(words: list[str], kwargs: dict, expected: list[str]) -> None:
+    inv = parse_inventory(GOOD, Path("inventory.yaml"))
+    assert [h.name for h in inv.select(words, **kwargs)] == expected
+
+
+def test_select_refuses_nothing_and_unknown() -> None:
+    inv = parse_inventory(GOOD, Path("inventory.yaml"))
+    with pytest.raises(UsageError, match="name a HOST or group, or pass --all"):
+        inv.select([])
+    with pytest.raises(UsageError, match="unknown host or group 'ct129x'; did you mean 'ct129'"):
+        inv.select(["ct129x"])
+    with pytest.raises(UsageError, match="no hosts selected"):
+        inv.select(["gpu"], limit="nomatch*")
+
+
+def test_shipped_inventories_validate() -> None:
+    default = load_inventory(REPO / "inventory.yaml")
+    assert list(default.hosts) == ["local"]
+    local = default.hosts["local"]
+    assert (local.kind, local.address, local.service.kind, local.service.device, local.service.dtype) == (
+        "local", "127.0.0.1", "ddtree", "cpu", "fp32")
+    # schema validation only: these are real machines, nothing here connects to them
+    fleet = load_inventory(REPO / "examples" / "proxmox-fleet.yaml")
+    assert {n: (h.node_name, h.vmid, h.service.kind) for n, h in fleet.hosts.items()} == {
+        "ct200": ("pve1", 200, "ddtree"), "ct129": ("pro6000", 129, "sglang")}
+    assert fleet.hosts["ct129"].service.port == 30000
+    assert fleet.hosts["ct200"].service.gpus == ["0"] and fleet.hosts["ct200"].service.weights == "shared"
