@@ -72,6 +72,17 @@ def api_client(api_server) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="session")
+def api_tokenizer():
+    """The real SmolLM2 tokenizer, read from the converted default GGUF (as the server reads it)."""
+    from transformers import AutoTokenizer
+
+    from ddtree_server.models.default import default_gguf_path
+    from ddtree_server.models.load import gguf_to_folder
+
+    return AutoTokenizer.from_pretrained(gguf_to_folder(default_gguf_path()))
+
+
+@pytest.fixture(scope="session")
 def api_http(api_server) -> httpx.Client:
     """A raw httpx client with the API key, for exact status codes and bodies."""
     with httpx.Client(base_url=api_server.base_url, headers={"Authorization": f"Bearer {API_KEY}"},

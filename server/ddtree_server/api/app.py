@@ -41,16 +41,18 @@ class ClientGone(Exception):
 
 
 def available_modes(engine: Any) -> set[str]:
-    """Decoding modes this engine can run: ar always; dflash/ddtree with a drafter."""
-    modes = getattr(engine, "available_modes", None)
-    if modes:
-        return set(modes)
-    found = {"ar"}
-    if getattr(engine, "drafter", None) is not None:
-        found.add("dflash")
-        if getattr(engine, "tree_mode_available", False):
-            found.add("ddtree")
-    return found
+    """Decoding modes this engine can run: ar always; dflash and ddtree with a drafter on a
+    target that can verify trees (`Engine.spec_available`)."""
+    return {"ar", "dflash", "ddtree"} if getattr(engine, "spec_available", False) else {"ar"}
+
+
+def vocab_size(engine: Any) -> int:
+    """Token ids a prompt may use: below both the model's embedding rows and the tokenizer size."""
+    sizes = [len(engine.tokenizer)]
+    model_vocab = getattr(getattr(getattr(engine, "target", None), "config", None), "vocab_size", None)
+    if model_vocab:
+        sizes.append(int(model_vocab))
+    return min(sizes)
 
 
 class _Middleware:
@@ -161,11 +163,13 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         return Response(metrics.render(), media_type=metrics.content_type)
 
     def card(engine: Any) -> dict[str, Any]:
-        extra = {"decoding": {"default_mode": engine.default_mode, "modes": sorted(available_modes(engine)),
-                              "tree_mode_available": bool(engine.tree_mode_available)}}
-        for attr in ("target_id", "drafter_id"):
-            if getattr(engine, attr, None) is not None:
-                extra[attr.removesuffix("_id")] = getattr(engine, attr)
+        drafter = None
+        if getattr(engine, "drafter", None) is not None:
+            drafter = str(config.drafter) if config.drafter else "default"
+        extra = {"target": str(config.target or config.gguf or "default"), "drafter": drafter,
+                 "decoding": {"default_mode": engine.default_mode, "modes": sorted(available_modes(engine)),
+                              "tree_budget": getattr(engine, "tree_budget", None),
+                              "block_size": getattr(engine, "block_size", None)}}
         return model_card(model_id=engine.model_id, created=int(time.time() - worker.elapsed()),
                           max_model_len=engine.max_model_len, extra=extra)
 
@@ -190,8 +194,8 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
     async def completions(body: CompletionRequest, request: Request) -> Response:
         engine = ready_engine()
         check_model(body.model, engine)
-        vocab = getattr(engine, "vocab_size", None) or len(engine.tokenizer)
-        ids = await run_in_threadpool(prompts.completion_prompt_ids, engine.tokenizer, body.prompt, vocab)
+        ids = await run_in_threadpool(prompts.completion_prompt_ids, engine.tokenizer, body.prompt,
+                                      vocab_size(engine))
         return await _generate(request, engine, body, ids, "completion")
 
     async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str) -> Response:

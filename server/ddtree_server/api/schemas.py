@@ -69,7 +69,7 @@ class _GenerationRequest(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = None
-    stop: StrictStr | list[StrictStr] | None = None
+    stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)
     n: int = Field(1, ge=1, description="Choices per request; only 1 is supported.")
     stream: bool = False
     stream_options: StreamOptions | None = None

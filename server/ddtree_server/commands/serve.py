@@ -21,10 +21,11 @@ log = logging.getLogger("ddtree_server.serve")
 
 def load_engine(config: Any, status: Any) -> Any:
     """Build the Engine for `config`; `status(text)` reports loading progress."""
-    from ddtree_server.engine.engine import Engine
+    from ddtree_server.engine.factory import engine_from_config
 
-    status("loading target and drafter")
-    return Engine.from_config(config)
+    target = config.target or config.gguf or "the embedded SmolLM2 GGUF"
+    status(f"loading {target} on {config.device} ({config.dtype})")
+    return engine_from_config(config)
 
 
 def warmup(engine: Any) -> None:

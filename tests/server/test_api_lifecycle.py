@@ -1,0 +1,103 @@
+"""End-to-end: concurrent clients, disconnect cancellation, queue limit (429), SIGTERM drain."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from tests.server.api_fixtures import API_KEY, MODEL
+from tests.server.serverproc import ServerProcess
+
+pytest_plugins = ["tests.server.api_fixtures"]
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["The capital of France is", "One, two, three,", "def fibonacci(n):", "Water boils at"]
+LONG = {"max_tokens": 400, "temperature": 0, "ignore_eos": True}
+
+
+def metric(server: ServerProcess, name: str) -> float:
+    text = httpx.get(server.url("/metrics"), timeout=30).text
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_concurrent_clients_get_their_own_answers(api_client):
+    def one(prompt: str) -> str:
+        return api_client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+
+    sequential = [one(p) for p in PROMPTS]
+    with ThreadPoolExecutor(4) as pool:
+        concurrent = list(pool.map(one, PROMPTS))
+    assert concurrent == sequential
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_cancels_generation(api_server, stream):
+    before = metric(api_server, "ddtree_requests_cancelled_total")
+    body = {"model": MODEL, "prompt": "Count: 1, 2, 3,", "stream": stream, **LONG}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    if stream:
+        with httpx.stream("POST", api_server.url("/v1/completions"), json=body, headers=headers, timeout=60) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_lines())   # the generation is running; now hang up
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(api_server.url("/v1/completions"), json=body, headers=headers, timeout=1.5)
+    wait_for(lambda: metric(api_server, "ddtree_requests_cancelled_total") > before, 60, "cancellation metric")
+    assert "cancelled" in api_server.log_text()
+    wait_for(lambda: metric(api_server, "ddtree_running_requests") == 0, 30, "the worker to be idle")
+
+
+def test_queue_limit_and_sigterm_drain():
+    """--max-queue 0: a second request while one runs is 429. SIGTERM: /ready says draining, new
+    requests get 503, the in-flight request completes, the process exits 0."""
+    server = ServerProcess("--max-queue", "0").start()
+    try:
+        client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=600)
+        result: dict = {}
+
+        def long_request() -> None:
+            try:
+                result["resp"] = client.completions.create(model=client.models.list().data[0].id,
+                                                           prompt="Count: 1, 2, 3,", extra_body={"ignore_eos": True},
+                                                           max_tokens=300, temperature=0)
+            except Exception as exc:  # surfaced by the assertions below
+                result["error"] = exc
+
+        thread = threading.Thread(target=long_request)
+        thread.start()
+        wait_for(lambda: metric(server, "ddtree_running_requests") == 1, 60, "the long request to run")
+
+        busy = httpx.post(server.url("/v1/completions"), json={"prompt": "x", "max_tokens": 1}, timeout=30)
+        assert busy.status_code == 429 and busy.json()["error"]["type"] == "rate_limit_error"
+
+        server.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: httpx.get(server.url("/ready"), timeout=10).json()["state"] == "draining", 30, "draining")
+        ready = httpx.get(server.url("/ready"), timeout=10)
+        assert ready.status_code == 503 and ready.json()["state"] == "draining"
+        refused = httpx.post(server.url("/v1/completions"), json={"prompt": "x", "max_tokens": 1}, timeout=30)
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+
+        thread.join(600)
+        assert "error" not in result, result.get("error")
+        assert result["resp"].choices[0].finish_reason == "length"
+        assert result["resp"].usage.completion_tokens == 300
+        assert server.proc.wait(120) == 0, server.log_tail()
+    finally:
+        server.stop(signal.SIGKILL)
