@@ -30,7 +30,7 @@ from ddtctl.remote.result import PutResult, Result
 
 CHUNK = 1024 * 1024  # bytes read and sent at a time
 Progress = Callable[[int, int], None]  # (bytes done incl. a resumed prefix, bytes total)
-RunFn = Callable[..., Result]  # run(argv, *, stdin=None, timeout=None) -> Result
+RunFn = Callable[..., Result]  # run(argv, *, stdin=None, timeout=None, idempotent=False)
 
 _cache: dict[tuple, str] = {}
 _cache_lock = threading.Lock()
@@ -98,23 +98,25 @@ class ExecFileOps:
         self._run = run
         self.name = name
 
-    def _do(self, argv: Sequence[str], **kw) -> Result:
+    def _do(self, argv: Sequence[str], *, idempotent: bool = False, **kw) -> Result:
+        if idempotent:  # a read: the transport may retry it after a dropped connection
+            kw["idempotent"] = True
         return self._run(list(argv), **kw)
 
     def size(self, path: str) -> int | None:
         """Size in bytes of a regular file, None when it does not exist (or is not readable)."""
-        res = self._do(["stat", "-L", "-c", "%F:%s", "--", path])
+        res = self._do(["stat", "-L", "-c", "%F:%s", "--", path], idempotent=True)
         if not res.ok:
             return None
         kind, _, size = res.text.strip().rpartition(":")
         return int(size) if kind.startswith("regular") else None
 
     def sha256(self, path: str) -> str | None:
-        res = self._do(["sha256sum", "--", path])
+        res = self._do(["sha256sum", "--", path], idempotent=True)
         return parse_sha256sum(res.stdout) if res.ok else None
 
     def makedirs(self, path: str) -> None:
-        self._do(["mkdir", "-p", "--", path]).check()
+        self._do(["mkdir", "-p", "--", path], idempotent=True).check()
 
     def remove(self, path: str) -> None:
         self._do(["rm", "-f", "--", path]).check()

@@ -1,0 +1,112 @@
+"""ContainerTransport: an LXC container reached with ``pct exec`` / ``pct push`` on a node Transport.
+
+* ``run(argv)`` runs ``node.run(pct_exec(vmid, argv, env=env))``: ``--keep-env 0 -- /usr/bin/env -i
+  HOME=/root LANG=C.UTF-8 LC_ALL=C.UTF-8 PATH=<LXC default> [K=V] argv`` (ops.md §1.2); no shell
+  is added inside the CT, the node's login shell is the only one (ops.md §1.3). pct's own failures
+  (CT not running, not on this node) exit non-zero (usually 255) with pct's message on stderr;
+  128+N means the command was killed by signal N.
+* ``put()`` below ``SMALL_FILE`` bytes (8 MiB): stage on the node with ``node.put`` (SFTP, verified),
+  ``pct exec -- mkdir -p <parent>``, ``pct push <staging> <dest>.part``, then ALWAYS verify with
+  ``pct exec -- sha256sum`` because pct push can exit 0 after a failed copy (``TASK ERROR`` on
+  stderr, ops.md §1.4), then ``chmod`` + ``mv -T`` to ``<dest>``; the staging file is removed.
+* ``put()`` of larger files: no staging copy on the node disk; chunks are streamed through
+  ``pct exec <vmid> -- dd of=<dest>.part bs=1M seek=<offset> oflag=seek_bytes conv=notrunc
+  status=none`` on stdin, resumable from the partial file's size after comparing its sha256 with
+  the local prefix, verified, renamed (remote/push.py). Pushes to one container are serialised
+  (pct push holds the CT config lock for the whole copy).
+* ``forward(host, port)`` delegates to the node: host must be the container's address as the node
+  sees it (from the inventory).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import ContextManager
+
+from ddtctl.errors import TransferError
+from ddtctl.remote.command import pct_exec, pct_push
+from ddtctl.remote.push import CHUNK, ExecFileOps, Progress, local_sha256, push_file
+from ddtctl.remote.result import PutResult, Result
+from ddtctl.remote.transport import Transport
+
+SMALL_FILE = 8 * 1024 * 1024  # bytes; at or above this, stream instead of pct push
+STREAM_CHUNK = 8 * CHUNK  # bytes per `pct exec -- dd` call when streaming
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+class ContainerTransport:
+    """Container ``vmid`` on ``node``; name "ct<vmid>@<node name>".
+
+    Errors: as the node transport's run (UnreachableError, CommandTimeout); put raises
+    TransferError when the pushed file does not verify, RemoteError when a step fails."""
+
+    def __init__(self, node: Transport, vmid: int | str, *, name: str | None = None,
+                 staging_dir: str = "/tmp"):
+        self.node = node
+        self.vmid = int(vmid)
+        node_name = node.name.split(":", 1)[-1]
+        self.name = name or f"ct{self.vmid}@{node_name}"
+        self.staging_dir = staging_dir
+        with _locks_guard:
+            self._push_lock = _locks.setdefault((node.name, str(self.vmid)), threading.Lock())
+
+    def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
+            timeout: float | None = None, env: Mapping[str, str] | None = None,
+            idempotent: bool = False) -> Result:
+        """Run argv inside the container (see module docstring). The Result keeps the caller's
+        argv and this transport's name."""
+        kwargs = {"idempotent": True} if idempotent else {}
+        res = self.node.run(pct_exec(self.vmid, argv, env=env), stdin=stdin, timeout=timeout,
+                            **kwargs)
+        return Result(tuple(argv), res.exit_code, res.stdout, res.stderr, res.seconds, self.name)
+
+    def put(self, local: Path, remote: str, *, mode: int = 0o644,
+            progress: Progress | None = None) -> PutResult:
+        """Push a local file to the absolute path ``remote`` in the container; see module doc."""
+        ops = ExecFileOps(self.run, self.name)  # every primitive via pct exec; dd chunks
+        with self._push_lock:
+            if os.path.getsize(local) >= SMALL_FILE:
+                return push_file(ops, local, remote, mode=mode, progress=progress,
+                                 chunk_size=STREAM_CHUNK)
+            return self._put_small(ops, Path(local), remote, mode, progress)
+
+    def _put_small(self, ops: ExecFileOps, local: Path, remote: str, mode: int,
+                   progress: Progress | None) -> PutResult:
+        if not remote.startswith("/") or remote.endswith("/"):
+            raise TransferError(f"{self.name}: destination must be an absolute file path: {remote!r}")
+        digest, size = local_sha256(local), os.path.getsize(local)
+        if ops.size(remote) == size and ops.sha256(remote) == digest:
+            ops.chmod(remote, mode)
+            return PutResult(0, digest, True)
+        staging = posixpath.join(self.staging_dir, f"ddtctl-{uuid.uuid4().hex}-{local.name}")
+        part = remote + ".part"
+        try:
+            self.node.put(local, staging, mode=0o600)
+            ops.makedirs(posixpath.dirname(remote) or "/")
+            res = self.node.run(pct_push(self.vmid, staging, part, perms=0o600))
+            got = ops.sha256(part)  # pct push may exit 0 after a failed copy: verify, always
+            if not res.ok or got != digest:
+                self.run(["rm", "-f", "--", part])
+                detail = res.err_text.strip() or f"sha256 {got} != {digest}"
+                raise TransferError(f"{self.name}: pct push of {local} to {remote} failed "
+                                    f"(exit {res.exit_code}): {detail}", res)
+            ops.commit(part, remote, mode)
+        finally:
+            self.node.run(["rm", "-f", "--", staging])
+        if progress:
+            progress(size, size)
+        return PutResult(size, digest, False)
+
+    def forward(self, host: str, port: int) -> ContextManager[tuple[str, int]]:
+        """The node's forward to host:port (host = the container's address seen from the node)."""
+        return self.node.forward(host, port)
+
+    def close(self) -> None:
+        """Nothing of its own to release; the node transport is closed by its owner."""
+

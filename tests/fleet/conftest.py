@@ -1,0 +1,35 @@
+"""Session fixtures for the SSH/pct test fleet (tests/fleet/node.py).
+
+Tests outside tests/fleet use them by importing the fixture functions into their module:
+``from tests.fleet.conftest import pve1, make_node  # noqa: F401``. The nodes behind them are
+process-wide (node.shared_node), so importing into several modules starts each sshd only once.
+
+* ``make_node(name)`` -> a started FakeNode (one per name per session);
+* ``pve1`` -> the node "pve1";
+* ``fleet_client_key`` -> path of the client private key every node accepts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.fleet.node import FakeNode, close_all, fleet_available, fleet_base, shared_node
+
+
+@pytest.fixture(scope="session")
+def make_node():
+    reason = fleet_available()
+    if reason:
+        pytest.skip(reason)
+    yield shared_node
+    close_all()
+
+
+@pytest.fixture(scope="session")
+def pve1(make_node) -> FakeNode:
+    return make_node("pve1")
+
+
+@pytest.fixture(scope="session")
+def fleet_client_key(make_node):
+    return fleet_base() / "id_ed25519"
