@@ -14,11 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.serverproc import ServerProcess
-
-API_KEY = "sk-test-ddtree"
-MODEL = "smol-test"
-MAX_MODEL_LEN = 1024
+from tests.server.serverproc import API_KEY, MAX_MODEL_LEN, MODEL, ServerProcess
 
 
 class NotifyListener:

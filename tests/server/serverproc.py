@@ -20,6 +20,11 @@ import httpx
 
 CPU_ARGS = ("--device", "cpu", "--dtype", "fp32")
 
+# Settings of the shared session server (tests/server/api_fixtures.py).
+API_KEY = "sk-test-ddtree"
+MODEL = "smol-test"
+MAX_MODEL_LEN = 1024
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.server.api_fixtures import MAX_MODEL_LEN, MODEL
+from tests.server.serverproc import MAX_MODEL_LEN, MODEL
 
 pytest_plugins = ["tests.server.api_fixtures"]
 pytestmark = pytest.mark.slow

@@ -12,8 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.api_fixtures import API_KEY, MODEL
-from tests.server.serverproc import ServerProcess
+from tests.server.serverproc import API_KEY, MODEL, ServerProcess
 
 pytest_plugins = ["tests.server.api_fixtures"]
 pytestmark = pytest.mark.slow

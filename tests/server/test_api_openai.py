@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.api_fixtures import API_KEY, MAX_MODEL_LEN, MODEL
+from tests.server.serverproc import API_KEY, MAX_MODEL_LEN, MODEL
 
 pytest_plugins = ["tests.server.api_fixtures"]
 pytestmark = pytest.mark.slow

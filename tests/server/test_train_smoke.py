@@ -1,0 +1,88 @@
+"""train-drafter end to end on CPU with a tiny random Llama target and a word-level tokenizer."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ddtree_server.cli import app
+from ddtree_server.models.drafter_load import load_drafter
+from ddtree_server.train.data import GenSettings
+from ddtree_server.train.pipeline import PipelineOptions, run
+from ddtree_server.train.trainer import TrainSettings
+
+WORDS = "the a cat dog sat on mat ran fast slow why how what is are you me we it to and".split()
+CHAT = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} <eos> {% endfor %}"
+        "{% if add_generation_prompt %}<s> assistant {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("target")
+    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", "<mask>", "<s>", "user", "assistant"] + WORDS)}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
+    tok.chat_template = CHAT
+    tok.save_pretrained(folder)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True, eos_token_id=1, pad_token_id=1, bos_token_id=3)
+    LlamaForCausalLM(cfg).save_pretrained(folder)
+    prompts = folder / "prompts.jsonl"
+    rng = torch.Generator().manual_seed(1)
+    with open(prompts, "w") as fh:
+        for _ in range(8):
+            words = [WORDS[int(i)] for i in torch.randint(0, len(WORDS), (6,), generator=rng)]
+            fh.write(json.dumps({"prompt": " ".join(words)}) + "\n")
+    return folder
+
+
+def _opts(tiny_target, tmp_path, **kw):
+    base = dict(out_dir=tmp_path / "out", work_dir=tmp_path / "work", target_dir=tiny_target,
+                prompts_source=tiny_target / "prompts.jsonl", num_prompts=6,
+                gen=GenSettings(max_new_tokens=12, batch_size=4, sampled_fraction=0.5),
+                layers=2, layer_ids=[1, 2], block_size=4, mask_token_id=2, device="cpu",
+                train=TrainSettings(steps=3, batch_size=2, anchors=4, log_every=1, warmup_steps=1))
+    base.update(kw)
+    return PipelineOptions(**base)
+
+
+def test_three_steps_then_load(tiny_target, tmp_path):
+    summary = run(_opts(tiny_target, tmp_path))
+    assert summary["steps"] == 3 and 3 <= summary["sequences"] <= 6  # responses holding the mask id are dropped
+    records = [json.loads(x) for x in (tmp_path / "out" / "train_log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    assert math.isfinite(summary["val_loss"])
+    emb = torch.nn.Embedding(64, 64)
+    drafter = load_drafter(tmp_path / "out", embed_tokens=emb, lm_head=torch.nn.Linear(64, 64, bias=False),
+                           target_hidden_size=64, target_num_layers=4, target_vocab_size=64)
+    assert drafter.config.target_layer_ids == (1, 2) and drafter.config.mask_token_id == 2
+    assert drafter.fc.weight.dtype == torch.bfloat16 and tuple(drafter.fc.weight.shape) == (64, 128)
+
+
+def test_cli_resume_continues(tiny_target, tmp_path):
+    run(_opts(tiny_target, tmp_path))
+    args = ["train-drafter", "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work"),
+            "--target", str(tiny_target), "--prompts", str(tiny_target / "prompts.jsonl"),
+            "--num-prompts", "6", "--max-new-tokens", "12", "--gen-batch-size", "4", "--sampled-fraction", "0.5",
+            "--layers", "2", "--target-layer-ids", "1,2", "--block-size", "4", "--mask-token-id", "2",
+            "--steps", "2", "--batch-size", "2", "--anchors", "4", "--device", "cpu", "--resume"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["steps"] == 5  # 3 before + 2 resumed
+
+
+def test_cli_refuses_oversized_drafter(tiny_target, tmp_path):
+    with pytest.raises(ValueError, match="max-mb"):
+        run(_opts(tiny_target, tmp_path, max_mb=0.01))
