@@ -1,0 +1,196 @@
+"""SshTransport against REAL OpenSSH servers on loopback (tests/fleet/sshd.py)."""
+
+from __future__ import annotations
+
+import hashlib
+from contextlib import closing as _closing
+import http.server
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import paramiko
+import pytest
+
+from ddtctl.errors import CommandTimeout, HostKeyError, UnreachableError
+from ddtctl.remote.ssh import SshTransport
+from tests.fleet.conftest import fleet_client_key, make_node, pve1  # noqa: F401 - fixtures
+from tests.fleet.sshd import SshServer, keygen, write_client_files
+
+pytestmark = pytest.mark.fleet
+
+
+@pytest.fixture(scope="module")
+def node(pve1):  # noqa: F811
+    transport = pve1.transport()
+    yield transport
+    transport.close()
+
+
+@pytest.fixture(scope="module")
+def jump(tmp_path_factory, fleet_client_key):  # noqa: F811
+    pub = Path(f"{fleet_client_key}.pub").read_text()
+    with SshServer(tmp_path_factory.mktemp("jump"), alias="jump", client_pubkeys=[pub]) as srv:
+        yield srv
+
+
+def test_exit_codes_and_separate_streams(node):
+    res = node.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (res.exit_code, res.stdout, res.stderr, res.ok) == (3, b"out\n", b"err\n", False)
+    assert res.transport == "node:pve1" and res.argv == ("sh", "-c", "echo out; echo err >&2; exit 3")
+    assert node.run(["true"]).ok
+
+
+def test_stdin_bytes_and_closed_stdin(node):
+    blob = os.urandom(3 * 1024 * 1024) + b"\x00\r\n\x03\x04"
+    res = node.run(["sha256sum"], stdin=blob)
+    assert res.text.split()[0] == hashlib.sha256(blob).hexdigest()
+    started = time.monotonic()
+    assert node.run(["cat"], timeout=10).stdout == b""  # stdin closed at once: no hang
+    assert time.monotonic() - started < 5
+
+
+def test_no_pty_and_env(node):
+    res = node.run(["sh", "-c", 'test -t 0 || echo notty; echo "$X"'], env={"X": "a 'b' $c"})
+    assert res.stdout == b"notty\na 'b' $c\n"
+
+
+def test_timeout_raises_with_partial_output(node):
+    started = time.monotonic()
+    with pytest.raises(CommandTimeout) as info:
+        node.run(["sh", "-c", "echo begun; exec sleep 30"], timeout=1.0)
+    assert time.monotonic() - started < 5
+    assert info.value.result.stdout == b"begun\n" and info.value.exit_code == 1
+
+
+def test_parallel_channels_share_one_connection_at_most_8_at_once(node, pve1):  # noqa: F811
+    node.run(["true"])  # connected
+    before = pve1.sshd.log.count("Accepted publickey")
+    argv = ["sh", "-c", "date +%s.%N; sleep 0.4; date +%s.%N"]
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda _: node.run(argv), range(12)))
+    assert pve1.sshd.log.count("Accepted publickey") == before
+    spans = [tuple(map(float, r.text.split())) for r in results]
+    peak = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert 2 <= peak <= 8
+
+
+def test_accept_new_appends_unknown_key(pve1, tmp_path):  # noqa: F811
+    known = tmp_path / "sub" / "known_hosts"
+    with _closing(pve1.transport(known_hosts=known)) as t:
+        assert t.run(["true"]).ok
+    assert known.read_text() == pve1.sshd.known_hosts_line + "\n"
+    with _closing(pve1.transport(known_hosts=known)) as t:  # now known: nothing appended
+        assert t.run(["true"]).ok
+    assert known.read_text().count("\n") == 1
+
+
+def test_changed_host_key_is_refused_with_hint(pve1, tmp_path):  # noqa: F811
+    other = keygen(tmp_path / "other")
+    stale = " ".join(Path(f"{other}.pub").read_text().split()[:2])
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{pve1.sshd.port} {stale}\n")
+    with pytest.raises(HostKeyError) as info:
+        pve1.transport(known_hosts=known, attempts=1).run(["true"])
+    msg = str(info.value)
+    assert "HOST KEY CHANGED" in msg and f"ssh-keygen -f {known} -R '[127.0.0.1]:" in msg
+    assert info.value.exit_code == 3
+    assert known.read_text().count("\n") == 1  # nothing appended
+
+
+def test_strict_refuses_unknown_and_accepts_known(pve1, tmp_path):  # noqa: F811
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(HostKeyError, match="strict"):
+        pve1.transport(known_hosts=empty, host_key_policy="strict", attempts=1).run(["true"])
+    assert empty.read_text() == ""
+    with _closing(pve1.transport(host_key_policy="strict")) as t:
+        assert t.run(["true"]).ok
+
+
+def test_home_ssh_config_is_honoured(pve1, fleet_client_key, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ssh_dir = tmp_path / ".ssh"
+    write_client_files(ssh_dir, [pve1.sshd], fleet_client_key, known=False)
+    (ssh_dir / "known_hosts").unlink()
+    with _closing(SshTransport("pve1", attempts=1)) as t:  # alias only: all from ~/.ssh/config
+        assert t.run(["id", "-un"]).text == "root\n"
+    assert (ssh_dir / "known_hosts").read_text() == pve1.sshd.known_hosts_line + "\n"
+
+
+def test_proxyjump_through_second_sshd(pve1, jump, fleet_client_key, tmp_path):  # noqa: F811
+    config, known = write_client_files(tmp_path, [pve1.sshd, jump], fleet_client_key,
+                                       extra={"pve1": {"ProxyJump": "jump"}}, known=False)
+    before = jump.log.count("Accepted publickey")
+    with _closing(SshTransport("pve1", ssh_config=config, known_hosts=known)) as t:
+        assert t.run(["sh", "-c", "echo $DDT_FAKE_PVE"]).text.strip() == str(pve1.state)
+        assert isinstance(t.transport().sock, paramiko.Channel)  # tunnelled, not a TCP socket
+    assert jump.log.count("Accepted publickey") == before + 1
+    assert set(known.read_text().splitlines()) == {pve1.sshd.known_hosts_line, jump.known_hosts_line}
+
+
+def test_unreachable_and_auth_failure(pve1, tmp_path):  # noqa: F811
+    started = time.monotonic()
+    with pytest.raises(UnreachableError) as info:
+        SshTransport("127.0.0.1", port=1, attempts=2, known_hosts=tmp_path / "kh").run(["true"])
+    assert info.value.exit_code == 3 and time.monotonic() - started < 10
+    stranger = keygen(tmp_path / "stranger")
+    t = SshTransport("127.0.0.1", port=pve1.sshd.port, user="root", identity_file=stranger,
+                     known_hosts=pve1.known_hosts, attempts=1)
+    with pytest.raises(UnreachableError, match="authentication failed"):
+        t.run(["true"])
+
+
+def test_put_resumes_after_interruption_and_verifies(node, tmp_path):
+    data = os.urandom(5 * 1024 * 1024 + 123)
+    src = tmp_path / "weights.bin"
+    src.write_bytes(data)
+    dest = f"/tmp/ddt-put-{os.getpid()}/w.bin"
+
+    def boom(done, total):
+        if done >= 2 * 1024 * 1024:
+            raise KeyboardInterrupt("simulated interruption")
+
+    with pytest.raises(KeyboardInterrupt):
+        node.put(src, dest, progress=boom)
+    partial = os.path.getsize(dest + ".part")  # the node is this machine
+    assert 2 * 1024 * 1024 <= partial < len(data)
+    seen = []
+    res = node.put(src, dest, mode=0o600, progress=lambda d, t: seen.append((d, t)))
+    assert res.bytes_sent == len(data) - partial and not res.skipped
+    assert res.sha256 == hashlib.sha256(data).hexdigest() == node.run(["sha256sum", dest]).text[:64]
+    assert seen[-1] == (len(data), len(data)) and seen[0][0] > partial
+    assert not os.path.exists(dest + ".part") and os.stat(dest).st_mode & 0o777 == 0o600
+    assert node.put(src, dest, mode=0o600).skipped
+    # a partial file whose prefix does not match is discarded: everything is sent again
+    Path(dest + ".part").write_bytes(b"x" * 1000)
+    Path(dest).unlink()
+    assert node.put(src, dest).bytes_sent == len(data)
+    assert Path(dest).read_bytes() == data
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        body = f"hello {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_forward_reaches_a_port_as_seen_from_the_node(node):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with node.forward("127.0.0.1", server.server_address[1]) as (host, port):
+            assert port != server.server_address[1]
+            for i in range(3):
+                assert httpx.get(f"http://{host}:{port}/r{i}", timeout=5).text == f"hello /r{i}"
+    finally:
+        server.shutdown()
