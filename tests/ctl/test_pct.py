@@ -137,3 +137,26 @@ def test_large_put_streams_and_resumes(ct, tmp_path, pve1, monkeypatch):  # noqa
     part.write_bytes(b"\0" * 1024)  # a partial file with a wrong prefix is discarded
     pve1.private_path(A, dest).unlink()
     assert ct.put(src, dest).bytes_sent == len(data)
+
+
+def test_set_mount_point_and_bind_hook_apply_at_next_start(node, pve1, tmp_path):  # noqa: F811
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "w.txt").write_text("weights\n")
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771 MiB'\n")
+    fake.chmod(0o755)
+    ct = ContainerTransport(node, B)
+    node.run(["pct", "set", str(B), "-mp0", f"{models},mp=/srv/models-ro,ro=1"]).check()
+    pve1.add_bind(B, "/usr/bin/nvidia-smi", fake)  # missing in the CT view: created by overlay
+    pve1.add_bind(B, "/usr/bin/systemctl", fake)  # existing path: bound over
+    assert ct.run(["cat", "/srv/models-ro/w.txt"]).exit_code == 1  # not before a restart
+    assert b"mp0: " in node.run(["pct", "config", str(B)]).stdout
+    node.run(["pct", "stop", str(B)]).check()
+    node.run(["pct", "start", str(B)]).check()
+    assert ct.run(["cat", "/srv/models-ro/w.txt"]).text == "weights\n"
+    assert ct.run(["touch", "/srv/models-ro/new"]).exit_code != 0  # ro=1
+    assert ct.run(["nvidia-smi"]).text == "NVIDIA H200, 143771 MiB\n"
+    assert ct.run(["systemctl"]).text == "NVIDIA H200, 143771 MiB\n"
+    assert not Path("/usr/bin/nvidia-smi").exists()  # the host tree is untouched
+    assert ct.run(["test", "-x", "/usr/bin/ls"]).ok  # the rest of /usr/bin is still there

@@ -162,6 +162,10 @@ def shared_node(name: str) -> FakeNode:
 
 
 def close_all() -> None:
-    """Stop every shared node (containers, sshd, mounts); idempotent."""
+    """Stop every shared node (containers, sshd, mounts) and delete the temp dir; idempotent."""
+    global _BASE
     while _NODES:
         _NODES.popitem()[1].close()
+    if _BASE is not None:
+        shutil.rmtree(_BASE, ignore_errors=True)
+        _BASE = None

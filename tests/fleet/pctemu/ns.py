@@ -9,8 +9,10 @@ tree stays visible read-only (a documented difference from a real CT, which has 
 ``setns()``-es into the namespace, like pct's worker.
 
 Mount points that do not exist are created: under a private dir directly; elsewhere by
-overlaying the nearest existing ancestor (never ``/``) with an upper dir on a per-CT tmpfs, so the
-host tree is never modified. PRIVATE_DIRS that are missing on the host are created there empty.
+overlaying the nearest existing ancestor with an upper dir on a per-CT tmpfs, so the host tree is
+not modified (e.g. ``/usr/bin/nvidia-smi``). Exceptions, created EMPTY ON THE HOST because ``/``
+itself cannot be overlaid: PRIVATE_DIRS missing on the host, and top-level mount points such as
+``mp=/models`` (prefer a path under /srv or /opt in tests).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class _Setup:
         self.st, self.vmid = st, vmid
         self.private = st.ct_dir(vmid) / "private"
         self.ovl = st.ct_dir(vmid) / "ovl"
-        self.overlays = 0
+        self.overlays: list[Path] = []
 
     def run(self) -> None:
         for target in _nsfs_mounts():  # copies of other CTs' namespaces: do not keep them alive
@@ -93,18 +95,16 @@ class _Setup:
 
     def _make(self, target: Path, kind: str) -> None:
         inside_private = any(str(target).startswith(d + "/") for d in PRIVATE_DIRS)
-        if not inside_private:
-            anchor = target.parent
-            while not anchor.exists():
-                anchor = anchor.parent
-            if anchor == Path("/"):
-                raise Die(f"pct emulation: cannot create {target} (its parent is /); "
-                          f"put it under one of {', '.join(PRIVATE_DIRS)}")
-            self.overlays += 1
-            up, work = self.ovl / f"{self.overlays}.up", self.ovl / f"{self.overlays}.work"
+        anchor = target.parent
+        while not anchor.exists():
+            anchor = anchor.parent
+        if not inside_private and anchor != Path("/") and anchor not in self.overlays:
+            self.overlays.append(anchor)
+            n = len(self.overlays)
+            up, work = self.ovl / f"{n}.up", self.ovl / f"{n}.work"
             up.mkdir()
             work.mkdir()
-            _mount("-t", "overlay", f"ddt-ovl{self.overlays}", "-o",
+            _mount("-t", "overlay", f"ddt-ovl{n}", "-o",
                    f"lowerdir={anchor},upperdir={up},workdir={work}", str(anchor))
         target.parent.mkdir(parents=True, exist_ok=True)
         if kind == "dir":
