@@ -101,3 +101,78 @@ def prune_candidates(releases: list[Release], keep: int) -> list[Release]:
         raise ValueError("keep at least 1 release")
     newest = {r.version_id for r in sorted(releases, key=lambda r: r.mtime, reverse=True)[:keep]}
     return [r for r in releases if r.version_id not in newest and not (r.current or r.previous)]
+
+
+# ----------------------------------------------------------------------------- through a Transport
+
+def read_link(transport, path: str) -> str | None:
+    """The release id a link points to, or None when the link is missing."""
+    res = transport.run(["readlink", path], timeout=60)
+    return release_id_of(res.text) if res.ok else None
+
+
+def switch(transport, layout: Layout, version_id: str, *, keep_previous: bool = True) -> str | None:
+    """Point `current` at `version_id`; the old target becomes `previous`. Returns the old id."""
+    old = read_link(transport, layout.current)
+    if old == version_id:
+        return old
+    if old and keep_previous:
+        for argv in switch_link_argvs(layout, layout.previous, old):
+            transport.run(argv, timeout=60).check()
+    for argv in switch_link_argvs(layout, layout.current, version_id):
+        transport.run(argv, timeout=60).check()
+    return old
+
+
+def is_installed(transport, layout: Layout, version_id: str) -> bool:
+    """True when releases/<id> finished installing (its `.complete` marker exists)."""
+    marker = posixpath.join(layout.release(version_id), ".complete")
+    return transport.run(["test", "-f", marker], timeout=60).ok
+
+
+def install_argvs(layout: Layout, version_id: str, wheel_name: str, python: str,
+                  venv_args: list[str], pip_args: list[str]) -> list[list[str]]:
+    """venv + pip install of a pushed wheel, a smoke run of the console script, the marker (pure)."""
+    rel = layout.release(version_id)
+    venv = posixpath.join(rel, "venv")
+    return [
+        [python, "-m", "venv", *venv_args, venv],
+        [posixpath.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check",
+         *pip_args, posixpath.join(rel, wheel_name)],
+        [posixpath.join(venv, "bin", "ddtree-server"), "--version"],
+        ["touch", posixpath.join(rel, ".complete")],
+    ]
+
+
+def install(transport, layout: Layout, version_id: str, wheel, python: str, venv_args: list[str],
+            pip_args: list[str], progress=None) -> int:
+    """Push the wheel into releases/<id>/ and install it in a fresh venv; returns wheel bytes sent.
+
+    Raises RemoteError (with pip's output) when a step fails; a half-made release is removed.
+    """
+    rel = layout.release(version_id)
+    transport.run(["rm", "-rf", "--", rel], timeout=300).check()
+    transport.run(["mkdir", "-p", "--", rel], timeout=60).check()
+    put = transport.put(wheel, posixpath.join(rel, wheel.name), mode=0o644, progress=progress)
+    try:
+        for argv in install_argvs(layout, version_id, wheel.name, python, venv_args, pip_args):
+            transport.run(argv, timeout=1800).check()
+    except Exception:
+        transport.run(["rm", "-rf", "--", rel], timeout=300)
+        raise
+    return put.bytes_sent
+
+
+def list_releases(transport, layout: Layout) -> list[Release]:
+    """Releases on the host, newest first, with current/previous marked."""
+    res = transport.run(list_argv(layout), timeout=60)
+    return parse_releases(res.text if res.ok else "", read_link(transport, layout.current),
+                          read_link(transport, layout.previous))
+
+
+def prune(transport, layout: Layout, keep: int) -> list[str]:
+    """Delete all but the `keep` newest releases (never current/previous); returns deleted ids."""
+    doomed = prune_candidates(list_releases(transport, layout), keep)
+    for rel in doomed:
+        transport.run(["rm", "-rf", "--", layout.release(rel.version_id)], timeout=600).check()
+    return [r.version_id for r in doomed]

@@ -1,0 +1,115 @@
+"""Shared CLI plumbing: options, inventory + host selection, the transport factory, error handling.
+
+`transport_for(host)` is the one place transports are made (tests and other front ends can
+replace it). Every command runs inside `handle_errors`: a DdtctlError becomes a one-line (or
+per-host) message on stderr and its documented exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
+
+import typer
+
+from ddtctl import report
+from ddtctl.errors import DdtctlError, UsageError, exit_code_for
+from ddtctl.inventory import Host, Inventory, load_inventory
+
+HostsArg = typer.Argument(None, metavar="[HOST|GROUP]...", help="Host or group names (globs allowed).",
+                          show_default=False)
+AllOpt = typer.Option(False, "--all", help="Every host in the inventory.")
+LimitOpt = typer.Option(None, "--limit", "-l", metavar="PATTERN",
+                        help="Only hosts matching this glob or group (comma-separated).")
+ParallelOpt = typer.Option(4, "--parallel", "-p", min=1, max=64, help="Hosts handled at the same time.")
+JsonOpt = typer.Option(False, "--json", help="One JSON document on stdout (human output stays on stderr).")
+HOST_KEY_POLICIES = {"accept-new": "accept-new", "yes": "strict", "strict": "strict"}
+
+
+def inventory(ctx: typer.Context) -> Inventory:
+    """The inventory chosen by --inventory / DDTCTL_INVENTORY / ./inventory.yaml."""
+    return load_inventory((ctx.obj or {}).get("inventory"))
+
+
+def select(ctx: typer.Context, words: Optional[list[str]], all_hosts: bool = False,
+           limit: Optional[str] = None) -> list[Host]:
+    return inventory(ctx).select(words or [], all_hosts=all_hosts, limit=limit)
+
+
+def select_one(ctx: typer.Context, word: str) -> Host:
+    hosts = select(ctx, [word])
+    if len(hosts) != 1:
+        raise UsageError(f"{word!r} names {len(hosts)} hosts ({', '.join(h.name for h in hosts)}); "
+                         "this command takes exactly one")
+    return hosts[0]
+
+
+def node_transport(host: Host):
+    """SSH transport of a container's Proxmox node (ssh_options: IdentityFile, UserKnownHostsFile,
+    StrictHostKeyChecking; $DDTCTL_SSH_CONFIG replaces ~/.ssh/config)."""
+    from ddtctl.remote.ssh import SshTransport      # paramiko is only imported when a node is used
+
+    opts = {k.lower(): v for k, v in host.node.ssh_options.items()}
+    policy = HOST_KEY_POLICIES.get(opts.get("stricthostkeychecking", "accept-new").lower())
+    if policy is None:
+        raise UsageError(f"nodes.{host.node_name}.ssh_options.StrictHostKeyChecking: use accept-new or yes")
+    return SshTransport(host.node.address, user=host.node.user, port=host.node.port,
+                        identity_file=opts.get("identityfile"), known_hosts=opts.get("userknownhostsfile"),
+                        ssh_config=os.environ.get("DDTCTL_SSH_CONFIG") or None, host_key_policy=policy,
+                        name=f"node:{host.node_name}")
+
+
+def transport_for(host: Host):
+    """The Transport that reaches `host`: this machine, or `pct exec` through its node over SSH."""
+    if host.kind == "local":
+        from ddtctl.remote.transport import LocalTransport
+        return LocalTransport(host.name)
+    from ddtctl.remote.pct import ContainerTransport
+    return ContainerTransport(node_transport(host), host.vmid, name=f"{host.name}@{host.node_name}")
+
+
+def node_of(transport) -> Any:
+    """The node transport under a container transport (None for local hosts)."""
+    return getattr(transport, "node", None)
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Turn DdtctlError into a message on stderr + its exit code (no traceback for user mistakes)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except DdtctlError as exc:
+            report.error(str(exc))
+            raise typer.Exit(int(exc.exit_code)) from None
+        except KeyboardInterrupt:
+            report.error("interrupted")
+            raise typer.Exit(130) from None
+    return wrapper
+
+
+def per_host(hosts: list[Host], fn: Callable[[Host, Any], Any], parallel: int) -> list[tuple[Host, Any, Exception | None]]:
+    """Run fn(host, transport) for each host (thread pool); collect (host, value, error) in order."""
+    def one(host: Host):
+        transport = None
+        try:
+            transport = transport_for(host)
+            return host, fn(host, transport), None
+        except DdtctlError as exc:
+            return host, None, exc
+        finally:
+            if transport is not None:
+                transport.close()
+
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as pool:
+        return list(pool.map(one, hosts))
+
+
+def finish(errors: list[BaseException]) -> None:
+    """Exit with the highest exit code among `errors` (0 when none)."""
+    code = exit_code_for(errors)
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,113 @@
+"""`ddtctl deploy | rollback | releases`: install and switch server releases."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ddtctl import report
+from ddtctl.errors import UsageError
+from ddtctl.cli import _common as common
+from ddtctl.cli._common import AllOpt, HostsArg, JsonOpt, LimitOpt, ParallelOpt, handle_errors
+from ddtctl.ops import releases
+from ddtctl.ops.bundle import build_wheel, source_identity
+from ddtctl.ops.deploy import DeployResult, deploy_host
+from ddtctl.ops.readiness import wait_ready
+from ddtctl.ops.supervisor import manager_for
+
+
+def register(app: typer.Typer) -> None:
+    app.command("deploy")(deploy_cmd)
+    app.command("rollback")(rollback_cmd)
+    app.command("releases")(releases_cmd)
+
+
+@handle_errors
+def deploy_cmd(
+    ctx: typer.Context,
+    hosts: Optional[list[str]] = HostsArg,
+    all_hosts: bool = AllOpt,
+    limit: Optional[str] = LimitOpt,
+    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Print the plan and diffs; change nothing."),
+    smoke: bool = typer.Option(True, "--smoke/--no-smoke", help="Run the smoke checks after wait-ready."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, help="wait-ready deadline in seconds "
+                                            "[default: the service's ready_timeout_s]."),
+    parallel: int = ParallelOpt,
+    json_out: bool = JsonOpt,
+) -> None:
+    """Build the server wheel of this checkout, install it, (re)start only if something changed,
+    wait until ready and smoke-test; roll back to the previous release if that fails.
+
+    Example: ddtctl deploy local
+    """
+    selected = common.select(ctx, hosts, all_hosts, limit)
+    bundle = None
+    if any(h.service.kind == "ddtree" for h in selected):
+        bundle = source_identity() if dry_run else build_wheel()
+        if not dry_run and bundle.built:
+            report.info(f"built {bundle.wheel.name} ({bundle.version_id})")
+    with report.progress_bars(enabled=not dry_run) as bars:
+        def one(host, transport) -> DeployResult:
+            return deploy_host(host, transport, bundle=bundle, node_transport=common.node_of(transport),
+                               dry_run=dry_run, smoke=smoke, timeout_s=timeout, progress_factory=bars,
+                               log=report.step_line)
+        outcome = common.per_host(selected, one, parallel)
+    results = [r if r is not None else DeployResult(h.name, dry_run=dry_run, error=e) for h, r, e in outcome]
+    if dry_run:
+        report.diffs(results)
+    report.deploy_table(results)
+    if json_out:
+        report.emit_json({"ok": all(r.ok for r in results), "hosts": [r.to_dict() for r in results]})
+    common.finish([r.error for r in results if r.error is not None])
+
+
+@handle_errors
+def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST"),
+                 timeout: Optional[float] = typer.Option(None, "--timeout", min=1),
+                 json_out: bool = JsonOpt) -> None:
+    """Switch HOST back to its previous release, restart it and wait until ready.
+
+    Example: ddtctl rollback ct200
+    """
+    target = common.select_one(ctx, host)
+    transport = common.transport_for(target)
+    try:
+        layout = releases.Layout(target.root, target.unit)
+        previous = releases.read_link(transport, layout.previous)
+        if previous is None:
+            raise UsageError(f"{target.name}: no previous release to roll back to")
+        old = releases.switch(transport, layout, previous)
+        manager = manager_for(target, transport)
+        manager.restart()
+        ready = wait_ready(target, transport, manager, timeout_s=timeout)
+    finally:
+        transport.close()
+    report.info(f"{target.name}: rolled back {old} -> {previous}; ready in {ready.seconds:.1f} s")
+    if json_out:
+        report.emit_json({"host": target.name, "from": old, "to": previous, "ready": ready.to_dict()})
+
+
+@handle_errors
+def releases_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST"),
+                 prune: Optional[int] = typer.Option(None, "--prune", min=1, metavar="N",
+                                                     help="Delete all but the N newest (current and "
+                                                          "previous are always kept)."),
+                 json_out: bool = JsonOpt) -> None:
+    """List the server releases installed on HOST (and optionally prune old ones).
+
+    Example: ddtctl releases local --prune 3
+    """
+    target = common.select_one(ctx, host)
+    transport = common.transport_for(target)
+    try:
+        layout = releases.Layout(target.root, target.unit)
+        deleted = releases.prune(transport, layout, prune) if prune else []
+        rels = releases.list_releases(transport, layout)
+    finally:
+        transport.close()
+    report.releases_table(target.name, rels)
+    if deleted:
+        report.info(f"{target.name}: deleted {', '.join(deleted)}")
+    if json_out:
+        report.emit_json({"host": target.name, "releases": [r.to_dict() for r in rels], "deleted": deleted})

@@ -1,0 +1,41 @@
+"""`ddtctl status`: unit state, readiness, models, GPUs, acceptance length, deployed version."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ddtctl import report
+from ddtctl.cli import _common as common
+from ddtctl.cli._common import AllOpt, HostsArg, JsonOpt, LimitOpt, ParallelOpt, handle_errors
+from ddtctl.errors import ExitCode
+from ddtctl.ops.bundle import source_identity
+from ddtctl.ops.status import gather
+
+
+def register(app: typer.Typer) -> None:
+    app.command("status")(status_cmd)
+
+
+@handle_errors
+def status_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_hosts: bool = AllOpt,
+               limit: Optional[str] = LimitOpt, parallel: int = ParallelOpt,
+               gpu: bool = typer.Option(True, "--gpu/--no-gpu", help="Query nvidia-smi."),
+               json_out: bool = JsonOpt) -> None:
+    """Show each host's service state, readiness, served models, GPUs, mean acceptance length and
+    tokens/s (from /metrics) and the deployed server release (flagged when it differs from this
+    checkout). Exit 1 when a host is not ready.
+
+    Example: ddtctl status --all
+    """
+    selected = common.select(ctx, hosts, all_hosts, limit)
+    expected = source_identity().version_id if any(h.service.kind == "ddtree" for h in selected) else None
+    statuses = gather(selected, lambda h: common.transport_for(h), parallel=parallel,
+                      expected_release=expected, gpus=gpu)
+    report.status_table(statuses)
+    if json_out:
+        report.emit_json({"ok": all(s.ok for s in statuses), "checkout_release": expected,
+                          "hosts": [s.to_dict() for s in statuses]})
+    if not all(s.ok for s in statuses):
+        raise typer.Exit(int(ExitCode.HOST_FAILED))

@@ -1,0 +1,265 @@
+"""Deploy one host: release, weights, unit, restart-if-changed, wait-ready, smoke, rollback.
+
+The same code path serves a local host (LocalTransport + local supervisor) and a container
+(ContainerTransport + systemd): everything on the target goes through the Transport and the
+service manager. Steps report ok / changed / planned / skipped / failed; the service is restarted
+only when the release, the unit/env files or the weights changed (or it is not running). A failed
+wait-ready or smoke after a release change switches `current` back and restarts the old release.
+`dry_run` gathers facts (links, file contents, manifests) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import posixpath
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddtctl.errors import DdtctlError, RemoteError, UsageError
+from ddtctl.inventory import Host
+from ddtctl.ops import releases, weights
+from ddtctl.ops.readiness import ReadyReport, wait_ready
+from ddtctl.ops.smoke import SmokeReport, require_ok, run_smoke
+from ddtctl.ops.supervisor import manager_for
+from ddtctl.ops.units import service_spec
+
+API_KEY_VARS = {"ddtree": "DDTREE_API_KEY", "vllm": "VLLM_API_KEY"}
+
+
+@dataclass
+class Step:
+    name: str
+    status: str              # ok | changed | planned | skipped | failed
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class DeployResult:
+    """Everything `ddtctl deploy` reports for one host (also its --json document)."""
+
+    host: str
+    dry_run: bool = False
+    changed: bool = False
+    restarted: bool = False
+    release: str | None = None
+    previous_release: str | None = None
+    weights_bytes_sent: int = 0
+    url: str = ""
+    model_id: str = ""
+    rolled_back: bool = False
+    steps: list[Step] = field(default_factory=list)
+    diffs: dict[str, str] = field(default_factory=dict)
+    ready: ReadyReport | None = None
+    smoke: SmokeReport | None = None
+    error: DdtctlError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_dict(self) -> dict:
+        return {"host": self.host, "ok": self.ok, "dry_run": self.dry_run, "changed": self.changed,
+                "restarted": self.restarted, "release": self.release, "previous_release": self.previous_release,
+                "weights_bytes_sent": self.weights_bytes_sent, "url": self.url, "model_id": self.model_id,
+                "rolled_back": self.rolled_back, "steps": [s.__dict__ for s in self.steps], "diffs": self.diffs,
+                "ready": self.ready.to_dict() if self.ready else None,
+                "smoke": self.smoke.to_dict() if self.smoke else None,
+                "error": str(self.error) if self.error else None,
+                "exit_code": int(self.error.exit_code) if self.error else 0}
+
+
+class _Run:
+    """Bookkeeping for one deploy: timed steps appended to the result, plus a log callback."""
+
+    def __init__(self, result: DeployResult, log: Callable[[str, Step], None] | None):
+        self.result, self.log = result, log
+
+    def step(self, name: str, status: str, detail: str = "", since: float | None = None) -> Step:
+        step = Step(name, status, detail, round(time.monotonic() - since, 2) if since else 0.0)
+        self.result.steps.append(step)
+        if self.log:
+            self.log(self.result.host, step)
+        return step
+
+
+def venv_python(host: Host) -> str:
+    """Interpreter the release venv is made from: inventory `python`, else ddtctl's own on local hosts."""
+    return host.service.python or (sys.executable if host.kind == "local" else "python3")
+
+
+def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_run: bool = False,
+                smoke: bool = True, timeout_s: float | None = None, progress_factory=None,
+                log: Callable[[str, Step], None] | None = None) -> DeployResult:
+    """Deploy `host`; never raises for a host failure (see `DeployResult.error`).
+
+    `bundle`: a built Bundle (ddtree services; for dry runs a SourceIdentity is enough).
+    `node_transport`: the Proxmox node's transport (needed for `weights: shared`).
+    """
+    svc = host.service
+    result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id,
+                          url=f"http://{host.address}:{svc.port}/v1")
+    run = _Run(result, log)
+    try:
+        _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory)
+    except DdtctlError as exc:
+        result.error = exc
+        run.step("error", "failed", str(exc).splitlines()[0])
+    return result
+
+
+def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, timeout_s, progress_factory):
+    res, svc = run.result, host.service
+    layout = releases.Layout(host.root, host.unit)
+    manager = manager_for(host, transport)
+    old = releases.read_link(transport, layout.current)
+    res.previous_release = old
+    if not dry_run:
+        transport.run(["mkdir", "-p", "--", host.root], timeout=60).check()
+
+    release_changed = False
+    if svc.kind == "ddtree":
+        if bundle is None:
+            raise UsageError("internal: deploying a ddtree service needs the server bundle")
+        vid, t = bundle.version_id, time.monotonic()
+        res.release = vid
+        if releases.is_installed(transport, layout, vid):
+            run.step("release", "ok", f"{vid} already installed")
+        elif dry_run:
+            run.step("release", "planned", f"install {vid} (venv from {venv_python(host)})")
+        else:
+            cb = progress_factory(f"wheel {bundle.wheel.name}", bundle.wheel.stat().st_size) if progress_factory else None
+            sent = releases.install(transport, layout, vid, bundle.wheel, venv_python(host), svc.venv_args,
+                                    svc.pip_args, progress=cb)
+            run.step("release", "changed", f"installed {vid} ({sent} wheel bytes sent)", t)
+        release_changed = old != vid
+        if release_changed and not dry_run:
+            releases.switch(transport, layout, vid)
+        if release_changed:
+            run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {vid}")
+
+    weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
+    unit_changed = _unit_files(host, transport, manager, run, dry_run)
+
+    res.changed = release_changed or unit_changed or weights_changed
+    if dry_run:
+        run.step("restart", "planned" if res.changed else "skipped",
+                 "would restart" if res.changed else "nothing changed: no restart")
+        return
+    t, state = time.monotonic(), manager.state()
+    if res.changed or state.active not in ("active", "activating", "reloading"):
+        manager.restart() if res.changed else manager.start()
+        res.restarted = True
+        run.step("restart", "changed", ("restarted" if res.changed else f"started (was {state.active})"), t)
+    else:
+        run.step("restart", "ok", "nothing changed: not restarted")
+    try:
+        t = time.monotonic()
+        res.ready = wait_ready(host, transport, manager, timeout_s=timeout_s)
+        run.step("wait-ready", "ok", f"ready in {res.ready.seconds:.1f} s", t)
+        if smoke:
+            t = time.monotonic()
+            res.smoke = run_smoke(host, transport)
+            require_ok(res.smoke)
+            passed = sum(c.status == "pass" for c in res.smoke.checks)
+            run.step("smoke", "ok", f"{passed}/{len(res.smoke.checks)} passed", t)
+    except DdtctlError as exc:
+        run.step("smoke" if res.ready else "wait-ready", "failed", str(exc).splitlines()[0])
+        if release_changed and old:
+            _rollback(host, transport, manager, layout, old, run, timeout_s)
+        raise
+
+
+def _rollback(host, transport, manager, layout, old: str, run: _Run, timeout_s) -> None:
+    t = time.monotonic()
+    try:
+        releases.switch(transport, layout, old, keep_previous=False)
+        manager.restart()
+        wait_ready(host, transport, manager, timeout_s=timeout_s)
+        run.result.rolled_back = True
+        run.step("rollback", "changed", f"back on {old} (ready)", t)
+    except DdtctlError as exc:
+        run.result.rolled_back = True
+        run.step("rollback", "failed", f"switched back to {old} but: {str(exc).splitlines()[0]}", t)
+
+
+def _weights(host, transport, node_transport, run: _Run, dry_run, progress_factory) -> bool:
+    svc, changed = host.service, False
+    for name, ref in (("target", svc.target), ("drafter", svc.drafter)):
+        if ref is None:
+            continue
+        t = time.monotonic()
+        if ref.source is None:
+            ok = transport.run(["test", "-e", ref.path], timeout=60).ok
+            if not ok and not dry_run:
+                raise RemoteError(f"{host.name}: model {name} not found at {ref.path} "
+                                  "(add `source:` to push it from this machine)")
+            run.step(f"weights:{name}", "ok" if ok else "planned", f"{ref.path} ({'present' if ok else 'missing'})", t)
+            continue
+        if svc.weights == "shared":
+            if node_transport is None or host.vmid is None:
+                raise UsageError(f"{host.name}: `weights: shared` needs a Proxmox node")
+            node_path = weights.shared_node_path(host.node.models_root, ref.path)
+            wr = weights.sync_model(node_transport, name, Path(ref.source), node_path, dry_run=dry_run,
+                                    progress_factory=progress_factory)
+            cfg = node_transport.run(["pct", "config", str(host.vmid)], timeout=60).check().text
+            plan = weights.mount_plan(weights.parse_mounts(cfg), node_path, ref.path)
+            if plan:
+                wr.mount = " ".join(plan)
+                if not dry_run:
+                    node_transport.run(weights.pct_set_argv(host.vmid, plan), timeout=120).check()
+                wr.notes.append("new bind mount: if the container does not see it, `pct reboot` it")
+        else:
+            wr = weights.sync_model(transport, name, Path(ref.source), ref.path, dry_run=dry_run,
+                                    progress_factory=progress_factory)
+        run.result.weights_bytes_sent += 0 if dry_run else wr.bytes_sent
+        changed |= wr.changed
+        status = ("planned" if dry_run else "changed") if wr.changed else "ok"
+        run.step(f"weights:{name}", status, f"{wr.files_sent}/{wr.files_total} files, {wr.bytes_sent} bytes"
+                 + (f", {wr.mount}" if wr.mount else ""), t)
+    return changed
+
+
+def _unit_files(host, transport, manager, run: _Run, dry_run) -> bool:
+    spec = service_spec(host)
+    key_var, key_env = API_KEY_VARS.get(host.service.kind), host.service.api_key_env
+    secret = bool(key_var and key_env and os.environ.get(key_env))
+    if secret:
+        spec.env_file_vars[key_var] = os.environ[key_env]
+    changed, t = False, time.monotonic()
+    for path, (text, mode) in manager.unit_files(spec).items():
+        res = transport.run(["cat", "--", path], timeout=60)
+        current = res.text if res.ok else None
+        if current == text:
+            continue
+        changed = True
+        shown = "(holds the API key: diff hidden)" if secret and mode == 0o600 else None
+        run.result.diffs[path] = shown or "".join(difflib.unified_diff(
+            (current or "").splitlines(True), text.splitlines(True), f"{path} (installed)", f"{path} (rendered)"))
+        if not dry_run:
+            _write(transport, path, text, mode)
+    if not changed:
+        run.step("unit", "ok", "unit and environment unchanged", t)
+        return False
+    if dry_run:
+        run.step("unit", "planned", f"would write {', '.join(run.result.diffs)}", t)
+        return True
+    verdict = manager.verify()
+    manager.activate()
+    run.step("unit", "changed", f"written ({manager.kind}; verify {verdict})", t)
+    return True
+
+
+def _write(transport, path: str, text: str, mode: int) -> None:
+    transport.run(["mkdir", "-p", "--", posixpath.dirname(path)], timeout=60).check()
+    with tempfile.NamedTemporaryFile("w", delete=False, suffix=".ddtctl") as fh:
+        fh.write(text)
+    try:
+        transport.put(Path(fh.name), path, mode=mode)
+    finally:
+        os.unlink(fh.name)

@@ -1,0 +1,149 @@
+"""wait-ready: poll until a service is really serving, or fail fast with the reason (ops.md §4.5).
+
+One round = service manager state (fail fast on `failed`, start-limit-hit or a growing restart
+count, with the last log lines) + engine health (`/ready` for the bundled server, `/health` for
+SGLang/vLLM) + `/v1/models` lists the expected id + a 1-token completion. Ready after K
+consecutive good rounds. Between failed rounds: exponential backoff (1 s -> 10 s) with jitter.
+HTTP goes through `transport.forward(address, port)` with httpx (read timeout 30 s: SGLang's
+health check alone may take 20 s under load).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import httpx
+
+from ddtctl.errors import ReadinessTimeout, RemoteError
+from ddtctl.inventory import Host
+
+READ_TIMEOUT_S = 30.0
+
+
+def health_path(host: Host) -> str:
+    return "/ready" if host.service.kind == "ddtree" else "/health"
+
+
+def auth_headers(host: Host) -> dict[str, str]:
+    """Bearer header from the env var named by `api_key_env` (empty when unset)."""
+    name = host.service.api_key_env
+    key = os.environ.get(name) if name else None
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+@contextlib.contextmanager
+def api_client(host: Host, transport, *, timeout: float = READ_TIMEOUT_S) -> Iterator[httpx.Client]:
+    """An httpx client for the service's HTTP API, reached through the transport's forward."""
+    with transport.forward(host.address, host.service.port) as (addr, port):
+        base = f"http://[{addr}]:{port}" if ":" in addr else f"http://{addr}:{port}"
+        with httpx.Client(base_url=base, headers=auth_headers(host),
+                          timeout=httpx.Timeout(timeout, connect=5.0)) as client:
+            yield client
+
+
+@dataclass
+class Probe:
+    """One readiness round: ok, or the first thing that was not ready yet."""
+
+    ok: bool
+    step: str            # "unit" | "health" | "models" | "completion" | "ready"
+    detail: str
+    models: list[str] = field(default_factory=list)
+
+
+def probe_http(client: httpx.Client, host: Host) -> Probe:
+    """health -> /v1/models -> 1-token completion, stopping at the first step that is not ready."""
+    try:
+        r = client.get(health_path(host))
+        if r.status_code != 200:
+            return Probe(False, "health", f"{health_path(host)} {r.status_code} {_brief(r)}")
+        r = client.get("/v1/models")
+        if r.status_code != 200:
+            return Probe(False, "models", f"/v1/models {r.status_code} {_brief(r)}")
+        ids = [m.get("id") for m in r.json().get("data", [])]
+        if host.model_id not in ids:
+            return Probe(False, "models", f"/v1/models lists {ids}, not {host.model_id!r}", ids)
+        r = client.post("/v1/completions", json={"model": host.model_id, "prompt": "Hello",
+                                                  "max_tokens": 1, "temperature": 0})
+        if r.status_code != 200:
+            return Probe(False, "completion", f"1-token completion {r.status_code} {_brief(r)}", ids)
+        reason = (r.json().get("choices") or [{}])[0].get("finish_reason")
+        if reason not in ("length", "stop"):
+            return Probe(False, "completion", f"1-token completion finish_reason={reason!r}", ids)
+        return Probe(True, "ready", "ready", ids)
+    except httpx.ConnectError:
+        return Probe(False, "health", "connection refused (booting)")
+    except httpx.TimeoutException:
+        return Probe(False, "health", "timed out (busy or hung)")
+    except (httpx.HTTPError, ValueError) as exc:
+        return Probe(False, "health", f"{type(exc).__name__}: {exc}")
+
+
+def _brief(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:120].strip()
+    if isinstance(body, dict) and "state" in body:
+        return f"state={body['state']}" + (f" ({body['detail']})" if body.get("detail") else "")
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        return str(body["error"].get("message", ""))[:160]
+    return str(body)[:160]
+
+
+@dataclass
+class ReadyReport:
+    host: str
+    ready: bool
+    seconds: float
+    rounds: int
+    models: list[str]
+    detail: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def wait_ready(host: Host, transport, manager, *, timeout_s: float | None = None, consecutive: int = 2,
+               max_interval_s: float = 10.0, on_round: Callable[[Probe], None] | None = None,
+               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
+               ) -> ReadyReport:
+    """Block until `host` is ready. Raises RemoteError (service failed, exit 1) with the last log
+    lines, or ReadinessTimeout (exit 4) naming the last unmet step after `timeout_s` seconds
+    (default: the service's `ready_timeout_s`)."""
+    timeout_s = host.service.ready_timeout_s if timeout_s is None else timeout_s
+    start = clock()
+    deadline = start + timeout_s
+    first = manager.state()
+    base_restarts, good, rounds, delay, inactive = first.restarts, 0, 0, 1.0, 0
+    probe = Probe(False, "unit", "not checked yet")
+    with api_client(host, transport) as client:
+        while True:
+            rounds += 1
+            state = manager.state() if rounds > 1 else first
+            if state.failed or state.restarts > base_restarts:
+                why = "failed" if state.failed else f"restarted {state.restarts - base_restarts}x"
+                raise RemoteError(f"{host.name}: {host.unit} {why} ({state.active}/{state.sub} "
+                                  f"result={state.result}); last log lines:\n{manager.logs(50).rstrip()}")
+            inactive = inactive + 1 if state.active in ("inactive", "unknown") else 0
+            if inactive >= 3:
+                raise RemoteError(f"{host.name}: {host.unit} is {state.active} "
+                                  f"(start it: ddtctl start {host.name})\n{manager.logs(20).rstrip()}")
+            probe = probe_http(client, host) if state.active != "inactive" else Probe(False, "unit", state.active)
+            if on_round:
+                on_round(probe)
+            good = good + 1 if probe.ok else 0
+            if good >= consecutive:
+                return ReadyReport(host.name, True, round(clock() - start, 2), rounds, probe.models, "ready")
+            wait = 1.0 if probe.ok else min(max_interval_s, delay) * random.uniform(0.8, 1.2)
+            delay = 1.0 if probe.ok else min(max_interval_s, delay * 1.6)
+            if clock() + wait > deadline:
+                raise ReadinessTimeout(
+                    f"{host.name}: not ready after {timeout_s:.0f} s ({rounds} rounds); last: "
+                    f"{probe.step}: {probe.detail}\n{manager.logs(20).rstrip()}".rstrip())
+            sleep(wait)

@@ -1,0 +1,192 @@
+"""Smoke checks over the OpenAI API (httpx), ops.md §6.
+
+Every check is greedy (temperature 0) and short. Checks: the model is listed; a factual chat
+answer contains the known fact; a multi-turn chat uses an earlier turn; a raw completion
+continues the prompt (no chat-template markers); streamed == non-streamed; a stop sequence is
+honoured (picked from the unconstrained output, so it works for any model); a bad request gets a
+4xx, never a 5xx; for the bundled server with a drafter, the reported mean acceptance length is
+above 1 ("n/a" in mode `ar`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from ddtctl.errors import SmokeFailed
+from ddtctl.inventory import Host
+from ddtctl.ops.readiness import api_client
+
+FACT = ("What is the capital of France?", "paris")
+MEMORY = ([{"role": "user", "content": "My name is Ada."},
+           {"role": "assistant", "content": "Nice to meet you, Ada!"},
+           {"role": "user", "content": "What is my name?"}], "ada")
+RAW_PROMPT = "The capital of France is"
+TEMPLATE_MARKERS = ("<|im_start|>", "<|im_end|>", "<|user|>", "<|assistant|>", "user:", "assistant:",
+                    "<|start_header_id|>", "[INST]")
+
+
+@dataclass
+class Check:
+    """One smoke check: status "pass" | "fail" | "n/a", a short detail, seconds taken."""
+
+    name: str
+    status: str
+    detail: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class SmokeReport:
+    host: str
+    checks: list[Check] = field(default_factory=list)
+    acceptance_length: float | None = None
+    tokens_per_second: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status != "fail" for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {"host": self.host, "ok": self.ok, "acceptance_length": self.acceptance_length,
+                "tokens_per_second": self.tokens_per_second, "checks": [c.__dict__ for c in self.checks]}
+
+
+class _Api:
+    def __init__(self, client: httpx.Client, model: str):
+        self.client, self.model = client, model
+
+    def post(self, path: str, body: dict) -> httpx.Response:
+        return self.client.post(path, json={"model": self.model, "temperature": 0, **body})
+
+    def ok_json(self, path: str, body: dict) -> dict:
+        r = self.post(path, body)
+        if r.status_code != 200:
+            raise AssertionError(f"{path} answered {r.status_code}: {r.text[:200]}")
+        return r.json()
+
+    def chat(self, messages: list[dict], **kw) -> tuple[str, dict]:
+        data = self.ok_json("/v1/chat/completions", {"messages": messages, **kw})
+        return data["choices"][0]["message"]["content"] or "", data
+
+    def complete(self, prompt: str, **kw) -> tuple[str, dict]:
+        data = self.ok_json("/v1/completions", {"prompt": prompt, **kw})
+        return data["choices"][0]["text"], data
+
+    def chat_stream(self, messages: list[dict], **kw) -> str:
+        parts, done = [], False
+        body = {"model": self.model, "temperature": 0, "messages": messages, "stream": True, **kw}
+        with self.client.stream("POST", "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                raise AssertionError(f"stream answered {r.status_code}: {r.read()[:200]!r}")
+            for line in r.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    done = True
+                    break
+                event = json.loads(payload)
+                if "error" in event:
+                    raise AssertionError(f"stream error event: {event['error']}")
+                for choice in event.get("choices", []):
+                    parts.append((choice.get("delta") or {}).get("content") or "")
+        if not done:
+            raise AssertionError("stream ended without `data: [DONE]`")
+        return "".join(parts)
+
+
+def _run(report: SmokeReport, name: str, fn: Callable[[], str]) -> None:
+    start = time.monotonic()
+    try:
+        detail = fn()
+        status = "n/a" if detail.startswith("n/a") else "pass"
+    except (AssertionError, httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as exc:
+        status, detail = "fail", f"{type(exc).__name__}: {exc}" if not isinstance(exc, AssertionError) else str(exc)
+    report.checks.append(Check(name, status, detail, round(time.monotonic() - start, 2)))
+
+
+def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
+    """Run every check against `host`; never raises for a failed check (see `require_ok`)."""
+    report = SmokeReport(host.name)
+    with api_client(host, transport, timeout=300.0) as client:
+        api = _Api(client, host.model_id)
+        facts: dict = {}
+
+        def models() -> str:
+            ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
+            assert host.model_id in ids, f"/v1/models lists {ids}, not {host.model_id!r}"
+            return f"{host.model_id} listed"
+
+        def fact() -> str:
+            text, data = api.chat([{"role": "user", "content": FACT[0]}], max_tokens=max_tokens)
+            facts["chat"], facts["decoding"] = text, data.get("decoding")
+            assert FACT[1] in text.lower(), f"answer lacks {FACT[1]!r}: {text!r}"
+            return text.strip()[:60]
+
+        def multi_turn() -> str:
+            text, _ = api.chat(MEMORY[0], max_tokens=max_tokens)
+            assert MEMORY[1] in text.lower(), f"answer does not use the earlier turn: {text!r}"
+            return text.strip()[:60]
+
+        def raw() -> str:
+            text, _ = api.complete(RAW_PROMPT, max_tokens=12)
+            facts["raw"] = text
+            assert text.strip(), "empty continuation"
+            bad = [m for m in TEMPLATE_MARKERS if m in text.lower() or m in text]
+            assert not bad, f"continuation contains chat-template markers {bad}: {text!r}"
+            return repr(text.strip()[:50])
+
+        def stream_equal() -> str:
+            msgs = [{"role": "user", "content": FACT[0]}]
+            plain, _ = api.chat(msgs, max_tokens=12)
+            streamed = api.chat_stream(msgs, max_tokens=12)
+            assert plain == streamed, f"stream {streamed!r} != non-stream {plain!r}"
+            return "identical"
+
+        def stop() -> str:
+            text = facts.get("raw") or api.complete(RAW_PROMPT, max_tokens=12)[0]
+            picks = [(w, text.find(w)) for w in text.split()[1:]]
+            picks = [(w, cut) for w, cut in picks if cut > 0 and text[:cut].strip()]
+            assert picks, f"continuation too short to pick a stop string: {text!r}"
+            stop_at, cut = picks[0]
+            got, data = api.complete(RAW_PROMPT, max_tokens=12, stop=[stop_at])
+            reason = data["choices"][0]["finish_reason"]
+            assert stop_at not in got and got == text[:cut] and reason == "stop", \
+                f"stop={stop_at!r}: got {got!r} finish_reason={reason!r}, expected {text[:cut]!r}"
+            return f"stopped before {stop_at!r}"
+
+        def bad_request() -> str:
+            r = api.post("/v1/chat/completions", {"messages": [], "max_tokens": 4})
+            assert 400 <= r.status_code < 500, f"empty messages answered {r.status_code}, expected 4xx"
+            return f"{r.status_code}"
+
+        def acceptance() -> str:
+            if host.service.kind != "ddtree":
+                return "n/a (external engine)"
+            dec = facts.get("decoding")
+            assert isinstance(dec, dict), "response has no `decoding` extension"
+            report.acceptance_length = dec.get("mean_acceptance_length")
+            report.tokens_per_second = dec.get("tokens_per_second")
+            if dec.get("mode") == "ar":
+                return "n/a (mode ar)"
+            assert (report.acceptance_length or 0) > 1, f"mean acceptance length {report.acceptance_length}"
+            return f"tau={report.acceptance_length:.2f} ({dec.get('mode')})"
+
+        for name, fn in (("models", models), ("chat_fact", fact), ("multi_turn", multi_turn),
+                         ("raw_completion", raw), ("stream_equal", stream_equal), ("stop_sequence", stop),
+                         ("bad_request_4xx", bad_request), ("acceptance", acceptance)):
+            _run(report, name, fn)
+    return report
+
+
+def require_ok(report: SmokeReport) -> SmokeReport:
+    """Raise SmokeFailed (exit 5) listing the failed checks."""
+    if not report.ok:
+        failed = "; ".join(f"{c.name}: {c.detail}" for c in report.checks if c.status == "fail")
+        raise SmokeFailed(f"{report.host}: smoke failed: {failed}")
+    return report

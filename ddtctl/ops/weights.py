@@ -1,0 +1,211 @@
+"""Model weights: sha256 manifests, what to send, and read-only bind mounts for `shared` weights.
+
+A model (a folder, or one file such as a GGUF) is described by a manifest {relative path:
+{size, sha256}}. The manifest of the last complete push is stored beside the copy on the target
+(`<dest>/.ddtctl-manifest.json`, or `<dest>.ddtctl-manifest.json` for a single file); a file is
+sent again only when its manifest entry or its size on the target differs. `Transport.put` streams,
+resumes and verifies each file. Local digests are cached in $DDTCTL_HOME/cache/sha256.json by
+(path, size, mtime), so unchanged multi-GB weights are hashed once.
+
+`shared` mode: weights go to the node once (`<models_root>/<name>`) and are bind-mounted read-only
+into each container with `pct set VMID -mpN NODE_PATH,mp=CT_PATH,ro=1` (ops.md §1.4).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddtctl.errors import UsageError
+from ddtctl.inventory import ddtctl_home
+from ddtctl.remote.push import local_sha256
+
+MANIFEST = ".ddtctl-manifest.json"
+_lock = threading.Lock()
+
+
+@dataclass
+class WeightsResult:
+    """Outcome of syncing one model: files and bytes actually sent (bytes), and where it went."""
+
+    name: str
+    dest: str
+    files_total: int = 0
+    files_sent: int = 0
+    bytes_sent: int = 0
+    bytes_total: int = 0
+    mount: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.files_sent > 0 or self.mount is not None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "dest": self.dest, "files_total": self.files_total,
+                "files_sent": self.files_sent, "bytes_sent": self.bytes_sent, "bytes_total": self.bytes_total,
+                "mount": self.mount, "changed": self.changed, "notes": self.notes}
+
+
+def _cached_sha256(path: Path) -> str:
+    st = path.stat()
+    key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    cache_file = ddtctl_home() / "cache" / "sha256.json"
+    with _lock:
+        try:
+            cache = json.loads(cache_file.read_text())
+        except (OSError, ValueError):
+            cache = {}
+        if key in cache:
+            return cache[key]
+    digest = local_sha256(path)
+    with _lock:
+        cache[key] = digest
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache))
+        tmp.replace(cache_file)
+    return digest
+
+
+def local_manifest(source: Path) -> dict[str, dict]:
+    """Manifest of a local model folder or file. Raises UsageError if `source` does not exist."""
+    source = source.expanduser()
+    if source.is_file():
+        return {source.name: {"size": source.stat().st_size, "sha256": _cached_sha256(source)}}
+    if not source.is_dir():
+        raise UsageError(f"model source {source} does not exist on this machine")
+    out = {}
+    for path in sorted(p for p in source.rglob("*") if p.is_file() and p.name != MANIFEST):
+        rel = path.relative_to(source).as_posix()
+        if any(part.startswith(".") for part in rel.split("/")):    # .git, .cache, hf lock files
+            continue
+        out[rel] = {"size": path.stat().st_size, "sha256": _cached_sha256(path)}
+    return out
+
+
+def remote_paths(source: Path, dest: str) -> tuple[str, str]:
+    """(folder the files go into, manifest path) on the target for a model copied to `dest`."""
+    if source.expanduser().is_file():
+        return posixpath.dirname(dest) or "/", f"{dest}{MANIFEST}"
+    return dest, posixpath.join(dest, MANIFEST)
+
+
+def parse_sizes(find_output: str) -> dict[str, int]:
+    """{relative path: size} from `find DIR -type f -printf '%s %P\\n'`."""
+    sizes = {}
+    for line in find_output.splitlines():
+        size, _, rel = line.partition(" ")
+        if rel and size.isdigit():
+            sizes[rel] = int(size)
+    return sizes
+
+
+def sizes_argv(folder: str) -> list[str]:
+    return ["find", folder, "-type", "f", "-printf", "%s %P\\n"]
+
+
+def files_to_send(local: dict[str, dict], remote: dict[str, dict], sizes: dict[str, int]) -> list[str]:
+    """Relative paths whose manifest entry differs or whose size on the target differs (pure)."""
+    return [rel for rel, entry in local.items()
+            if remote.get(rel) != entry or sizes.get(rel) != entry["size"]]
+
+
+def read_remote_manifest(transport, path: str) -> dict[str, dict]:
+    res = transport.run(["cat", path], timeout=60)
+    if not res.ok:
+        return {}
+    try:
+        data = json.loads(res.text)
+    except ValueError:
+        return {}
+    return data.get("files", {}) if isinstance(data, dict) else {}
+
+
+def sync_model(transport, name: str, source: Path, dest: str, *, dry_run: bool = False,
+               progress_factory=None) -> WeightsResult:
+    """Make `dest` on the target hold exactly `source` (a folder or file); send only what changed.
+
+    `progress_factory(label, total_bytes)` returns a put-progress callback (or None).
+    """
+    source = source.expanduser()
+    manifest = local_manifest(source)
+    folder, manifest_path = remote_paths(source, dest)
+    result = WeightsResult(name, dest, files_total=len(manifest),
+                           bytes_total=sum(e["size"] for e in manifest.values()))
+    remote = read_remote_manifest(transport, manifest_path)
+    if source.is_file():
+        res = transport.run(["stat", "-c", "%s", dest], timeout=60)
+        sizes = {source.name: int(res.text.strip())} if res.ok and res.text.strip().isdigit() else {}
+    else:
+        res = transport.run(sizes_argv(folder), timeout=120)
+        sizes = parse_sizes(res.text) if res.ok else {}
+    todo = files_to_send(manifest, remote, sizes)
+    if dry_run:
+        result.files_sent, result.bytes_sent = len(todo), sum(manifest[r]["size"] for r in todo)
+        result.notes.append("dry run: nothing sent")
+        return result
+    for rel in todo:
+        local_file = source if source.is_file() else source / rel
+        target = dest if source.is_file() else posixpath.join(dest, rel)
+        cb = progress_factory(f"{name}: {rel}", manifest[rel]["size"]) if progress_factory else None
+        put = transport.put(local_file, target, mode=0o644, progress=cb)
+        result.files_sent += 0 if put.skipped else 1
+        result.bytes_sent += put.bytes_sent
+    if todo or remote != manifest:
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+            json.dump({"files": manifest}, fh, indent=1, sort_keys=True)
+        try:
+            transport.put(Path(fh.name), manifest_path, mode=0o644)
+        finally:
+            os.unlink(fh.name)
+    return result
+
+
+# ----------------------------------------------------------------------------- shared (bind mounts)
+
+_MP = re.compile(r"^mp(\d+):\s*(.*)$")
+
+
+def parse_mounts(pct_config: str) -> dict[int, dict[str, str]]:
+    """{N: {"volume": ..., "mp": ..., "ro": ...}} from `pct config VMID` output."""
+    mounts = {}
+    for line in pct_config.splitlines():
+        match = _MP.match(line.strip())
+        if not match:
+            continue
+        volume, *opts = match.group(2).split(",")
+        entry = {"volume": volume}
+        entry.update(opt.split("=", 1) for opt in opts if "=" in opt)
+        mounts[int(match.group(1))] = entry
+    return mounts
+
+
+def mount_plan(mounts: dict[int, dict[str, str]], node_path: str, ct_path: str) -> list[str] | None:
+    """`pct set` arguments that add the read-only bind mount, or None when it is already there.
+
+    Raises UsageError when `ct_path` is already mounted from somewhere else.
+    """
+    for n, entry in mounts.items():
+        if entry.get("mp") == ct_path:
+            if entry["volume"] == node_path and entry.get("ro") == "1":
+                return None
+            raise UsageError(f"mp{n} already mounts {entry['volume']} at {ct_path} (ro={entry.get('ro', '0')}); "
+                             "remove it with `pct set VMID --delete mp{n}` or change the model path")
+    free = next(i for i in range(256) if i not in mounts)
+    return [f"-mp{free}", f"{node_path},mp={ct_path},ro=1"]
+
+
+def pct_set_argv(vmid: int, args: list[str]) -> list[str]:
+    return ["pct", "set", str(vmid), *args]
+
+
+def shared_node_path(models_root: str, ct_path: str) -> str:
+    """Where a shared model lives on the node: <models_root>/<base name of the container path>."""
+    return posixpath.join(models_root, posixpath.basename(ct_path.rstrip("/")))

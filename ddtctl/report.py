@@ -1,0 +1,161 @@
+"""How results look: rich tables and lines on STDERR, one JSON document on STDOUT (`--json`).
+
+Nothing else in ddtctl prints. rich honours NO_COLOR and drops colour/animation when stderr is not
+a terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.table import Table
+
+STATUS_STYLE = {"ok": "green", "pass": "green", "changed": "yellow", "planned": "cyan", "skipped": "dim",
+                "failed": "red", "fail": "red", "n/a": "dim"}
+
+
+def err_console() -> Console:
+    """A console on stderr (created per call so tests capturing stderr see the output)."""
+    width = None if sys.stderr.isatty() else 160     # logs and pipes: do not squeeze tables to 80 columns
+    return Console(file=sys.stderr, highlight=False, soft_wrap=True, width=width)
+
+
+def emit_json(document: Any) -> None:
+    """Write one JSON document to stdout."""
+    sys.stdout.write(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def error(message: str) -> None:
+    """A user-facing error (no traceback), each line of `message` kept."""
+    err_console().print(f"[red]error:[/red] {escape(message)}")
+
+
+def info(message: str) -> None:
+    err_console().print(escape(message))
+
+
+def _styled(status: str) -> str:
+    style = STATUS_STYLE.get(status, "")
+    return f"[{style}]{escape(status)}[/{style}]" if style else escape(status)
+
+
+def step_line(host: str, step: Any) -> None:
+    """One deploy step as it finishes: `[host] step  status  detail (s)`."""
+    took = f" ({step.seconds:.1f} s)" if step.seconds >= 0.5 else ""
+    err_console().print(f"[bold]{escape(host)}[/bold] {escape(step.name):<16} {_styled(step.status):<8} "
+                        f"{escape(step.detail)}{took}")
+
+
+@contextmanager
+def progress_bars(enabled: bool = True) -> Iterator[Callable[[str, int], Callable[[int, int], None]] | None]:
+    """Yield a factory `(label, total_bytes) -> callback(done, total)` drawing rich bars on stderr."""
+    if not enabled:
+        yield None
+        return
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                        console=err_console(), transient=True)
+    lock = threading.Lock()
+
+    def factory(label: str, total: int) -> Callable[[int, int], None]:
+        with lock:
+            task = progress.add_task(label, total=total)
+
+        def update(done: int, total_now: int) -> None:
+            progress.update(task, completed=done, total=total_now)
+        return update
+
+    with progress:
+        yield factory
+
+
+def deploy_table(results: Iterable[Any]) -> None:
+    table = Table(title="deploy", title_justify="left")
+    for col in ("host", "result", "changed", "restarted", "release", "weights sent", "serving"):
+        table.add_column(col)
+    for r in results:
+        result = "planned" if r.dry_run and r.ok else ("ok" if r.ok else "failed")
+        if r.rolled_back:
+            result += " (rolled back)"
+        table.add_row(r.host, _styled(result), str(r.changed).lower(), str(r.restarted).lower(),
+                      r.release or "-", f"{r.weights_bytes_sent} B", f"{r.url} ({r.model_id})")
+    err_console().print(table)
+    for r in results:
+        if r.ok and not r.dry_run:
+            info(f"{r.host}: serving {r.model_id} at {r.url}")
+        elif r.error is not None:
+            error(f"{r.host}: {r.error}")
+
+
+def diffs(results: Iterable[Any]) -> None:
+    for r in results:
+        for path, diff in r.diffs.items():
+            err_console().print(f"[bold]{escape(r.host)}[/bold] {escape(path)}")
+            err_console().print(escape(diff.rstrip()) or "(new file)")
+
+
+def smoke_table(reports: Iterable[Any]) -> None:
+    for rep in reports:
+        table = Table(title=f"smoke {rep.host}", title_justify="left")
+        for col in ("check", "result", "detail", "s"):
+            table.add_column(col)
+        for c in rep.checks:
+            table.add_row(c.name, _styled(c.status), escape(c.detail), f"{c.seconds:.1f}")
+        err_console().print(table)
+
+
+def _num(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def status_table(statuses: Iterable[Any]) -> None:
+    table = Table(title="status", title_justify="left")
+    for col in ("host", "kind", "unit", "restarts", "ready", "models", "gpu", "tau", "tok/s", "release"):
+        table.add_column(col)
+    for st in statuses:
+        unit = st.unit or {}
+        gpus = ("; ".join(f"{g['index']}: {_num(g['memory_used_mib'], '{:.0f}')}/{_num(g['memory_total_mib'], '{:.0f}')}"
+                          f" MiB {_num(g['utilization_pct'], '{:.0f}')}%" for g in st.gpus)
+                if st.gpus else (st.gpu_error["problem"] if st.gpu_error else "-"))
+        release = st.release or "-"
+        if st.version_mismatch:
+            release = f"[yellow]{escape(release)} (checkout: {escape(st.expected_release)})[/yellow]"
+        table.add_row(st.host, st.kind, _styled(unit.get("active", "?")), str(unit.get("restarts", "-")),
+                      _styled("ok" if st.ready else "failed"), ", ".join(st.models) or "-", escape(gpus),
+                      _num(st.acceptance_length), _num(st.tokens_per_second, "{:.1f}"), release)
+    err_console().print(table)
+    for st in statuses:
+        for e in st.errors:
+            error(f"{st.host}: {e}")
+        if st.gpu_error:
+            info(f"{st.host}: GPU: {st.gpu_error['problem']} - {st.gpu_error['hint']}")
+
+
+def releases_table(host: str, rels: Iterable[Any]) -> None:
+    table = Table(title=f"releases {host}", title_justify="left")
+    for col in ("release", "installed", "link"):
+        table.add_column(col)
+    import datetime as _dt
+    for r in rels:
+        link = "current" if r.current else ("previous" if r.previous else "")
+        table.add_row(r.version_id, _dt.datetime.fromtimestamp(r.mtime).strftime("%Y-%m-%d %H:%M"), link)
+    err_console().print(table)
+
+
+def inventory_table(inv: Any) -> None:
+    table = Table(title=f"inventory {inv.path}", title_justify="left")
+    for col in ("host", "kind", "where", "service", "port", "model", "groups"):
+        table.add_column(col)
+    for h in inv.hosts.values():
+        where = f"ct{h.vmid}@{h.node_name} ({h.node.address})" if h.kind == "container" else "this machine"
+        groups = [g for g, members in inv.groups.items() if h.name in members]
+        table.add_row(h.name, h.kind, where, h.service.kind, str(h.service.port), h.model_id, ", ".join(groups))
+    err_console().print(table)
