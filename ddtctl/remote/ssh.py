@@ -112,9 +112,9 @@ class SshTransport:
             for hop in _gateways(conn):
                 hop.transport.set_keepalive(self.keepalive)
             return conn
-        except paramiko.BadHostKeyException as exc:
-            port = int(getattr(exc, "port", 0) or conn.port)
-            raise changed_key_error(exc, exc.hostname, port, self.known_hosts) from None
+        except paramiko.BadHostKeyException as exc:  # the target or one of its jump hosts
+            port = next((h.port for h in _gateways(conn) if h.host == exc.hostname), conn.port)
+            raise changed_key_error(exc, exc.hostname, int(port), self.known_hosts) from None
         except DdtctlError:
             raise
         except paramiko.AuthenticationException as exc:
@@ -216,7 +216,7 @@ class SshTransport:
                 err += chan.recv_stderr(65536)
             if chan.exit_status_ready():
                 exited_at = exited_at or now
-                if chan.eof_received or now - exited_at > EXIT_GRACE:
+                if chan.eof_received or chan.closed or now - exited_at > EXIT_GRACE:
                     if not (chan.recv_ready() or chan.recv_stderr_ready()):
                         break
             elif not transport.is_active() or chan.closed:
@@ -224,6 +224,9 @@ class SshTransport:
                 raise _Dropped(f"connection lost while running {items[0]}")
         writer.join(1)
         code = chan.recv_exit_status()
+        if code == -1 and not transport.is_active():  # closed by the dying connection
+            self._drop(transport)
+            raise _Dropped(f"connection lost while running {items[0]}")
         return Result(items, code, bytes(out), bytes(err), time.monotonic() - start, self.name)
 
     # -- files and ports -------------------------------------------------------------------

@@ -194,3 +194,26 @@ def test_forward_reaches_a_port_as_seen_from_the_node(node):
                 assert httpx.get(f"http://{host}:{port}/r{i}", timeout=5).text == f"hello /r{i}"
     finally:
         server.shutdown()
+
+
+def test_dropped_connection_retried_only_for_idempotent_commands(pve1, tmp_path):  # noqa: F811
+    # the first run kills the sshd process serving this connection (the shell's parent)
+    marker = tmp_path / "ran-once"
+    script = f'if [ ! -e {marker} ]; then touch {marker}; kill -9 $PPID; sleep 5; fi; echo done'
+    with _closing(pve1.transport()) as t:
+        t.run(["true"])
+        with pytest.raises(UnreachableError, match="connection"):
+            t.run(["sh", "-c", script])  # it may have had effects: never re-run blindly
+        assert marker.exists()
+        marker.unlink()
+        before = pve1.sshd.log.count("Accepted publickey")
+        assert t.run(["sh", "-c", script], idempotent=True).text == "done\n"
+        # killed again on a fresh connection, then retried on another one
+        assert pve1.sshd.log.count("Accepted publickey") == before + 2
+
+
+def test_background_child_holding_stdout_does_not_hang(node):
+    started = time.monotonic()
+    res = node.run(["sh", "-c", "sleep 4 & echo started"], timeout=20)
+    assert res.ok and res.stdout == b"started\n"
+    assert time.monotonic() - started < 3.9  # returned after the grace period, not at EOF
