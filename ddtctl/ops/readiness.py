@@ -120,7 +120,7 @@ def wait_ready(host: Host, transport, manager, *, timeout_s: float | None = None
     start = clock()
     deadline = start + timeout_s
     first = manager.state()
-    base_restarts, good, rounds, delay, inactive = first.restarts, 0, 0, 1.0, 0
+    base_restarts, good, rounds, delay, unknown = first.restarts, 0, 0, 1.0, 0
     probe = Probe(False, "unit", "not checked yet")
     with api_client(host, transport) as client:
         while True:
@@ -130,11 +130,11 @@ def wait_ready(host: Host, transport, manager, *, timeout_s: float | None = None
                 why = "failed" if state.failed else f"restarted {state.restarts - base_restarts}x"
                 raise RemoteError(f"{host.name}: {host.unit} {why} ({state.active}/{state.sub} "
                                   f"result={state.result}); last log lines:\n{manager.logs(50).rstrip()}")
-            inactive = inactive + 1 if state.active in ("inactive", "unknown") else 0
-            if inactive >= 3:
+            unknown = unknown + 1 if state.active == "unknown" else 0
+            if state.active == "inactive" or unknown >= 3:
                 raise RemoteError(f"{host.name}: {host.unit} is {state.active} "
-                                  f"(start it: ddtctl start {host.name})\n{manager.logs(20).rstrip()}")
-            probe = probe_http(client, host) if state.active != "inactive" else Probe(False, "unit", state.active)
+                                  f"(start it: ddtctl start {host.name})\n{manager.logs(20).rstrip()}".rstrip())
+            probe = probe_http(client, host)
             if on_round:
                 on_round(probe)
             good = good + 1 if probe.ok else 0

@@ -114,7 +114,10 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
         st.release = releases.read_link(transport, releases.Layout(host.root, host.unit).current)
 
     _guard(st, "unit", unit)
-    _guard(st, "http", http)
+    if st.unit and st.unit["active"] in ("inactive", "failed"):
+        st.ready, st.ready_detail = False, f"service {st.unit['active']}"
+    else:
+        _guard(st, "http", http)
     if st.ready is None:
         st.ready, st.ready_detail = False, "unreachable"
     if gpus and (host.kind != "local" or host.service.gpus or getattr(host.service, "device", None) == "cuda"):
