@@ -1,6 +1,7 @@
 """Fixture API for emulated Proxmox nodes: a real sshd (tests/fleet/sshd.py) whose sessions get
-``PATH=<tests/fleet>:<std PATH>`` and ``DDT_FAKE_PVE=<node state dir>`` via ``SetEnv``, so ``pct``
-over SSH is the emulation (tests/fleet/pct) acting on this node's containers.
+``PATH=<node bin dir>:<std PATH>`` and ``DDT_FAKE_PVE=<node state dir>`` via ``SetEnv``, so ``pct``
+over SSH is the emulation (tests/fleet/pct, symlinked into ``node.bin_dir``) acting on this
+node's containers. Symlink more node-level tools into ``node.bin_dir`` to put them on its PATH.
 
     node = FakeNode("pve1", workdir, client_key).start()
     node.create_container(200, "ct200", binds={"/usr/bin/systemctl": fake_systemctl})
@@ -32,7 +33,7 @@ from tests.fleet.sshd import SSHD, SshServer, keygen, write_client_files
 
 FLEET_DIR = Path(__file__).resolve().parent
 PCT = FLEET_DIR / "pct"
-NODE_PATH = f"{FLEET_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+STD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def fleet_available() -> str | None:
@@ -62,7 +63,12 @@ class FakeNode:
             subprocess.run(["mount", "--make-private", str(self.state)], check=True)
         # SHLVL=1: bash then skips ~/.bashrc for ssh commands (bash sources it when SSH_CLIENT is
         # set and SHLVL < 2): a developer's .bashrc (pyenv init, ~0.5 s) is no part of a PVE node
-        env = {"PATH": NODE_PATH, "DDT_FAKE_PVE": str(self.state), "SHLVL": "1",
+        self.bin_dir = self.dir / "bin"  # first on the node's PATH; holds only `pct` (a symlink)
+        self.bin_dir.mkdir(exist_ok=True)
+        if not (self.bin_dir / "pct").exists():
+            (self.bin_dir / "pct").symlink_to(PCT)
+        self.path = f"{self.bin_dir}:{STD_PATH}"
+        env = {"PATH": self.path, "DDT_FAKE_PVE": str(self.state), "SHLVL": "1",
                **(extra_env or {})}
         pub = Path(f"{client_key}.pub").read_text()
         self.sshd = SshServer(self.dir / "sshd", alias=name, client_pubkeys=[pub], setenv=env)
@@ -82,7 +88,7 @@ class FakeNode:
 
     def pct(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         """Run the pct emulation locally for this node (fixture set-up, not the code under test)."""
-        env = {**os.environ, "DDT_FAKE_PVE": str(self.state), "PATH": NODE_PATH}
+        env = {**os.environ, "DDT_FAKE_PVE": str(self.state), "PATH": self.path}
         return subprocess.run([str(PCT), *args], env=env, capture_output=True, text=True,
                               check=check, stdin=subprocess.DEVNULL)
 

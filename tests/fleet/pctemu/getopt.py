@@ -108,6 +108,6 @@ def _assign(free: list[str], names: list[str]) -> dict[str, object]:
 def check_vmid(text: str) -> int:
     """Raises ParseError like pct for a malformed vmid (valid: 100..999999999)."""
     if not re.fullmatch(r"[1-9]\d{2,8}", text):
-        raise ParseError(f"400 Parameter verification failed.\nvmid: invalid format - value "
-                         f"does not look like a valid VM ID")
+        raise ParseError("400 Parameter verification failed.\nvmid: invalid format - value "
+                         "does not look like a valid VM ID")
     return int(text)
