@@ -222,7 +222,8 @@ class Ctl:
                     os.symlink(target, link)
                     err(f"Created symlink {shown(link)} → {target}.")
         else:
-            for link in sorted(self.p.unit_dir.glob(f"*.*/{name}")):
+            dirs = [d for d in sorted(self.p.unit_dir.iterdir()) if d.suffix in (".wants", ".requires")]
+            for link in (d / name for d in dirs):      # links may dangle outside the container view
                 if link.is_symlink():
                     link.unlink()
                     err(f'Removed "{shown(link)}".')

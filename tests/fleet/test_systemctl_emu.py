@@ -1,0 +1,211 @@
+"""The systemctl/journalctl emulations run as subprocesses against real unit files and a real service.
+
+What is checked is the behaviour of systemctl(1), systemd.service(5), systemd.exec(5),
+systemd.kill(5) and journalctl(1) that ddtctl relies on (ops.md §3): job waiting per Type=, exit
+codes, Restart=/start-limit-hit, stop timeouts, environment/specifier/`$` handling, daemon-reload.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from tests.fleet.emu.paths import Paths
+from tests.fleet.emu.state import kill_all
+from tests.fleet.emu_helpers import Emu, alive
+
+NOTIFY = """[Unit]
+Description=Notify test
+[Service]
+Type=notify
+ExecStart=@SVC@ ready=0.4
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+@pytest.fixture
+def emu(tmp_path):
+    e = Emu(tmp_path / "root")
+    yield e
+    kill_all(Paths(e.root), timeout=5)
+
+
+def test_notify_start_waits_for_ready_and_leaves_caller_stdio_alone(emu):
+    emu.unit("n.service", NOTIFY)
+    t0 = time.monotonic()
+    res = emu.ctl("start", "n")                    # capture_output: returns only at EOF of the pipes
+    assert res.returncode == 0, res.stderr
+    assert 0.4 <= time.monotonic() - t0 < 10
+    props = emu.show("n.service")
+    assert (props["ActiveState"], props["SubState"], props["Result"]) == ("active", "running", "success")
+    assert alive(int(props["MainPID"])) and props["StatusText"] == "serving"
+    assert emu.ctl("is-active", "n").stdout == "active\n"
+    status = emu.ctl("status", "n.service")
+    assert status.returncode == 0 and "Active: active (running)" in status.stdout
+    assert 'Status: "serving"' in status.stdout and "Started Notify test." in status.stdout
+    again = emu.ctl("start", "n")                   # already active: no new process
+    assert again.returncode == 0 and emu.show("n.service")["MainPID"] == props["MainPID"]
+
+
+def test_show_value_prints_in_systemd_order_not_request_order(emu):
+    emu.unit("n.service", NOTIFY)
+    assert emu.ctl("start", "n").returncode == 0
+    out = emu.ctl("show", "n", "-p", "ActiveState,SubState,Result,NRestarts,MainPID,ExecMainStatus",
+                  "--value").stdout.splitlines()
+    assert out[0].isdigit() and out[1:] == ["success", "0", "0", "active", "running"]
+
+
+def test_environment_is_clean_and_expanded_like_systemd(emu, tmp_path):
+    env_file = tmp_path / "svc.env"
+    env_file.write_text('# comment\nA="from file"\nD=\'$HOME %n\'\n')
+    emu.unit("e.service", f"""[Service]
+Type=exec
+WorkingDirectory=/tmp
+Environment="A=x y" B=%n C=$$lit "E=100%%"
+EnvironmentFile=-/nonexistent/optional.env
+EnvironmentFile={env_file}
+ExecStart=@SVC@ ${{A}} $A "$${{HOME}}" 100%% %N \\x41\\t ""
+""")
+    assert emu.ctl("start", "e").returncode == 0
+    for _ in range(100):
+        if any(line.startswith("{") for line in emu.journal("e")):
+            break
+        time.sleep(0.05)
+    seen = emu.first_json("e.service")
+    assert seen["argv"] == ["from file", "from", "file", "${HOME}", "100%", "e", "A\t", ""]
+    env = seen["env"]
+    assert (env["A"], env["B"], env["C"], env["D"], env["E"]) == ("from file", "e.service", "$$lit",
+                                                                   "$HOME %n", "100%")
+    assert "DDT_LEAK" not in env and env["PATH"].startswith("/usr/local/sbin") and env["INVOCATION_ID"]
+    assert seen["cwd"] == "/tmp"
+
+
+def test_missing_executable_fails_exec_unit_with_203(emu):
+    emu.unit("x.service", "[Service]\nType=exec\nExecStart=/nonexistent/bin/server --flag\n")
+    res = emu.ctl("start", "x")
+    assert res.returncode == 1
+    assert "Job for x.service failed because the control process exited with error code." in res.stderr
+    props = emu.show("x.service")
+    assert (props["ActiveState"], props["Result"], props["ExecMainStatus"]) == ("failed", "exit-code", "203")
+    assert any("Failed at step EXEC spawning /nonexistent/bin/server" in line for line in emu.journal("x"))
+    assert emu.ctl("is-failed", "x").returncode == 0
+
+
+def test_crash_loop_ends_in_start_limit_hit_and_reset_failed(emu):
+    emu.unit("c.service", """[Unit]
+Description=Crasher
+StartLimitIntervalSec=60
+StartLimitBurst=3
+[Service]
+Type=notify
+ExecStart=@SVC@ exit=1
+Restart=on-failure
+RestartSec=100ms
+""")
+    res = emu.ctl("start", "c")
+    assert res.returncode == 1 and "start of the service was attempted too often" in res.stderr
+    props = emu.show("c.service")
+    assert (props["ActiveState"], props["Result"], props["NRestarts"]) == ("failed", "start-limit-hit", "3")
+    log = emu.journal("c")
+    assert log.count("exiting 1") == 3 and "c.service: Start request repeated too quickly." in log
+    assert "c.service: Main process exited, code=exited, status=1/FAILURE" in log
+    assert emu.ctl("start", "c").returncode == 1            # still rate limited
+    assert emu.ctl("reset-failed", "c").returncode == 0
+    assert emu.ctl("is-active", "c").stdout == "inactive\n"
+
+
+def test_restart_on_failure_counts_nrestarts_with_new_main_pids(emu):
+    emu.unit("r.service", "[Service]\nType=exec\nExecStart=@SVC@ exit=3 delay=0.3\n"
+                          "Restart=on-failure\nRestartSec=0.1\nStartLimitBurst=50\n")
+    assert emu.ctl("start", "r").returncode == 0
+    pids = set()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and int(emu.show("r.service").get("NRestarts", 0)) < 2:
+        pids.add(emu.show("r.service")["MainPID"])
+        time.sleep(0.05)
+    assert int(emu.show("r.service")["NRestarts"]) >= 2 and len(pids - {"0"}) >= 2
+    assert emu.ctl("stop", "r").returncode == 0
+    assert emu.show("r.service")["ActiveState"] in ("inactive", "failed")
+
+
+def test_stop_timeout_sigkills_the_whole_control_group(emu):
+    emu.unit("s.service", "[Service]\nType=exec\nExecStart=@SVC@ ignore_term=1 child=1\nTimeoutStopSec=1\n")
+    assert emu.ctl("start", "s").returncode == 0
+    for _ in range(100):
+        child = [line for line in emu.journal("s") if line.startswith("child=")]
+        if child:
+            break
+        time.sleep(0.05)
+    child_pid, main_pid = int(child[0].split("=")[1]), int(emu.show("s.service")["MainPID"])
+    t0 = time.monotonic()
+    assert emu.ctl("stop", "s").returncode == 0
+    assert 0.9 < time.monotonic() - t0 < 15
+    assert not alive(child_pid) and not alive(main_pid)
+    props = emu.show("s.service")
+    assert (props["ActiveState"], props["Result"]) == ("failed", "timeout")
+    assert "s.service: State 'stop-sigterm' timed out. Killing." in emu.journal("s")
+
+
+def test_changed_unit_needs_daemon_reload(emu):
+    path = emu.unit("d.service", "[Unit]\nDescription=old\n[Service]\nExecStart=@SVC@\n")
+    assert emu.ctl("start", "d").returncode == 0
+    time.sleep(0.01)
+    path.write_text(path.read_text().replace("Description=old", "Description=new"))
+    res = emu.ctl("restart", "d")
+    assert res.returncode == 0 and "changed on disk. Run 'systemctl daemon-reload'" in res.stderr
+    assert (emu.show("d")["Description"], emu.show("d")["NeedDaemonReload"]) == ("old", "yes")
+    assert emu.ctl("daemon-reload").returncode == 0
+    assert (emu.show("d")["Description"], emu.show("d")["NeedDaemonReload"]) == ("new", "no")
+
+
+@pytest.mark.parametrize("argv,code,stream,text", [
+    (["start", "nope"], 5, "stderr", "Failed to start nope.service: Unit nope.service not found.\n"),
+    (["stop", "nope"], 5, "stderr", "Failed to stop nope.service: Unit nope.service not loaded.\n"),
+    (["status", "nope"], 4, "stderr", "Unit nope.service could not be found.\n"),
+    (["is-active", "nope"], 3, "stdout", "inactive\n"),
+    (["is-failed", "nope"], 1, "stdout", "inactive\n"),
+    (["is-enabled", "nope"], 4, "stdout", "not-found\n"),
+    (["is-system-running"], 0, "stdout", "running\n"),
+    (["frobnicate", "x"], 1, "stderr", "Unknown command verb 'frobnicate'.\n"),
+    (["--frob", "start", "x"], 1, "stderr", "systemctl: unrecognized option '--frob'\n"),
+])
+def test_exit_codes_and_messages(emu, argv, code, stream, text):
+    res = emu.ctl(*argv)
+    assert (res.returncode, getattr(res, stream)) == (code, text)
+    assert emu.show("nope")["LoadState"] == "not-found"
+
+
+def test_bad_unit_settings_refuse_to_start_with_exit_6(emu):
+    emu.unit("b.service", "[Service]\nExecStart=/bin/echo %z\n")
+    res = emu.ctl("start", "b")
+    assert res.returncode == 6 and "has a bad unit file setting" in res.stderr
+    assert emu.show("b")["LoadState"] == "bad-setting"
+
+
+def test_enable_disable_and_is_enabled(emu):
+    emu.unit("n.service", NOTIFY)
+    emu.unit("static.service", "[Service]\nExecStart=/bin/true\n")
+    assert emu.ctl("is-enabled", "n").stdout == "disabled\n"
+    res = emu.ctl("enable", "n")
+    assert res.stderr == ("Created symlink /etc/systemd/system/multi-user.target.wants/n.service "
+                          "→ /etc/systemd/system/n.service.\n")
+    assert (emu.unit_dir / "multi-user.target.wants/n.service").is_symlink()
+    assert (emu.ctl("is-enabled", "n").returncode, emu.ctl("is-enabled", "static").stdout) == (0, "static\n")
+    assert emu.ctl("disable", "--now", "n").returncode == 0
+    assert emu.ctl("is-enabled", "n").returncode == 1
+
+
+def test_journalctl_formats_and_line_limits(emu):
+    emu.unit("n.service", NOTIFY)
+    assert emu.ctl("start", "n").returncode == 0
+    cat = emu.journal("n")
+    assert cat[0] == "Starting Notify test..." and cat[-1] == "Started Notify test."
+    assert emu.journal("n", "-n", "1") == ["Started Notify test."]
+    short = emu.run("journalctl", "-xeu", "n.service", "-n2").stdout.splitlines()
+    assert len(short) == 2
+    assert re.match(r"^[A-Z][a-z]{2} \d\d \d\d:\d\d:\d\d \S+ systemd\[1\]: Started Notify test\.$", short[1])
+    assert emu.run("journalctl", "-u", "other", "--no-pager").stdout == "-- No entries --\n"
+    assert emu.run("journalctl", "-f").returncode == 1
