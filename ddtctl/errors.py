@@ -1,7 +1,7 @@
 """Exception hierarchy of ddtctl and the process exit codes it maps to.
 
 Every error ddtctl raises on purpose derives from :class:`DdtctlError`; its ``exit_code`` is what
-the CLI exits with (the table follows docs/shared ops.md §2.6 "Exit codes"):
+the CLI exits with (the table follows ops.md §2.6 "Exit codes", /work/shared/reference/ops.md):
 
 ====  =========================================================  ==============================
 code  meaning                                                    raised as
