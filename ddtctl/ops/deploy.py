@@ -79,6 +79,7 @@ class _Run:
 
     def __init__(self, result: DeployResult, log: Callable[[str, Step], None] | None):
         self.result, self.log = result, log
+        self.replaced: dict[str, tuple[str, int]] = {}     # path -> (previous text, mode) of rewritten files
 
     def step(self, name: str, status: str, detail: str = "", since: float | None = None) -> Step:
         step = Step(name, status, detail, round(time.monotonic() - since, 2) if since else 0.0)
@@ -170,22 +171,29 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
             run.step("smoke", "ok", f"{passed}/{len(res.smoke.checks)} passed", t)
     except DdtctlError as exc:
         run.step("smoke" if res.ready else "wait-ready", "failed", str(exc).splitlines()[0])
-        if release_changed and old:
-            _rollback(host, transport, manager, layout, old, run, timeout_s)
+        if (release_changed and old) or run.replaced:
+            _rollback(host, transport, manager, layout, old if release_changed else None, run, timeout_s)
         raise
 
 
-def _rollback(host, transport, manager, layout, old: str, run: _Run, timeout_s) -> None:
+def _rollback(host, transport, manager, layout, old: str | None, run: _Run, timeout_s) -> None:
+    """Put back the previous release and the previous unit/env files, restart, wait until ready."""
     t = time.monotonic()
+    what = ([f"release {old}"] if old else []) + (["previous unit files"] if run.replaced else [])
     try:
-        releases.switch(transport, layout, old, keep_previous=False)
+        if old:
+            releases.switch(transport, layout, old, keep_previous=False)
+        for path, (text, mode) in run.replaced.items():
+            _write(transport, path, text, mode)
+        if run.replaced:
+            manager.activate()
         manager.restart()
         wait_ready(host, transport, manager, timeout_s=timeout_s)
         run.result.rolled_back = True
-        run.step("rollback", "changed", f"back on {old} (ready)", t)
+        run.step("rollback", "changed", f"back on {' and '.join(what)} (ready)", t)
     except DdtctlError as exc:
         run.result.rolled_back = True
-        run.step("rollback", "failed", f"switched back to {old} but: {str(exc).splitlines()[0]}", t)
+        run.step("rollback", "failed", f"restored {' and '.join(what)} but: {str(exc).splitlines()[0]}", t)
 
 
 def _weights(host, transport, node_transport, run: _Run, dry_run, progress_factory) -> bool:
@@ -242,6 +250,8 @@ def _unit_files(host, transport, manager, run: _Run, dry_run) -> bool:
         run.result.diffs[path] = shown or "".join(difflib.unified_diff(
             (current or "").splitlines(True), text.splitlines(True), f"{path} (installed)", f"{path} (rendered)"))
         if not dry_run:
+            if current is not None:
+                run.replaced[path] = (current, mode)
             _write(transport, path, text, mode)
     if not changed:
         run.step("unit", "ok", "unit and environment unchanged", t)
