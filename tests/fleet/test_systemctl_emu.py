@@ -105,14 +105,18 @@ ExecStart=@SVC@ exit=1
 Restart=on-failure
 RestartSec=100ms
 """)
-    res = emu.ctl("start", "c")
-    assert res.returncode == 1 and "start of the service was attempted too often" in res.stderr
+    res = emu.ctl("start", "c")          # the job fails with the first attempt; restarts go on
+    assert res.returncode == 1 and "the control process exited with error code" in res.stderr
+    deadline = time.monotonic() + 20
+    while emu.show("c.service")["ActiveState"] != "failed" and time.monotonic() < deadline:
+        time.sleep(0.05)
     props = emu.show("c.service")
     assert (props["ActiveState"], props["Result"], props["NRestarts"]) == ("failed", "start-limit-hit", "3")
     log = emu.journal("c")
     assert log.count("exiting 1") == 3 and "c.service: Start request repeated too quickly." in log
     assert "c.service: Main process exited, code=exited, status=1/FAILURE" in log
-    assert emu.ctl("start", "c").returncode == 1            # still rate limited
+    again = emu.ctl("start", "c")                          # still rate limited
+    assert again.returncode == 1 and "start of the service was attempted too often" in again.stderr
     assert emu.ctl("reset-failed", "c").returncode == 0
     assert emu.ctl("is-active", "c").stdout == "inactive\n"
 

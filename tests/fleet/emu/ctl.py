@@ -8,8 +8,9 @@ Exit codes as systemctl(1) and systemctl's translate_bus_error_to_exit_status():
 and reload "not applicable"; 4 `status`/`is-enabled` of a unit that does not exist; 5 unit not
 found / not loaded for jobs; 6 bad unit file setting.
 Jobs wait like a real `systemctl start`: Type=simple returns after the fork, Type=exec after the
-exec, Type=notify after READY=1 (waiting through automatic restarts until the unit is active or
-failed, e.g. with Result=start-limit-hit), Type=oneshot after the process exited.
+exec, Type=notify after READY=1, Type=oneshot after the process exited; the job fails (exit 1,
+"Job for X failed because ...") as soon as one attempt fails, even when Restart= then restarts
+the unit in the background (systemd's unit_process_job()).
 A unit file changed on disk without daemon-reload keeps its old loaded definition, and verbs warn
 as systemd does. The unit's supervisor is forked into its own session with stdio on /dev/null, so
 nothing holds the caller's stdout/stderr (an SSH channel would otherwise never close).
@@ -126,7 +127,7 @@ class Ctl:
             state.write(self.p, name, st)
             return self.job_failed(name, "start-limit-hit")
         st.update(start_times=st["start_times"] + [now], NRestarts=0, Result="success",
-                  InvocationID=state.new_invocation(), MainPID=0)
+                  InvocationID=state.new_invocation(), MainPID=0, JobResult=None)
         state.set_state(st, "activating", "start")
         self.fork_supervisor(u, st)
         return 0 if "--no-block" in self.opts else -1
@@ -148,20 +149,19 @@ class Ctl:
         os.close(w)
 
     def wait(self, u: dict, invocation: str) -> int:
+        """Block until the start job of `invocation` is finished (see JobResult in supervisor.py)."""
         while True:
             st = state.effective(state.read(self.p, u["id"]))
             if st["InvocationID"] != invocation:
                 return 0
-            a = st["ActiveState"]
-            if a == "active":
+            job = st.get("JobResult")
+            if job == "done":
                 return 0
-            if a == "failed":
-                return self.job_failed(u["id"], st["Result"])
-            if a == "inactive":
-                if u["type"] != "oneshot" and st["ActiveEnterTimestamp"] < st["InactiveExitTimestamp"]:
-                    err(f"Job for {u['id']} canceled.")
-                    return 1
-                return 0
+            if job == "canceled":
+                err(f"Job for {u['id']} canceled.")
+                return 1
+            if job or st["ActiveState"] == "failed":
+                return self.job_failed(u["id"], job or st["Result"])
             time.sleep(0.05)
 
     def job_failed(self, name: str, result: str) -> int:

@@ -28,7 +28,7 @@ DEFAULT = {
     "ExecMainPID": 0, "ExecMainCode": 0, "ExecMainStatus": 0, "ExecMainStartTimestamp": 0.0,
     "ExecMainExitTimestamp": 0.0, "ActiveEnterTimestamp": 0.0, "ActiveExitTimestamp": 0.0,
     "InactiveEnterTimestamp": 0.0, "InactiveExitTimestamp": 0.0, "StateChangeTimestamp": 0.0,
-    "StatusText": "", "InvocationID": "", "supervisor": None, "start_times": [],
+    "StatusText": "", "InvocationID": "", "supervisor": None, "start_times": [], "JobResult": None,
 }
 RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 EXIT_NAMES = {0: "SUCCESS", 1: "FAILURE", 2: "INVALIDARGUMENT", 3: "NOTIMPLEMENTED", 4: "NOPERMISSION",

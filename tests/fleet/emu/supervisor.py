@@ -7,7 +7,10 @@ SCM_CREDENTIALS), TimeoutStartSec= (Result=timeout), Restart= with RestartSec=,
 RestartPreventExitStatus=, SuccessExitStatus=, the start rate limit of systemd.unit(5)
 (StartLimitIntervalSec=/StartLimitBurst= -> failed with Result=start-limit-hit), NRestarts, and
 systemd.kill(5) stopping: KillSignal= to the control group, TimeoutStopSec=, then SIGKILL
-(SendSIGKILL=). The journal gets systemd's own messages ("Starting ...", "Main process exited,
+(SendSIGKILL=). JobResult records how the pending start job ended, as unit_process_job() in
+systemd's src/core/unit.c decides it: "done" when the unit first becomes active; the Result of the
+first failed attempt otherwise -- the unit passes through the failed state before an automatic
+restart, which fails the start job even though restarts continue in the background. The journal gets systemd's own messages ("Starting ...", "Main process exited,
 code=exited, status=1/FAILURE", "Scheduled restart job, restart counter is at N.", ...) and every
 line the service writes to stdout/stderr. A stop request is SIGTERM to the supervisor.
 """
@@ -157,6 +160,9 @@ class Supervisor(ServiceIO):
 
     def finish(self, result: str) -> None:
         desc = self.u["description"]
+        if self.st.get("JobResult") is None:
+            self.st["JobResult"] = "canceled" if self.stop_requested else (
+                "done" if result == "success" else result)
         if result == "success":
             if self.u["type"] == "oneshot" and self.u["remain_after_exit"] and not self.stop_requested:
                 self.set("active", "exited")
@@ -184,6 +190,8 @@ class Supervisor(ServiceIO):
                 return
             if result != "success":
                 self.log(f"Failed with result '{result}'.")
+            if self.st.get("JobResult") is None:           # the unit passed through "failed": the
+                self.st["JobResult"] = result              # start job fails, restarts go on anyway
             self.set("activating", "auto-restart", Result=result)
             wake = time.time() + self.u["restart_sec"]
             while time.time() < wake and not self.stop_requested:

@@ -41,6 +41,8 @@ class ServiceIO:
 
     def set(self, active: str, sub: str, **kw) -> None:
         self.was_active = self.was_active or active == "active"
+        if active == "active" and self.st.get("JobResult") is None:
+            self.st["JobResult"] = "done"                  # the start job completes
         state.set_state(self.st, active, sub)
         self.save(**kw)
 
