@@ -27,7 +27,7 @@ from ddtree_server.api.metrics import Metrics
 from ddtree_server.api.schemas import (ApiError, ChatCompletionRequest, CompletionRequest, chat_response,
                                        completion_response, error_body, model_card, new_id, now)
 from ddtree_server.api.streaming import HEADERS, MEDIA_TYPE, ChunkShape, event_stream
-from ddtree_server.api.worker import Job, NotAccepting, QueueFull, Worker
+from ddtree_server.api.worker import Job, NotAccepting, QueueFull, Rejected, Worker
 from ddtree_server.config import ServerConfig
 
 log = logging.getLogger("ddtree_server.api")
@@ -216,9 +216,13 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             first = await _next(job, request)
         except ClientGone:
             return Response(status_code=499)
+        except Rejected as exc:
+            raise ApiError(400, str(exc)) from None
         except Exception as exc:
             log.exception("request %s failed", rid)
             raise ApiError(500, f"generation failed: {exc}", type="server_error") from None
+        if first is None:   # the engine ended without a final event (never expected)
+            raise ApiError(500, "the generation produced no result", type="server_error")
         metrics.ttft.observe(time.monotonic() - job.submitted_at)
         created, model = now(), engine.model_id
         if body.stream:

@@ -40,6 +40,10 @@ class QueueFull(Exception):
     """`max_queue` jobs are already waiting (HTTP 429)."""
 
 
+class Rejected(Exception):
+    """The engine refused the request before generating (its ValueError; HTTP 400)."""
+
+
 @dataclass
 class Job:
     """One generation request as the worker sees it; create it on the event loop's thread."""
@@ -96,7 +100,8 @@ class Worker:
         self._on_state = on_state or (lambda state, detail: None)
         self._on_finished = on_finished or (lambda job, event: None)
         self._lock = threading.Lock()
-        self._running = 0
+        self._running = 0    # jobs the thread is generating
+        self._inflight = 0   # jobs submitted and not finished (queued + running)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="ddtree-worker", daemon=True)
         self.engine: Any = None
@@ -121,6 +126,7 @@ class Worker:
                 self._queue.put_nowait(job)
             except queue.Full:
                 raise QueueFull(f"{self._max_queue} requests are already waiting") from None
+            self._inflight += 1
 
     def begin_drain(self) -> None:
         """Refuse new jobs from now on; queued and running jobs still complete."""
@@ -131,7 +137,7 @@ class Worker:
     def wait_idle(self, timeout: float) -> bool:
         """Block until no job is queued or running (True) or `timeout` seconds passed (False)."""
         deadline = time.monotonic() + timeout
-        while self.queued or self.running:
+        while self._inflight:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.05)
@@ -180,6 +186,11 @@ class Worker:
     def _main(self) -> None:
         try:
             self.engine = self._load(lambda text: self._set_state("loading", text))
+            cap = int(getattr(self.engine, "max_concurrency", 1))
+            if self._max_concurrency > cap:
+                log.warning("the engine runs %d request(s) at a time; max_concurrency %d lowered to %d",
+                            cap, self._max_concurrency, cap)
+                self._max_concurrency = cap
             self._set_state("warming", "warm-up generation")
             self._warmup(self.engine)
         except Exception as exc:
@@ -217,7 +228,6 @@ class Worker:
             with self._lock:
                 self._running += 1
             if job.cancel.is_set():   # the client left while the job waited
-                log.info("request %s cancelled before it started", job.rid)
                 self._finish(job, None, cancelled=True)
                 with self._lock:
                     self._running -= 1
@@ -225,6 +235,8 @@ class Worker:
             try:
                 events = self.engine.generate(job.prompt_ids, job.params, mode=job.mode,
                                               tree_budget=job.tree_budget, cancel=job.cancel)
+            except ValueError as exc:   # the engine validates before generating
+                events = _raising(Rejected(str(exc)))
             except Exception as exc:
                 events = _raising(exc)
             active.append((job, events))
@@ -237,9 +249,10 @@ class Worker:
             self._finish(job, None, cancelled=job.cancel.is_set())
             return False
         except Exception as exc:
-            log.exception("request %s failed", job.rid)
+            if not isinstance(exc, Rejected):
+                log.exception("request %s failed", job.rid)
             job.deliver(exc)
-            job.deliver(_END)
+            self._finish(job, None, cancelled=False)
             return False
         if job.first_event_at is None:
             job.first_event_at = time.monotonic()
@@ -251,6 +264,8 @@ class Worker:
 
     def _finish(self, job: Job, event: Any, *, cancelled: bool) -> None:
         job.deliver(_END)
+        with self._lock:
+            self._inflight -= 1
         if cancelled:
             log.info("request %s cancelled (client disconnected)", job.rid)
         try:
