@@ -55,7 +55,9 @@ class ServerProcess:
         return self.base_url + path
 
     def start(self, wait: bool = True) -> "ServerProcess":
-        """Launch (retrying on a port race) and, with `wait`, block until /ready is 200."""
+        """Launch (retrying on a port race) and, with `wait`, block until /ready is 200.
+
+        Without `wait` it returns once the port listens or the process has exited."""
         for _attempt in range(3):
             self.port = free_port()
             argv = [sys.executable, "-m", "ddtree_server", "serve", *CPU_ARGS,
@@ -66,6 +68,8 @@ class ServerProcess:
             if not self._wait_listening():
                 if "address already in use" in self.log_text().lower():
                     continue
+                if not wait:   # the caller expects (or inspects) an early exit
+                    return self
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
             break
         if wait:

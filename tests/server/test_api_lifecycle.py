@@ -90,3 +90,13 @@ def test_queue_limit_and_sigterm_drain():
         assert server.proc.wait(120) == 0, server.log_tail()
     finally:
         server.stop(signal.SIGKILL)
+
+
+def test_model_load_failure_exits_1(tmp_path):
+    """A target that cannot load: /ready says failed (or the process is already gone), exit 1."""
+    server = ServerProcess("--target", str(tmp_path)).start(wait=False)
+    try:
+        assert server.proc.wait(300) == 1, server.log_tail()
+        assert "state failed" in server.log_text()
+    finally:
+        server.stop(signal.SIGKILL)

@@ -4,6 +4,7 @@ and the app's error shapes while no model is loaded (the worker is not started).
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import httpx
@@ -182,3 +183,59 @@ def test_api_key_guards_v1_only():
 def test_unknown_route_is_openai_404():
     response = _request("GET", "/v1/nothing")
     assert response.status_code == 404 and _error(response)["code"] == "not_found"
+
+
+# ---- the SSE chunk sequence over real engine event objects --------------------------------------
+
+def _collect(shape, events, fail_after: int | None = None) -> list[bytes]:
+    from ddtree_server.api.streaming import event_stream
+
+    closed = []
+
+    async def go() -> list[bytes]:
+        pending = list(events[1:])
+
+        async def next_event():
+            if fail_after is not None and len(events) - len(pending) > fail_after:
+                raise RuntimeError("device lost")
+            return pending.pop(0) if pending else None
+
+        return [chunk async for chunk in event_stream(shape, events[0], next_event, prompt_tokens=3,
+                                                      on_close=closed.append)]
+
+    out = asyncio.run(go())
+    assert closed == [True]
+    return out
+
+
+def _events():
+    from ddtree_server.engine.engine import DecodeStats, GenerationEvent
+
+    stats = DecodeStats(mode="ar", tree_budget=None, block_size=None, decode_rounds=2, generated_tokens=3,
+                        mean_acceptance_length=1.0, prefill_seconds=0.1, decode_seconds=0.2, tokens_per_second=15.0)
+    return [GenerationEvent([5], "Hel", None, None), GenerationEvent([6], "lo", None, None),
+            GenerationEvent([7], "!", "stop", stats)]
+
+
+def test_chat_stream_sequence_with_usage():
+    from ddtree_server.api.streaming import ChunkShape
+
+    raw = _collect(ChunkShape("chat", "chatcmpl-1", 1, "m", include_usage=True), _events())
+    assert raw[-1] == DONE
+    chunks = [json.loads(c[len(b"data: "):]) for c in raw[:-1]]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["choices"][0]["delta"].get("content") for c in chunks[1:4]] == ["Hel", "lo", "!"]
+    assert chunks[3]["choices"][0]["finish_reason"] == "stop" and chunks[3]["decoding"]["mode"] == "ar"
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 3,
+                                                                   "total_tokens": 6}
+
+
+def test_completion_stream_error_mid_stream_still_ends_with_done():
+    from ddtree_server.api.streaming import ChunkShape
+
+    raw = _collect(ChunkShape("completion", "cmpl-1", 1, "m", include_usage=False), _events(), fail_after=1)
+    assert raw[-1] == DONE
+    chunks = [json.loads(c[len(b"data: "):]) for c in raw[:-1]]
+    assert chunks[0]["choices"][0]["text"] == "Hel" and "usage" not in chunks[0]
+    assert chunks[-1]["error"]["type"] == "server_error" and "device lost" in chunks[-1]["error"]["message"]
