@@ -1,0 +1,74 @@
+"""Smoke checks against something that is not a model server (a real `python -m http.server`):
+every check fails cleanly (no exception escapes), the CLI exits 5, the JSON names each check.
+The passing path against the real ddtree-server is in test_local_deploy.py (slow)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddtctl.cli.app import app
+from ddtctl.errors import SmokeFailed
+from ddtctl.inventory_schema import DdtreeService, Host
+from ddtctl.ops.smoke import Check, SmokeReport, require_ok, run_smoke
+from ddtctl.remote.transport import LocalTransport
+
+CHECKS = ["models", "chat_fact", "multi_turn", "raw_completion", "stream_equal", "stop_sequence",
+          "bad_request_4xx", "acceptance"]
+
+
+@pytest.fixture()
+def not_a_model_server(tmp_path: Path) -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_every_check_fails_cleanly(not_a_model_server: int, tmp_path: Path) -> None:
+    host = Host("here", "local", "127.0.0.1", str(tmp_path), DdtreeService(kind="ddtree", port=not_a_model_server))
+    report = run_smoke(host, LocalTransport())
+    assert [c.name for c in report.checks] == CHECKS
+    statuses = {c.name: c.status for c in report.checks}
+    assert statuses["models"] == "fail" and statuses["chat_fact"] == "fail"
+    assert "answered 501" in next(c.detail for c in report.checks if c.name == "chat_fact")
+    assert not report.ok
+    with pytest.raises(SmokeFailed) as info:
+        require_ok(report)
+    assert info.value.exit_code == 5 and str(info.value).startswith("here: smoke failed: models:")
+
+
+def test_cli_smoke_exit_5_and_json(not_a_model_server: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"local:\n  here:\n    service: {{kind: ddtree, port: {not_a_model_server}}}\n")
+    monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "home"))
+    res = CliRunner().invoke(app, ["-i", str(inv), "smoke", "here", "--json"], catch_exceptions=False)
+    assert res.exit_code == 5
+    doc = json.loads(res.stdout)
+    assert doc["ok"] is False and [c["name"] for c in doc["hosts"][0]["checks"]] == CHECKS
+    assert "smoke here" in res.stderr and "Traceback" not in res.output
+
+
+def test_na_checks_do_not_fail_a_report() -> None:
+    report = SmokeReport("h", [Check("models", "pass"), Check("acceptance", "n/a", "n/a (mode ar)")])
+    assert report.ok and require_ok(report) is report
+    assert report.to_dict()["checks"][1] == {"name": "acceptance", "status": "n/a", "detail": "n/a (mode ar)",
+                                             "seconds": 0.0}
