@@ -100,3 +100,26 @@ def test_chat_template_error_is_400(api_tokenizer):
                                                                      *USER]), {})
     text = tokenizer.decode(ids)
     assert text.startswith("<|im_start|>system\nBe brief.") and text.endswith("<|im_start|>assistant\n")
+
+
+def test_chat_template_kwargs_reach_the_template(api_tokenizer):
+    """Server defaults (--chat-template-kwargs) merged with the request's, request wins."""
+    from ddtree_server.api.prompts import chat_prompt_ids
+    from ddtree_server.api.schemas import ChatCompletionRequest
+
+    tokenizer = api_tokenizer
+    original = tokenizer.chat_template
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                               "{% if enable_thinking is defined and not enable_thinking %} NOTHINK{% endif %}"
+                               "{% if style is defined %} {{ style }}{% endif %}")
+    try:
+        def render(request_kwargs, defaults):
+            request = ChatCompletionRequest(messages=USER, chat_template_kwargs=request_kwargs)
+            return tokenizer.decode(chat_prompt_ids(tokenizer, request, defaults))
+
+        assert render(None, {}) == "Hello"
+        assert render({"enable_thinking": False}, {}) == "Hello NOTHINK"
+        assert render(None, {"enable_thinking": False, "style": "terse"}) == "Hello NOTHINK terse"
+        assert render({"enable_thinking": True}, {"enable_thinking": False}) == "Hello"
+    finally:
+        tokenizer.chat_template = original
