@@ -100,6 +100,8 @@ def per_host(hosts: list[Host], fn: Callable[[Host, Any], Any], parallel: int) -
             return host, fn(host, transport), None
         except DdtctlError as exc:
             return host, None, exc
+        except Exception as exc:  # noqa: BLE001 - an unexpected failure on one host must not hide the others
+            return host, None, DdtctlError(f"{host.name}: {type(exc).__name__}: {exc}")
         finally:
             if transport is not None:
                 transport.close()

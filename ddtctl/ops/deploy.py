@@ -110,48 +110,63 @@ def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_
         _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory)
     except DdtctlError as exc:
         result.error = exc
-        run.step("error", "failed", str(exc).splitlines()[0])
+        if not any(s.status == "failed" for s in result.steps):
+            run.step("error", "failed", str(exc).splitlines()[0])
     return result
 
 
 def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, timeout_s, progress_factory):
-    res, svc = run.result, host.service
+    res = run.result
     layout = releases.Layout(host.root, host.unit)
     manager = manager_for(host, transport)
-    old = releases.read_link(transport, layout.current)
-    res.previous_release = old
+    old = res.previous_release = releases.read_link(transport, layout.current)
     if not dry_run:
         transport.run(["mkdir", "-p", "--", host.root], timeout=60).check()
+    release_changed = _release(host, transport, layout, bundle, old, run, dry_run, progress_factory)
+    try:
+        weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
+        unit_changed = _unit_files(host, transport, manager, run, dry_run)
+        res.changed = release_changed or unit_changed or weights_changed
+        if dry_run:
+            run.step("restart", "planned" if res.changed else "skipped",
+                     "would restart" if res.changed else "nothing changed: no restart")
+            return
+        _restart_and_check(host, transport, manager, run, smoke, timeout_s)
+    except DdtctlError:
+        if not dry_run and ((release_changed and old) or run.replaced):
+            _rollback(host, transport, manager, layout, old if release_changed else None, run, timeout_s)
+        raise
 
-    release_changed = False
-    if svc.kind == "ddtree":
-        if bundle is None:
-            raise UsageError("internal: deploying a ddtree service needs the server bundle")
-        vid, t = bundle.version_id, time.monotonic()
-        res.release = vid
-        if releases.is_installed(transport, layout, vid):
-            run.step("release", "ok", f"{vid} already installed")
-        elif dry_run:
-            run.step("release", "planned", f"install {vid} (venv from {venv_python(host)})")
-        else:
-            cb = progress_factory(f"wheel {bundle.wheel.name}", bundle.wheel.stat().st_size) if progress_factory else None
-            sent = releases.install(transport, layout, vid, bundle.wheel, venv_python(host), svc.venv_args,
-                                    svc.pip_args, progress=cb)
-            run.step("release", "changed", f"installed {vid} ({sent} wheel bytes sent)", t)
-        release_changed = old != vid
-        if release_changed and not dry_run:
-            releases.switch(transport, layout, vid)
-        if release_changed:
-            run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {vid}")
 
-    weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
-    unit_changed = _unit_files(host, transport, manager, run, dry_run)
+def _release(host, transport, layout, bundle, old, run: _Run, dry_run, progress_factory) -> bool:
+    """Install this checkout's release if missing and point `current` at it; True if it moved."""
+    svc = host.service
+    if svc.kind != "ddtree":
+        return False
+    if bundle is None:
+        raise UsageError("internal: deploying a ddtree service needs the server bundle")
+    vid, t = bundle.version_id, time.monotonic()
+    run.result.release = vid
+    if releases.is_installed(transport, layout, vid):
+        run.step("release", "ok", f"{vid} already installed")
+    elif dry_run:
+        run.step("release", "planned", f"install {vid} (venv from {venv_python(host)})")
+    else:
+        cb = progress_factory(f"wheel {bundle.wheel.name}", bundle.wheel.stat().st_size) if progress_factory else None
+        sent = releases.install(transport, layout, vid, bundle.wheel, venv_python(host), svc.venv_args,
+                                svc.pip_args, progress=cb)
+        run.step("release", "changed", f"installed {vid} ({sent} wheel bytes sent)", t)
+    if old == vid:
+        return False
+    if not dry_run:
+        releases.switch(transport, layout, vid)
+    run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {vid}")
+    return True
 
-    res.changed = release_changed or unit_changed or weights_changed
-    if dry_run:
-        run.step("restart", "planned" if res.changed else "skipped",
-                 "would restart" if res.changed else "nothing changed: no restart")
-        return
+
+def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout_s) -> None:
+    """Restart only if something changed (start if not running), then wait-ready and smoke."""
+    res = run.result
     t, state = time.monotonic(), manager.state()
     if res.changed or state.active not in ("active", "activating", "reloading"):
         manager.restart() if res.changed else manager.start()
@@ -159,20 +174,18 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
         run.step("restart", "changed", ("restarted" if res.changed else f"started (was {state.active})"), t)
     else:
         run.step("restart", "ok", "nothing changed: not restarted")
+    t, name = time.monotonic(), "wait-ready"
     try:
-        t = time.monotonic()
         res.ready = wait_ready(host, transport, manager, timeout_s=timeout_s)
         run.step("wait-ready", "ok", f"ready in {res.ready.seconds:.1f} s", t)
         if smoke:
-            t = time.monotonic()
+            t, name = time.monotonic(), "smoke"
             res.smoke = run_smoke(host, transport)
             require_ok(res.smoke)
             passed = sum(c.status == "pass" for c in res.smoke.checks)
             run.step("smoke", "ok", f"{passed}/{len(res.smoke.checks)} passed", t)
     except DdtctlError as exc:
-        run.step("smoke" if res.ready else "wait-ready", "failed", str(exc).splitlines()[0])
-        if (release_changed and old) or run.replaced:
-            _rollback(host, transport, manager, layout, old if release_changed else None, run, timeout_s)
+        run.step(name, "failed", str(exc).splitlines()[0], t)
         raise
 
 
@@ -187,6 +200,10 @@ def _rollback(host, transport, manager, layout, old: str | None, run: _Run, time
             _write(transport, path, text, mode)
         if run.replaced:
             manager.activate()
+        if not run.result.restarted:              # failed before the restart: nothing else to undo
+            run.result.rolled_back = True
+            run.step("rollback", "changed", f"restored {' and '.join(what)} (service not restarted)", t)
+            return
         manager.restart()
         wait_ready(host, transport, manager, timeout_s=timeout_s)
         run.result.rolled_back = True
