@@ -12,7 +12,7 @@ Emulates nvidia-smi(1) output formats and RETURN VALUE codes:
 * Failure scenarios print nvidia-smi's own messages on stdout with its exit codes:
   driver_mismatch (18, NVML_ERROR_LIB_RM_VERSION_MISMATCH), no_devices (6), no_driver (9),
   nvml_unknown (255), gpu_lost (15), no_permission (4). An unknown option exits 2.
-Scenario: `$NVIDIA_SMI_EMU_SCENARIO`, else /etc/ddt-emu/nvidia-smi.json under the emu root;
+Scenario: `$NVIDIA_SMI_EMU_SCENARIO`, else /var/log/ddt-emu/nvidia-smi.json under the emu root;
 a missing file behaves like a node without a loaded driver (exit 9). Schema, all keys optional:
 `{"error": null|"<scenario>", "driver_version": "570.133.20", "cuda_version": "12.8",
   "gpus": [{"<field>": value, ...}], "processes": [{"pid": 1, "process_name": "python3",

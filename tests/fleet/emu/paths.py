@@ -4,8 +4,8 @@ Real systemd reads units from /etc/systemd/system (systemd.unit(5) "Unit File Lo
 its runtime state in PID 1's memory; the persistent journal lives in /var/log/journal. The emulation
 keeps the same unit directory and puts its state and per-unit journals under /var/log/ddt-emu:
 both are container-private, writable directories in the pct emulation (tests/fleet/pctemu/ns.py
-PRIVATE_DIRS). The nvidia-smi scenario is read from /etc/ddt-emu/nvidia-smi.json, which the fleet
-fixtures bind (read-only) into each container.
+PRIVATE_DIRS). The nvidia-smi scenario is read from /var/log/ddt-emu/nvidia-smi.json, which the
+fleet fixtures bind (read-only) into each container.
 
 Everything is relative to a root: `/` inside a test container (the container's mount namespace
 provides the private views), or `$DDT_EMU_ROOT` when the tools run standalone in unit tests.
@@ -53,7 +53,7 @@ class Paths:
 
     @property
     def nvidia_scenario(self) -> Path:
-        return self._p("etc/ddt-emu/nvidia-smi.json")
+        return self.emu_dir / "nvidia-smi.json"
 
     def state_file(self, unit: str) -> Path:
         return self.state_dir / f"{unit}.state.json"
