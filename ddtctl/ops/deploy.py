@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddtctl.errors import DdtctlError, RemoteError, UsageError
+from ddtctl.errors import DdtctlError, UsageError
 from ddtctl.inventory import Host
 from ddtctl.ops import releases, weights
 from ddtctl.ops.readiness import ReadyReport, wait_ready
@@ -214,39 +214,19 @@ def _rollback(host, transport, manager, layout, old: str | None, run: _Run, time
 
 
 def _weights(host, transport, node_transport, run: _Run, dry_run, progress_factory) -> bool:
-    svc, changed = host.service, False
-    for name, ref in (("target", svc.target), ("drafter", svc.drafter)):
+    changed = False
+    for name, ref in (("target", host.service.target), ("drafter", host.service.drafter)):
         if ref is None:
             continue
         t = time.monotonic()
-        if ref.source is None:
-            ok = transport.run(["test", "-e", ref.path], timeout=60).ok
-            if not ok and not dry_run:
-                raise RemoteError(f"{host.name}: model {name} not found at {ref.path} "
-                                  "(add `source:` to push it from this machine)")
-            run.step(f"weights:{name}", "ok" if ok else "planned", f"{ref.path} ({'present' if ok else 'missing'})", t)
-            continue
-        if svc.weights == "shared":
-            if node_transport is None or host.vmid is None:
-                raise UsageError(f"{host.name}: `weights: shared` needs a Proxmox node")
-            node_path = weights.shared_node_path(host.node.models_root, ref.path)
-            wr = weights.sync_model(node_transport, name, Path(ref.source), node_path, dry_run=dry_run,
-                                    progress_factory=progress_factory)
-            cfg = node_transport.run(["pct", "config", str(host.vmid)], timeout=60).check().text
-            plan = weights.mount_plan(weights.parse_mounts(cfg), node_path, ref.path)
-            if plan:
-                wr.mount = " ".join(plan)
-                if not dry_run:
-                    node_transport.run(weights.pct_set_argv(host.vmid, plan), timeout=120).check()
-                wr.notes.append("new bind mount: if the container does not see it, `pct reboot` it")
-        else:
-            wr = weights.sync_model(transport, name, Path(ref.source), ref.path, dry_run=dry_run,
-                                    progress_factory=progress_factory)
+        wr = weights.sync_service_model(host, name, ref, transport, node_transport, dry_run=dry_run,
+                                        progress_factory=progress_factory)
         run.result.weights_bytes_sent += 0 if dry_run else wr.bytes_sent
         changed |= wr.changed
         status = ("planned" if dry_run else "changed") if wr.changed else "ok"
-        run.step(f"weights:{name}", status, f"{wr.files_sent}/{wr.files_total} files, {wr.bytes_sent} bytes"
-                 + (f", {wr.mount}" if wr.mount else ""), t)
+        detail = (f"{wr.dest}: {wr.files_sent}/{wr.files_total} files, {wr.bytes_sent} bytes sent"
+                  if wr.files_total else f"{wr.dest} present") + (f"; mount {wr.mount}" if wr.mount else "")
+        run.step(f"weights:{name}", status, detail + "".join(f"; {n}" for n in wr.notes), t)
     return changed
 
 

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddtctl.errors import UsageError
+from ddtctl.errors import RemoteError, UsageError
 from ddtctl.inventory import ddtctl_home
 from ddtctl.remote.push import local_sha256
 
@@ -197,7 +197,7 @@ def mount_plan(mounts: dict[int, dict[str, str]], node_path: str, ct_path: str) 
             if entry["volume"] == node_path and entry.get("ro") == "1":
                 return None
             raise UsageError(f"mp{n} already mounts {entry['volume']} at {ct_path} (ro={entry.get('ro', '0')}); "
-                             "remove it with `pct set VMID --delete mp{n}` or change the model path")
+                             f"remove it (pct set VMID --delete mp{n}) or change the model path")
     free = next(i for i in range(256) if i not in mounts)
     return [f"-mp{free}", f"{node_path},mp={ct_path},ro=1"]
 
@@ -209,3 +209,46 @@ def pct_set_argv(vmid: int, args: list[str]) -> list[str]:
 def shared_node_path(models_root: str, ct_path: str) -> str:
     """Where a shared model lives on the node: <models_root>/<base name of the container path>."""
     return posixpath.join(models_root, posixpath.basename(ct_path.rstrip("/")))
+
+
+def sync_service_model(host, name: str, ref, transport, node_transport=None, *, dry_run: bool = False,
+                       progress_factory=None) -> WeightsResult:
+    """Make model `ref` ("target"/"drafter" of `host`) available at `ref.path` for the service.
+
+    push: copy `ref.source` into the container (or local root). shared: copy it to the node once
+    (`<models_root>/<name>`) and bind-mount it read-only at `ref.path`. Without `source` the model
+    must already be there (on the node for shared). Raises RemoteError when it is missing, or when
+    a new bind mount is not visible in the running container (then `pct reboot VMID`).
+    """
+    if host.service.weights == "shared":
+        if node_transport is None or host.vmid is None:
+            raise UsageError(f"{host.name}: `weights: shared` needs a Proxmox node")
+        node_path = shared_node_path(host.node.models_root, ref.path)
+        if ref.source:
+            wr = sync_model(node_transport, name, Path(ref.source), node_path, dry_run=dry_run,
+                            progress_factory=progress_factory)
+        else:
+            wr = _present(node_transport, name, node_path, dry_run, where=f"node {host.node_name}")
+        cfg = node_transport.run(["pct", "config", str(host.vmid)], timeout=60).check().text
+        plan = mount_plan(parse_mounts(cfg), node_path, ref.path)
+        if plan:
+            wr.mount = " ".join(plan)
+            if not dry_run:
+                node_transport.run(pct_set_argv(host.vmid, plan), timeout=120).check()
+        if not dry_run and not transport.run(["test", "-e", ref.path], timeout=60).ok:
+            raise RemoteError(f"{host.name}: {ref.path} is not visible in the container after `pct set` "
+                              f"(restart it: pct reboot {host.vmid}, then deploy again)")
+        return wr
+    if ref.source:
+        return sync_model(transport, name, Path(ref.source), ref.path, dry_run=dry_run,
+                          progress_factory=progress_factory)
+    return _present(transport, name, ref.path, dry_run, where=host.name)
+
+
+def _present(transport, name: str, path: str, dry_run: bool, *, where: str) -> WeightsResult:
+    if not transport.run(["test", "-e", path], timeout=60).ok:
+        if not dry_run:
+            raise RemoteError(f"{where}: model {name} not found at {path} "
+                              "(add `source:` to push it from this machine)")
+        return WeightsResult(name, path, notes=["missing: deploy will fail"])
+    return WeightsResult(name, path)

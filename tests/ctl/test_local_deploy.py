@@ -21,7 +21,8 @@ import pytest
 from ddtctl.ops import releases
 from ddtctl.ops.supervisor import LocalSupervisor
 from ddtctl.ops.units import ServiceSpec, render_local
-from ddtctl.ops.weights import sync_model
+from ddtctl.errors import UsageError
+from ddtctl.ops.weights import mount_plan, parse_mounts, shared_node_path, sync_model
 from ddtctl.remote.transport import LocalTransport
 
 
@@ -110,6 +111,18 @@ def test_weights_single_file(tmp_path: Path) -> None:
     assert sync_model(t, "target", gguf, str(dest)).bytes_sent == 1004
     assert sync_model(t, "target", gguf, str(dest)).bytes_sent == 0
     assert dest.read_bytes() == gguf.read_bytes()
+
+
+def test_shared_weights_bind_mount_plan() -> None:
+    config = ("arch: amd64\nhostname: ct200\nmp0: /srv/ddtctl/models/Qwen3,mp=/models/Qwen3,ro=1\n"
+              "mp2: local-lvm:vm-200-disk-1,mp=/data,size=8G\nrootfs: local-lvm:vm-200-disk-0,size=64G\n")
+    mounts = parse_mounts(config)
+    assert mounts[0] == {"volume": "/srv/ddtctl/models/Qwen3", "mp": "/models/Qwen3", "ro": "1"}
+    assert shared_node_path("/srv/ddtctl/models", "/models/Qwen3/") == "/srv/ddtctl/models/Qwen3"
+    assert mount_plan(mounts, "/srv/ddtctl/models/Qwen3", "/models/Qwen3") is None          # already there
+    assert mount_plan(mounts, "/srv/ddtctl/models/D", "/models/D") == ["-mp1", "/srv/ddtctl/models/D,mp=/models/D,ro=1"]
+    with pytest.raises(UsageError, match="mp2 already mounts local-lvm:vm-200-disk-1 at /data"):
+        mount_plan(mounts, "/srv/ddtctl/models/x", "/data")
 
 
 def test_release_links_list_and_prune(tmp_path: Path) -> None:
