@@ -20,7 +20,7 @@ import yaml
 from pydantic import ValidationError
 
 from ddtctl.errors import InventoryError, UsageError
-from ddtctl.inventory_schema import HOST_NAME, Container, Host, InventoryModel, LocalHost, Node
+from ddtctl.inventory_schema import HOST_NAME, Host, InventoryModel
 
 __all__ = ["Host", "Inventory", "Issue", "load_inventory", "parse_inventory", "inventory_path", "ddtctl_home"]
 
@@ -253,13 +253,12 @@ def _resolve(model: InventoryModel, root: yaml.Node | None, file: Path) -> tuple
             bad(("containers", name, "vmid"), f"vmid {ct.vmid} already used by {vmids[key]} on node {ct.node}")
         vmids.setdefault(key, name)
 
-    hosts: dict[str, Host] = {}
-    for name, ct in model.containers.items():
-        hosts[name] = _container_host(name, ct, model.nodes.get(ct.node))
-    for name, lh in model.local.items():
-        hosts[name] = _local_host(name, lh)
+    hosts = {name: Host.of_container(name, ct, model.nodes.get(ct.node)) for name, ct in model.containers.items()}
+    hosts.update({name: Host.of_local(name, lh, str(ddtctl_home() / "hosts" / name))
+                  for name, lh in model.local.items()})
     for name, host in hosts.items():
-        issues += _service_issues(host, root)
+        for sub, message in host.service_problems():
+            bad((host.section, name, "service", *sub), message)
 
     groups: dict[str, list[str]] = {}
     for gname, members in model.groups.items():
@@ -270,41 +269,9 @@ def _resolve(model: InventoryModel, root: yaml.Node | None, file: Path) -> tuple
     for name, host in hosts.items():
         for gname in host.groups:
             if gname in hosts:
-                bad(_host_section(host) + (name, "groups"), f"group {gname!r} has the name of a host")
+                bad((host.section, name, "groups"), f"group {gname!r} has the name of a host")
             groups.setdefault(gname, []).append(name)
         if host.node_name:
             groups.setdefault(host.node_name, []).append(name)
     groups = {g: list(dict.fromkeys(m)) for g, m in groups.items()}
     return Inventory(file, model, hosts, groups), issues
-
-
-def _host_section(host: Host) -> tuple[str]:
-    return ("containers",) if host.kind == "container" else ("local",)
-
-
-def _service_issues(host: Host, root: yaml.Node | None) -> list[Issue]:
-    svc, loc = host.service, (*_host_section(host), host.name, "service")
-    out: list[Issue] = []
-
-    def bad(sub: tuple, message: str) -> None:
-        node, _ = _node_at(root, (*loc, *sub))
-        out.append(Issue(node.start_mark.line + 1 if node is not None else 0, _dotted((*loc, *sub)), message))
-
-    if svc.kind in ("sglang", "vllm") and svc.target is None:
-        bad(("kind",), f"a {svc.kind} service needs `target:` (the model path)")
-    if host.kind == "local" and svc.kind != "ddtree":
-        bad(("kind",), "local hosts run the bundled ddtree server only")
-    if host.kind == "local" and svc.weights == "shared":
-        bad(("weights",), "`shared` weights need a Proxmox node; local hosts use `push`")
-    return out
-
-
-def _container_host(name: str, ct: Container, node: Node | None) -> Host:
-    return Host(name=name, kind="container", address=ct.address, root=ct.root, service=ct.service,
-                groups=tuple(ct.groups), node_name=ct.node, node=node, vmid=ct.vmid)
-
-
-def _local_host(name: str, lh: LocalHost) -> Host:
-    root = lh.root or str(ddtctl_home() / "hosts" / name)
-    return Host(name=name, kind="local", address=lh.address, root=os.path.expanduser(root),
-                service=lh.service, groups=tuple(lh.groups))

@@ -10,6 +10,7 @@ configures, starts and probes: it never builds or installs those.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
@@ -207,6 +208,32 @@ class Host:
             return SMOLLM2_MODEL_ID
         base = svc.target.path.rstrip("/").rsplit("/", 1)[-1]
         return base[:-5] if base.endswith(".gguf") else base
+
+    @property
+    def section(self) -> str:
+        """The inventory section the host is defined in."""
+        return "containers" if self.kind == "container" else "local"
+
+    def service_problems(self) -> list[tuple[tuple[str, ...], str]]:
+        """(key path under `service`, message) for settings that do not fit this host (pure)."""
+        svc, out = self.service, []
+        if svc.kind in ("sglang", "vllm") and svc.target is None:
+            out.append((("kind",), f"a {svc.kind} service needs `target:` (the model path)"))
+        if self.kind == "local" and svc.kind != "ddtree":
+            out.append((("kind",), "local hosts run the bundled ddtree server only"))
+        if self.kind == "local" and svc.weights == "shared":
+            out.append((("weights",), "`shared` weights need a Proxmox node; local hosts use `push`"))
+        return out
+
+    @classmethod
+    def of_container(cls, name: str, ct: Container, node: Node | None) -> "Host":
+        return cls(name=name, kind="container", address=ct.address, root=ct.root, service=ct.service,
+                   groups=tuple(ct.groups), node_name=ct.node, node=node, vmid=ct.vmid)
+
+    @classmethod
+    def of_local(cls, name: str, lh: LocalHost, default_root: str) -> "Host":
+        return cls(name=name, kind="local", address=lh.address, root=os.path.expanduser(lh.root or default_root),
+                   service=lh.service, groups=tuple(lh.groups))
 
     @property
     def bind(self) -> str:
