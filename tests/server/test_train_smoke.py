@@ -86,3 +86,19 @@ def test_cli_resume_continues(tiny_target, tmp_path):
 def test_cli_refuses_oversized_drafter(tiny_target, tmp_path):
     with pytest.raises(ValueError, match="max-mb"):
         run(_opts(tiny_target, tmp_path, max_mb=0.01))
+
+
+def test_split_and_join_round_trip(tmp_path):
+    from ddtree_server.train.split import join_parts, split_large
+
+    blob = torch.randint(0, 255, (2500,), generator=torch.Generator().manual_seed(0)).to(torch.uint8).numpy().tobytes()
+    (tmp_path / "model.safetensors").write_bytes(blob)
+    (tmp_path / "config.json").write_text("{}")
+    parts = split_large(tmp_path, 1000)
+    assert [p.name for p in parts] == [f"model.safetensors.part0{i}" for i in range(3)]
+    assert not (tmp_path / "model.safetensors").exists()
+    join_parts(tmp_path)
+    assert (tmp_path / "model.safetensors").read_bytes() == blob
+    (tmp_path / "config.json").write_text("{ }")
+    with pytest.raises(ValueError, match="config.json"):
+        join_parts(tmp_path)

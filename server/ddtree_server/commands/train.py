@@ -1,9 +1,96 @@
-"""`ddtree-server train` (placeholder until implemented)."""
+"""`ddtree-server train-drafter`: train a DFlash drafter for a target on its own ShareGPT answers.
+
+Example (CPU smoke):  ddtree-server train-drafter --out /tmp/d --work-dir /tmp/w --num-prompts 8 \\
+    --max-new-tokens 32 --steps 3 --batch-size 2
+The output folder is a z-lab drafter (config.json + model.safetensors) that `serve --drafter` loads.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
 
 import typer
 
 
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+
+
+def train_drafter(
+    out: Path = typer.Option(..., "--out", help="Output folder of the drafter (z-lab format)."),
+    work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Data shards + resumable state [OUT/../<name>-work]."),
+    target: Optional[Path] = typer.Option(None, "--target", help="Target as an HF folder."),
+    gguf: Optional[Path] = typer.Option(None, "--gguf", help="Target as a GGUF file [the embedded SmolLM2]."),
+    prompts: Optional[Path] = typer.Option(None, "--prompts", help="ShareGPT wheel / JSON or prepared .jsonl.gz [pinned wheel]."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of already-downloaded wheels."),
+    num_prompts: int = typer.Option(4096, help="Prompts to answer with the target."),
+    max_prompt_tokens: int = typer.Option(256, help="Skip longer chat-formatted prompts."),
+    max_new_tokens: int = typer.Option(256, help="Response length cap (tokens)."),
+    gen_batch_size: int = typer.Option(256, help="Prompts per generate() call."),
+    sampled_fraction: float = typer.Option(0.25, help="Share of prompts answered by sampling (rest greedy)."),
+    temperature: float = typer.Option(0.8, help="Sampling temperature for the sampled share."),
+    layers: int = typer.Option(3, "--layers", help="Draft layers."),
+    target_layer_ids: str = typer.Option("1,10,19,27", help="Target layers whose outputs feed the drafter."),
+    block_size: int = typer.Option(16, help="Draft block size (bonus + block_size-1 drafts)."),
+    intermediate_size: Optional[int] = typer.Option(None, help="Draft MLP width [the target's]."),
+    mask_token_id: Optional[int] = typer.Option(None, help="Mask token id [SmolLM2: <empty_output> = 16]."),
+    init: str = typer.Option("random", help="random | target-first | target-last (see train/build.py)."),
+    steps: int = typer.Option(0, help="Optimizer steps (0 = until the time budget)."),
+    max_minutes: float = typer.Option(0.0, help="Wall budget of the whole command (0 = none)."),
+    gen_minutes: float = typer.Option(0.0, help="Cap on data generation time (0 = none)."),
+    batch_size: int = typer.Option(16, help="Sequences per step."),
+    anchors: int = typer.Option(48, help="Anchor blocks per sequence."),
+    max_seq_len: int = typer.Option(512, help="Tokens per training sequence (prompt + response)."),
+    lr: float = typer.Option(6e-4, help="Peak learning rate (AdamW)."),
+    warmup_steps: int = typer.Option(50, help="Linear warm-up steps."),
+    gamma: float = typer.Option(7.0, help="Loss weight decay over in-block positions."),
+    seed: int = typer.Option(0, help="Seed of prompt order, sampling, anchors and batches."),
+    max_mb: float = typer.Option(24.0, help="Refuse drafters larger than this many MB in bf16."),
+    save_every_minutes: float = typer.Option(2.0, help="Checkpoint interval."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from WORK_DIR/train_state.pt."),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N."),
+) -> None:
+    """Train a DFlash drafter for the target on its own answers to ShareGPT prompts."""
+    from rich.console import Console
+
+    from ddtree_server.train.data import GenSettings
+    from ddtree_server.train.pipeline import PipelineOptions, run
+    from ddtree_server.train.report import ProgressReport
+    from ddtree_server.train.trainer import TrainSettings
+
+    if target is None and gguf is None:
+        from ddtree_server.models.default import default_gguf_path
+
+        gguf = default_gguf_path()
+    opts = PipelineOptions(
+        out_dir=out, work_dir=work_dir or out.parent / f"{out.name}-work", target_dir=target, gguf=gguf,
+        prompts_source=prompts, data_dir=data_dir, num_prompts=num_prompts,
+        gen=GenSettings(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
+                        batch_size=gen_batch_size, sampled_fraction=sampled_fraction,
+                        temperature=temperature, seed=seed),
+        layers=layers, layer_ids=_ids(target_layer_ids), block_size=block_size,
+        intermediate_size=intermediate_size, mask_token_id=mask_token_id, init=init,
+        train=TrainSettings(steps=steps, batch_size=batch_size, anchors=anchors, lr=lr,
+                            warmup_steps=warmup_steps, gamma=gamma, seed=seed),
+        max_minutes=max_minutes, gen_minutes=gen_minutes, max_seq_len=max_seq_len, max_mb=max_mb,
+        save_every_minutes=save_every_minutes, resume=resume, device=device)
+    if steps <= 0 and max_minutes <= 0:
+        raise typer.BadParameter("give --steps or --max-minutes")
+    console = Console(stderr=True)
+    try:
+        with ProgressReport(console) as report:
+            summary = run(opts, report)
+    except (ValueError, OSError) as exc:
+        console.print(f"[red]train-drafter failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"drafter written to {out} ({summary['steps']} steps, "
+                  f"val tau {summary.get('val_tau', float('nan')):.2f}, {summary['total_seconds']} s)")
+
+
 def register(app: typer.Typer) -> None:
-    """Add this sub-command to the Typer app (nothing yet)."""
+    """Add `train-drafter` to the Typer app."""
+    app.command("train-drafter")(train_drafter)

