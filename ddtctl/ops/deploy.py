@@ -169,8 +169,8 @@ def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout
     res = run.result
     t, state = time.monotonic(), manager.state()
     if res.changed or state.active not in ("active", "activating", "reloading"):
+        res.restarted = True              # also when the start job fails: the unit did change state
         manager.restart() if res.changed else manager.start()
-        res.restarted = True
         run.step("restart", "changed", ("restarted" if res.changed else f"started (was {state.active})"), t)
     else:
         run.step("restart", "ok", "nothing changed: not restarted")
