@@ -40,7 +40,7 @@ from tests.fleet.sshd import free_port
 FLEET_DIR = Path(__file__).resolve().parent
 EMU_LIB = "/usr/lib/ddt-fleet-emu"
 CACHE = Path.home() / ".cache" / "ddtree-server"
-SHARED_MODEL = "SmolLM2-135M-Instruct"         # folder name of the shared HF model (= its model id)
+SHARED_MODEL = "SmolLM2-135M-Instruct"         # the model id; also the shared HF folder's name
 SCENARIOS = {
     "h200": {},
     "h200_na": {"gpus": [{"memory.used": "[N/A]", "utilization.gpu": "[N/A]"}]},
@@ -176,8 +176,9 @@ class Fleet:
             service = {"kind": "ddtree", "port": s.port, "bind": "127.0.0.1", "unit": s.unit, "device": "cpu",
                        "dtype": "fp32", "python": sys.executable, "ready_timeout_s": 600, **s.extra}
             if s.weights == "push":
-                service.update(weights="push", target={"path": "/srv/models/smollm2.gguf",
-                                                        "source": str(default_gguf())})
+                gguf = default_gguf()
+                service.update(weights="push", model_id=SHARED_MODEL,
+                               target={"path": f"/srv/models/{gguf.name}", "source": str(gguf)})
             elif s.weights == "shared":
                 service.update(weights="shared", target={"path": f"/srv/models/{SHARED_MODEL}",
                                                           "source": str(hf_folder())})

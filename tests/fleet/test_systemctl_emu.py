@@ -213,3 +213,16 @@ def test_journalctl_formats_and_line_limits(emu):
     assert re.match(r"^[A-Z][a-z]{2} \d\d \d\d:\d\d:\d\d \S+ systemd\[1\]: Started Notify test\.$", short[1])
     assert emu.run("journalctl", "-u", "other", "--no-pager").stdout == "-- No entries --\n"
     assert emu.run("journalctl", "-f").returncode == 1
+
+
+def test_automatic_restart_uses_the_unit_as_reloaded(emu):
+    path = emu.unit("a.service", "[Service]\nType=notify\nExecStart=@SVC@ exit=1\n"
+                                 "Restart=on-failure\nRestartSec=1\nStartLimitBurst=100\n")
+    assert emu.ctl("start", "a").returncode == 1                 # first attempt failed: the job fails
+    path.write_text(path.read_text().replace("exit=1", "ready=0.1"))
+    assert emu.ctl("daemon-reload").returncode == 0
+    deadline = time.monotonic() + 20
+    while emu.show("a")["ActiveState"] != "active" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    props = emu.show("a")
+    assert props["ActiveState"] == "active" and int(props["NRestarts"]) >= 1

@@ -113,6 +113,7 @@ class Ctl:
             time.sleep(0.05)
 
     def start(self, u: dict) -> int:
+        """Start under the unit lock: an exit code, or -1 when the caller must wait() for the job."""
         name = u["id"]
         st = state.effective(state.read(self.p, name))
         if st["ActiveState"] in ("active", "activating", "reloading"):

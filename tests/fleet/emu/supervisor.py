@@ -211,6 +211,9 @@ class Supervisor(ServiceIO):
                 state.journal(self.p, self.name, f"Failed to start {self.u['description']}.")
                 return
             self.st["start_times"].append(now)
+            snap = state.load_snapshot(self.p, self.name)   # an automatic restart uses the unit
+            if snap and snap["load_state"] == "loaded":      # as loaded now (after daemon-reload)
+                self.u = snap
 
 
 def run_forked(paths: Paths, unit: dict) -> None:
