@@ -12,7 +12,14 @@ import pytest
 
 @pytest.fixture(scope="session")
 def smollm2():
-    """LoadedTarget of SmolLM2-135M-Instruct in fp32 on CPU (our TargetModel + tokenizer)."""
+    """LoadedTarget of SmolLM2-135M-Instruct in fp32 on CPU (our TargetModel + tokenizer).
+
+    Also pins torch to one intra-op thread: the CI/dev machines are small and shared, and OpenMP
+    spin-waiting under oversubscription slows these tiny forwards down by orders of magnitude.
+    """
+    import torch
+
+    torch.set_num_threads(1)
     from ddtree_server.models.default import DEFAULT_GGUF_SHA256, DefaultModelError, default_gguf_path
     from ddtree_server.models.load import load_target
 

@@ -8,6 +8,8 @@ no tree masks, no compaction, no captured features.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import Tensor
 
@@ -39,6 +41,8 @@ class HFRunner:
         self.model = model.eval()
         self.config = model.config
         self.capture_layers = []
+        # transformers >= 5.2x renamed the forward kwarg past_key_values -> cache (old name deprecated)
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     @property
     def embed_tokens(self):
@@ -66,10 +70,10 @@ class HFRunner:
         n = input_ids.shape[0]
         if cache.length + n > cache.max_len:
             raise ValueError(f"cache full: {cache.length} + {n} > {cache.max_len}")
-        out = self.model(input_ids=input_ids[None], position_ids=positions[None],
-                         past_key_values=cache.past, use_cache=True,
-                         logits_to_keep=1 if last_only else 0)
-        cache.past = out.past_key_values
+        out = self.model(input_ids=input_ids[None], position_ids=positions[None], use_cache=True,
+                         logits_to_keep=1 if last_only else 0, **{self._cache_kw: cache.past})
+        past = getattr(out, "cache", None)
+        cache.past = past if past is not None else out.past_key_values
         cache.length += n
         return out.logits[0], None
 
