@@ -20,12 +20,15 @@
   network namespace), device cpu, dtype fp32. GPU scenarios: ct200 a healthy H200, ct201 an H200
   with `[N/A]` fields, ct129 "Driver/library version mismatch" (exit 18).
 The inventory never names anything but 127.0.0.1 and paths under the fleet directory.
+ddtctl runs from a snapshot of ddtctl/, server/ and templates/ taken at start (PYTHONPATH), so
+edits to the checkout during the session do not change the release it deploys.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ from tests.fleet.pctemu.ns import PRIVATE_DIRS
 from tests.fleet.sshd import free_port
 
 FLEET_DIR = Path(__file__).resolve().parent
+REPO = FLEET_DIR.parents[1]
 EMU_LIB = "/usr/lib/ddt-fleet-emu"
 CACHE = Path.home() / ".cache" / "ddtree-server"
 SHARED_MODEL = "SmolLM2-135M-Instruct"         # the model id; also the shared HF folder's name
@@ -109,6 +113,9 @@ class Fleet:
         self.known_hosts.write_text("".join(n.sshd.known_hosts_line + "\n" for n in self.nodes.values()))
         self.ssh_config.write_text("# hermetic: replaces ~/.ssh/config for ddtctl (DDTCTL_SSH_CONFIG)\n")
         self.home.mkdir(exist_ok=True)
+        for part in ("ddtctl", "server", "templates"):
+            shutil.copytree(REPO / part, self.base / "src" / part, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist"))
         hf_folder()                      # converted before the cache is bound into containers
         for spec in self.specs.values():
             self._create(spec)
@@ -190,7 +197,8 @@ class Fleet:
     def env(self) -> dict:
         """Environment for running ddtctl against this fleet (hermetic ssh config and state dir)."""
         return {**os.environ, "DDTCTL_INVENTORY": str(self.inventory), "DDTCTL_SSH_CONFIG": str(self.ssh_config),
-                "DDTCTL_HOME": str(self.home), "NO_COLOR": "1", "COLUMNS": "200"}
+                "DDTCTL_HOME": str(self.home), "NO_COLOR": "1", "COLUMNS": "200",
+                "PYTHONPATH": str(self.base / "src")}
 
     def ddtctl(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "ddtctl", *args], env=self.env(), capture_output=True,
