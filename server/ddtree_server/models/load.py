@@ -23,7 +23,7 @@ import torch
 
 from ddtree_server.models.default import sha256_file
 from ddtree_server.models.hf_runner import HFRunner
-from ddtree_server.models.target import TREE_FAMILIES, TargetModel
+from ddtree_server.models.target import TREE_FAMILIES, TargetModel, fuse_hf_state
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +147,7 @@ def build_target(config, state: dict[str, torch.Tensor], dtype: torch.dtype, dev
     """
     with torch.device("meta"):
         model = TargetModel(config)
-    mapped = {}
-    for key, value in state.items():
-        name = key[len("model."):] if key.startswith("model.") else key
-        if name.endswith("rotary_emb.inv_freq"):
-            continue
-        mapped[name] = value
+    mapped = {k: v for k, v in fuse_hf_state(state).items() if not k.endswith("rotary_emb.inv_freq")}
     tied = getattr(config, "tie_word_embeddings", False)
     if tied:
         mapped["lm_head.weight"] = mapped.get("embed_tokens.weight")

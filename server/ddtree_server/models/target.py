@@ -12,11 +12,13 @@ Batch size is 1 throughout: token tensors are 1-D ``[n]``.
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from ddtree_server.models.kv_cache import KVCache
 
 
 def rope_inv_freq(config) -> tuple[Tensor, float]:
@@ -47,7 +49,7 @@ def rope_inv_freq(config) -> tuple[Tensor, float]:
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm over the last axis, computed in fp32 and cast back (as transformers' LlamaRMSNorm)."""
+    """RMSNorm over the last axis: one fused ``F.rms_norm`` (statistics in fp32 for half types)."""
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -55,10 +57,24 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def _linear_add(residual: Tensor, x: Tensor, linear: nn.Linear) -> Tensor:
+    """``residual + linear(x)`` in one GEMM (addmm) when the layer has no bias."""
+    if linear.bias is None:
+        return torch.addmm(residual, x, linear.weight.t())
+    return residual + linear(x)
+
+
+def _attention_backends(device: torch.device):
+    """On CUDA, SDPA without cuDNN: cuDNN builds a new plan for every new key length, which
+    costs tens of ms per decode step (KV length grows by one per token)."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def _rotate_half(x: Tensor) -> Tensor:
@@ -66,49 +82,9 @@ def _rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-class KVCache:
-    """Static, pre-allocated KV cache for batch 1.
-
-    ``k``/``v``: ``[num_layers, kv_heads, max_len, head_dim]``; rows ``[0, length)`` are valid.
-    """
-
-    def __init__(self, num_layers: int, kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str):
-        shape = (num_layers, kv_heads, max_len, head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.max_len = max_len
-        self.length = 0
-
-    def reset(self) -> None:
-        """Forget every row (no memory is freed)."""
-        self.length = 0
-
-    def truncate(self, length: int) -> None:
-        """Keep rows ``[0, length)``. Raises ValueError if ``length`` is outside ``[0, self.length]``."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
-        self.length = length
-
-    def keep(self, start: int, rows: Sequence[int]) -> None:
-        """Compact: row ``start + rows[i]`` moves to ``start + i``, then truncate to ``start + len(rows)``.
-
-        Used after tree verification to keep the accepted path (ddtree.md §2.5). When ``rows`` is
-        ``0..k-1`` nothing moves. Raises ValueError for rows outside ``[0, length - start)``.
-        """
-        rows = list(rows)
-        count = len(rows)
-        if count and (min(rows) < 0 or start + max(rows) >= self.length):
-            raise ValueError(f"rows {rows} outside the cache window [{start}, {self.length})")
-        if rows != list(range(count)):
-            idx = torch.tensor(rows, dtype=torch.long).add_(start).to(self.k.device, non_blocking=True)
-            self.k[:, :, start:start + count] = self.k.index_select(2, idx)
-            self.v[:, :, start:start + count] = self.v.index_select(2, idx)
-        self.length = start + count
-
-
 class Attention(nn.Module):
-    """GQA self-attention; optional q/k/v bias (Qwen2) and per-head q/k RMSNorm (Qwen3)."""
+    """GQA self-attention with a fused q/k/v projection; optional q/k/v bias (Qwen2) and per-head
+    q/k RMSNorm (Qwen3). The output projection is applied by the caller (fused residual add)."""
 
     def __init__(self, config, qk_norm: bool):
         super().__init__()
@@ -117,9 +93,7 @@ class Attention(nn.Module):
         self.n_kv = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or hidden // self.n_heads
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        self.q_proj = nn.Linear(hidden, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.n_kv * self.head_dim, bias=bias)
+        self.qkv_proj = nn.Linear(hidden, (self.n_heads + 2 * self.n_kv) * self.head_dim, bias=bias)
         o_bias = bool(getattr(config, "attention_bias", False)) and config.model_type != "qwen2"
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, hidden, bias=o_bias)
         if qk_norm:
@@ -129,30 +103,29 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int,
                 mask: Tensor | None) -> Tensor:
+        """x ``[n, hidden]`` (normed) -> attention output ``[n, heads*head_dim]`` (before o_proj)."""
         n = x.shape[0]
         s = cache.length
-        q = self.q_proj(x).view(n, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.n_kv, self.head_dim)
-        v = self.v_proj(x).view(n, self.n_kv, self.head_dim)
+        hq, hkv = self.n_heads, self.n_kv
+        qkv = self.qkv_proj(x).view(n, hq + 2 * hkv, self.head_dim)
+        qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv:]
         if self.qk_norm:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+            qk = torch.cat((self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])), dim=1)
+        qk = qk * cos + _rotate_half(qk) * sin  # RoPE on queries and keys at once
+        q, k = qk[:, :hq], qk[:, hq:]
         cache.k[layer, :, s:s + n] = k.transpose(0, 1)
         cache.v[layer, :, s:s + n] = v.transpose(0, 1)
         keys = cache.k[layer, :, : s + n].unsqueeze(0)
         values = cache.v[layer, :, : s + n].unsqueeze(0)
-        # GQA without repeating K/V: the n_rep query heads of one KV head become n_rep*n query rows.
-        rep = self.n_heads // self.n_kv
-        q = q.transpose(0, 1).reshape(1, self.n_kv, rep * n, self.head_dim)
+        # GQA without repeating K/V: the rep query heads of one KV head become rep*n query rows.
+        rep = hq // hkv
+        q = q.transpose(0, 1).reshape(1, hkv, rep * n, self.head_dim)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        out = out.view(self.n_heads, n, self.head_dim).transpose(0, 1).reshape(n, -1)
-        return self.o_proj(out)
+        return out.reshape(hq, n, self.head_dim).transpose(0, 1).reshape(n, -1)
 
 
 class MLP(nn.Module):
-    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU with a fused gate/up projection: ``down(silu(gate(x)) * up(x))``."""
 
     def __init__(self, config):
         super().__init__()
@@ -160,12 +133,14 @@ class MLP(nn.Module):
         if act not in ("silu", "swish"):
             raise ValueError(f"unsupported hidden_act {act!r} (only silu)")
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.inter = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def hidden(self, x: Tensor) -> Tensor:
+        """The down projection's input ``silu(gate(x)) * up(x)``."""
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        return F.silu(gate) * up
 
 
 class DecoderLayer(nn.Module):
@@ -179,8 +154,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(self, x, cos, sin, cache, layer, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask)
+        x = _linear_add(x, attn, self.self_attn.o_proj)
+        return _linear_add(x, self.mlp.hidden(self.post_attention_layernorm(x)), self.mlp.down_proj)
 
 
 TREE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -189,9 +165,10 @@ TREE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 class TargetModel(nn.Module):
     """Llama-family causal LM over a static KV cache, with explicit positions and tree masks.
 
-    Parameter names equal transformers' with the ``model.`` prefix removed (``embed_tokens``,
-    ``layers.{i}.self_attn.q_proj``, ``norm``, ``lm_head``). ``capture_layers`` lists decoder-layer
-    ids (0-based; id k = output of decoder layer k) whose outputs ``forward`` returns.
+    Parameter names equal transformers' without the ``model.`` prefix, except that q/k/v and
+    gate/up are stored fused (``self_attn.qkv_proj``, ``mlp.gate_up_proj``); ``fuse_hf_state``
+    maps a transformers state dict. ``capture_layers`` lists decoder-layer ids (0-based; id k =
+    output of decoder layer k) whose outputs ``forward`` returns.
     """
 
     def __init__(self, config):
@@ -277,13 +254,31 @@ class TargetModel(nn.Module):
         mask = self._mask(s, n, tree_mask, x.device)
         want = {layer: i for i, layer in enumerate(self.capture_layers)}
         captured: list[Tensor | None] = [None] * len(want)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, i, mask)
-            if i in want:
-                captured[want[i]] = x
+        with _attention_backends(x.device):
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, cache, i, mask)
+                if i in want:
+                    captured[want[i]] = x
         cache.length = s + n
         if last_only:
             x = x[-1:]
         logits = self.lm_head(self.norm(x))
         feats = torch.cat(captured, dim=-1) if captured else None
         return logits, feats
+
+
+def fuse_hf_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """transformers Llama/Qwen state dict -> TargetModel names: drop ``model.``, concatenate
+    ``q_proj|k_proj|v_proj`` into ``qkv_proj`` and ``gate_proj|up_proj`` into ``gate_up_proj``
+    (weights and biases). Unrelated keys pass through unchanged; incomplete groups are left as is
+    (the caller's strict load then names them)."""
+    out = {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
+    groups = ((("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"), "gate_up_proj"))
+    for key in [k for k in out if k.endswith(("q_proj.weight", "q_proj.bias", "gate_proj.weight", "gate_proj.bias"))]:
+        for parts, fused in groups:
+            if f".{parts[0]}." not in key:
+                continue
+            names = [key.replace(f".{parts[0]}.", f".{p}.") for p in parts]
+            if all(n in out for n in names):
+                out[key.replace(f".{parts[0]}.", f".{fused}.")] = torch.cat([out.pop(n) for n in names], dim=0)
+    return out

@@ -1,0 +1,48 @@
+"""KVCache: the target's static, pre-allocated key/value cache (batch 1) with in-place compaction."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+class KVCache:
+    """Static, pre-allocated KV cache for batch 1.
+
+    ``k``/``v``: ``[num_layers, kv_heads, max_len, head_dim]``; rows ``[0, length)`` are valid.
+    """
+
+    def __init__(self, num_layers: int, kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        shape = (num_layers, kv_heads, max_len, head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.length = 0
+
+    def reset(self) -> None:
+        """Forget every row (no memory is freed)."""
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        """Keep rows ``[0, length)``. Raises ValueError if ``length`` is outside ``[0, self.length]``."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
+        self.length = length
+
+    def keep(self, start: int, rows: Sequence[int]) -> None:
+        """Compact: row ``start + rows[i]`` moves to ``start + i``, then truncate to ``start + len(rows)``.
+
+        Used after tree verification to keep the accepted path (ddtree.md §2.5). When ``rows`` is
+        ``0..k-1`` nothing moves. Raises ValueError for rows outside ``[0, length - start)``.
+        """
+        rows = list(rows)
+        count = len(rows)
+        if count and (min(rows) < 0 or start + max(rows) >= self.length):
+            raise ValueError(f"rows {rows} outside the cache window [{start}, {self.length})")
+        if rows != list(range(count)):
+            idx = torch.tensor(rows, dtype=torch.long).add_(start).to(self.k.device, non_blocking=True)
+            self.k[:, :, start:start + count] = self.k.index_select(2, idx)
+            self.v[:, :, start:start + count] = self.v.index_select(2, idx)
+        self.length = start + count
