@@ -54,10 +54,11 @@ def block_loss(hidden: Tensor, input_ids: Tensor, seq_lens: Tensor, anchors: Ten
 
     hidden: [B, A, bs, H] from `DFlashDrafter.forward_train`; input_ids: long [B, T];
     seq_lens: long [B] (real lengths, right padding); anchors/valid: [B, A]; weights: [bs-1].
-    Returns (loss scalar, stats) where stats has `acc` (top-1 accuracy per in-block position k,
-    list of bs-1 floats) and `tau` (mean accepted length of greedy chain drafting simulated on the
-    full-length blocks: 1 + leading run of correct top-1 predictions). Raises ValueError when no
-    row has a label."""
+    Returns (loss scalar, stats) where stats holds 0-d / 1-d tensors (no host sync): `acc`
+    (top-1 accuracy per in-block position k, [bs-1]) and `tau` (mean accepted length of greedy
+    chain drafting simulated on the full-length blocks: 1 + leading run of correct top-1
+    predictions; NaN without a full block). Use `stats_to_host` to turn them into numbers.
+    Raises ValueError when no row has a label."""
     b, a, bs, h = hidden.shape
     t = input_ids.shape[1]
     pos = anchors[:, :, None] + torch.arange(1, bs, device=anchors.device)  # [B, A, bs-1]
@@ -82,7 +83,14 @@ def block_loss(hidden: Tensor, input_ids: Tensor, seq_lens: Tensor, anchors: Ten
         grid = torch.zeros_like(has_label)
         grid[has_label] = torch.cat(correct)
         per_k = grid.sum((0, 1)).float() / has_label.sum((0, 1)).clamp(min=1).float()
-        full = has_label.all(-1)
+        full = has_label.all(-1).float()
         run = torch.cumprod(grid.long(), dim=-1).sum(-1).float() + 1.0
-        tau = float(run[full].mean()) if bool(full.any()) else math.nan
-    return loss, {"acc": [round(float(x), 4) for x in per_k], "tau": tau}
+        tau = (run * full).sum() / full.sum()  # NaN when no block is full-length
+    return loss, {"acc": per_k, "tau": tau}
+
+
+def stats_to_host(stats: dict) -> dict:
+    """{"acc": [floats], "tau": float or None} from `block_loss` stats (one host sync)."""
+    acc = [round(float(x), 4) for x in stats["acc"].tolist()]
+    tau = float(stats["tau"])
+    return {"acc": acc, "tau": None if math.isnan(tau) else round(tau, 4)}

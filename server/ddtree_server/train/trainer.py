@@ -22,7 +22,7 @@ from torch import nn
 from ddtree_server.models.drafter import DFlashDrafter
 from ddtree_server.train.data import Sequence
 from ddtree_server.train.features import capture_features
-from ddtree_server.train.objective import block_loss, position_weights, sample_anchors
+from ddtree_server.train.objective import block_loss, position_weights, sample_anchors, stats_to_host
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,10 @@ def evaluate(drafter: DFlashDrafter, target: nn.Module, seqs: list[Sequence], s:
     losses, taus, accs = [], [], []
     for i in range(0, len(seqs), s.batch_size):
         loss, st = step_loss(drafter, target, seqs[i:i + s.batch_size], s.anchors, w, gen)
+        st = stats_to_host(st)
         losses.append(float(loss))
         accs.append(st["acc"])
-        if not math.isnan(st["tau"]):
+        if st["tau"] is not None:
             taus.append(st["tau"])
     drafter.train()
     acc = [round(sum(col) / len(col), 4) for col in zip(*accs)]
@@ -149,7 +150,8 @@ class Trainer:
             tokens += sum(len(x.ids) for x in seqs)
             if self.step % s.log_every == 0 or self.step == start_step + 1:
                 now = time.monotonic() - t0
-                record = {"step": self.step, "loss": round(float(loss.detach()), 5), "tau": None if math.isnan(st["tau"]) else round(st["tau"], 4),
+                st = stats_to_host(st)
+                record = {"step": self.step, "loss": round(float(loss.detach()), 5), "tau": st["tau"],
                           "acc": st["acc"], "lr": lr, "grad_norm": round(float(gnorm), 4),
                           "elapsed_s": round(now, 2), "progress": round(progress, 4),
                           "tokens_per_s": round(tokens / max(now, 1e-9), 1)}
