@@ -95,7 +95,7 @@ def test_second_deploy_changes_nothing(fleet, deployed):  # noqa: F811
     code, doc, err = run_json(fleet, "deploy", "--all", "--no-smoke")
     assert code == 0, err[-4000:]
     for name, h in by_host(doc).items():
-        assert h["ok"] and not h["changed"] and not h["restarted"], h
+        assert h["ok"] and not h["changed"] and not h["restarted"], (name, h["steps"])
         assert h["weights_bytes_sent"] == 0
         before, now = deployed["units"][name], fleet.show(name)
         assert (now["MainPID"], now["NRestarts"]) == (before["MainPID"], before["NRestarts"])

@@ -13,7 +13,8 @@ Emulates systemd.kill(5) KillMode=control-group without cgroups: the service run
 (setsid) and the supervisor is a child subreaper (prctl(2) PR_SET_CHILD_SUBREAPER), so "the control
 group" is every process of that session plus every process re-parented to the supervisor, with
 their descendants. A service that calls setsid() itself and double-forks can escape; real cgroups
-would still catch it.
+would still catch it. KillMode=process|mixed|none are not emulated: every mode acts like
+control-group.
 """
 
 from __future__ import annotations
