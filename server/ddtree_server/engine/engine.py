@@ -19,6 +19,7 @@ from ddtree_server.engine.sampling import SamplingParams, TokenChooser
 from ddtree_server.engine.stopping import StopChecker
 
 MODES = ("ar", "dflash", "ddtree")
+CUDA_TREE_BUDGET = 64  # default DDTree budget on CUDA (nodes)
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Engine:
         model_id: served model name; max_model_len: context window in tokens (prompt + output).
         tree_mode_available: False for targets that cannot verify trees (hybrid fallback).
         default_mode: None -> ddtree with a drafter and tree mode, else ar.
-        tree_budget: default DDTree node budget (None -> block_size - 1).
+        tree_budget: default DDTree node budget (None -> block_size - 1 on CPU, 64 on CUDA).
         eos_token_ids: stop tokens always added (unless ignore_eos).
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
@@ -80,19 +81,25 @@ class Engine:
         self.tree_mode_available = bool(tree_mode_available)
         self.eos_token_ids = list(eos_token_ids if eos_token_ids is not None
                                   else [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
+        self.device = target.embed_tokens.weight.device
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
-        self.tree_budget = int(tree_budget) if tree_budget is not None else (
-            self.block_size - 1 if self.block_size else None)
+        self.tree_budget = int(tree_budget) if tree_budget is not None else self._default_budget()
         if drafter is not None:
             if not self.tree_mode_available:
                 raise ValueError("a drafter needs a target that can verify trees")
             target.capture_layers = list(drafter.config.target_layer_ids)
         self.default_mode = default_mode or ("ddtree" if self.spec_available else "ar")
         self._check_mode(self.default_mode)
-        self.device = target.embed_tokens.weight.device
         self._cache = None
         self._draft_cache = None
         self.messages: list[str] = []  # start-up lines (set by engine.factory.load_engine)
+
+    def _default_budget(self) -> int | None:
+        """block_size - 1 nodes on CPU (verify cost grows with the node count); on CUDA the
+        batch-1 verify forward costs about the same for 1..256 nodes, so a wider tree is free."""
+        if self.block_size is None:
+            return None
+        return CUDA_TREE_BUDGET if self.device.type == "cuda" else self.block_size - 1
 
     @property
     def spec_available(self) -> bool:
