@@ -81,6 +81,10 @@ def cache_root() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "ddtree-server"
 
 
+def _complete(folder: Path) -> bool:
+    return (folder / "model.safetensors").is_file() and (folder / "config.json").is_file()
+
+
 def gguf_to_folder(gguf: Path, sha256: str | None = None) -> Path:
     """Dequantise ``gguf`` once into an HF folder under the cache; return that folder.
 
@@ -92,7 +96,7 @@ def gguf_to_folder(gguf: Path, sha256: str | None = None) -> Path:
         raise TargetLoadError(f"GGUF file {gguf} does not exist")
     digest = sha256 or sha256_file(gguf)
     folder = cache_root() / digest[:16]
-    if (folder / "model.safetensors").is_file() and (folder / "config.json").is_file():
+    if _complete(folder):
         return folder
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -115,9 +119,13 @@ def gguf_to_folder(gguf: Path, sha256: str | None = None) -> Path:
         save_file({k: v.detach().contiguous().clone() for k, v in state.items()},
                   str(tmp / "model.safetensors"), metadata={"format": "pt", "source_sha256": digest})
         (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf), "sha256": digest}))
-        if folder.exists():
+        if folder.exists() and not _complete(folder):
             shutil.rmtree(folder)
-        os.replace(tmp, folder)
+        try:
+            os.replace(tmp, folder)
+        except OSError:
+            if not _complete(folder):  # another process won the race with a complete folder: fine
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
