@@ -85,9 +85,11 @@ class DFlashAttention(nn.Module):
         """q: [B, heads, Tq, hd]; k/v: [B, kv_heads, Tk, hd]; mask: bool [B, 1, Tq, Tk] (True = see)
         or None (everything visible, non-causal). Returns [B, Tq, H]."""
         rep = self.n_heads // self.n_kv
-        if rep > 1:
+        gqa = rep > 1 and mask is None  # fused GQA kernels take no arbitrary mask: repeat K/V then
+        if rep > 1 and not gqa:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, scale=self.head_dim ** -0.5)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, scale=self.head_dim ** -0.5,
+                                           enable_gqa=gqa)
         b, _, t, _ = a.shape
         return self.o_proj(a.transpose(1, 2).reshape(b, t, -1))
 
