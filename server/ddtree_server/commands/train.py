@@ -87,8 +87,9 @@ def train_drafter(
     except (ValueError, OSError) as exc:
         console.print(f"[red]train-drafter failed:[/red] {exc}")
         raise typer.Exit(1) from None
+    tau = summary.get("val_tau")
     console.print(f"drafter written to {out} ({summary['steps']} steps, "
-                  f"val tau {summary.get('val_tau', float('nan')):.2f}, {summary['total_seconds']} s)")
+                  f"val tau {'-' if tau is None else f'{tau:.2f}'}, {summary['total_seconds']} s)")
 
 
 def register(app: typer.Typer) -> None:

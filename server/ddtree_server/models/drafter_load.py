@@ -134,6 +134,7 @@ def _atomic(dest: Path, write) -> None:
     os.close(fd)
     try:
         write(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the folder is served by other users too
         os.replace(tmp, dest)
     finally:
         if os.path.exists(tmp):

@@ -94,7 +94,8 @@ def evaluate(drafter: DFlashDrafter, target: nn.Module, seqs: list[Sequence], s:
             taus.append(st["tau"])
     drafter.train()
     acc = [round(sum(col) / len(col), 4) for col in zip(*accs)]
-    return {"val_loss": sum(losses) / len(losses), "val_tau": sum(taus) / max(1, len(taus)), "val_acc": acc}
+    return {"val_loss": sum(losses) / len(losses), "val_tau": sum(taus) / len(taus) if taus else None,
+            "val_acc": acc}
 
 
 class Trainer:
