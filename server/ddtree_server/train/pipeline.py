@@ -7,6 +7,13 @@ Layout of the folders:
   out_dir/train_log.jsonl     one JSON record per logged step (+ validation records)
   out_dir/summary.json        settings, data counts, timings, final validation metrics, versions
 
+Default drafter for SmolLM2-135M (30 layers, hidden 576): 3 draft layers with the target's widths
+(9/3 heads, head_dim 64, MLP 1536) fed by target layers [1, 10, 19, 27]: one early layer (token
+identity), two evenly spaced middle layers, and layer 27 = T-3, the deepest layer the reference
+default rule uses (the last two layers specialise in the output distribution). Four ids instead of
+three cost only 0.33 M parameters in `fc`; the whole drafter is 11.95 M parameters = 23.90 MB in
+bf16, under the 24 MB limit (`--max-mb`).
+
 Mask token for SmolLM2: `<empty_output>` (id 16), a reserved control token of its StarCoder-style
 vocabulary that the chat template never emits and the instruct model never produces (responses
 containing the mask id are dropped from training anyway). Other targets must name one explicitly.
