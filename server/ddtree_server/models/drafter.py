@@ -12,12 +12,11 @@ non-causal over all context and the whole block; row j >= 1 predicts the token A
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ddtree_server.models.drafter_config import DrafterConfig
+from ddtree_server.models.drafter_layers import DFlashLayer, RMSNorm, hf_config, sdpa_backends
 
 
 class DraftCache:
@@ -41,92 +40,24 @@ class DraftCache:
         self.length = length
 
 
-def _hf_config(cfg: DrafterConfig) -> Qwen3Config:
-    return Qwen3Config(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, hidden_act=cfg.hidden_act,
-        rms_norm_eps=cfg.rms_norm_eps, rope_parameters=dict(cfg.rope_parameters),
-        max_position_embeddings=cfg.max_position_embeddings, attention_bias=cfg.attention_bias)
-
-
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x: [B, heads, T, hd]; cos/sin: [B, T, hd]."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
-
-
-class DFlashAttention(nn.Module):
-    """q/k/v/o projections with per-head q/k RMSNorm (Qwen3 style); queries only for the block."""
-
-    def __init__(self, cfg: DrafterConfig) -> None:
-        super().__init__()
-        h, hd, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
-        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
-        self.q_proj = nn.Linear(h, self.n_heads * hd, bias=bias)
-        self.k_proj = nn.Linear(h, self.n_kv * hd, bias=bias)
-        self.v_proj = nn.Linear(h, self.n_kv * hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, h, bias=bias)
-        self.q_norm = Qwen3RMSNorm(hd, eps=cfg.rms_norm_eps)
-        self.k_norm = Qwen3RMSNorm(hd, eps=cfg.rms_norm_eps)
-
-    def q(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """x: [B, T, H] (already input-normed) -> roped queries [B, heads, T, hd]."""
-        b, t, _ = x.shape
-        return _rope(self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2), cos, sin)
-
-    def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        """x: [B, T, H] -> roped keys and values, each [B, kv_heads, T, hd]."""
-        b, t, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
-        return _rope(k, cos, sin), v
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        """q: [B, heads, Tq, hd]; k/v: [B, kv_heads, Tk, hd]; mask: bool [B, 1, Tq, Tk] (True = see)
-        or None (everything visible, non-causal). Returns [B, Tq, H]."""
-        rep = self.n_heads // self.n_kv
-        gqa = rep > 1 and mask is None  # fused GQA kernels take no arbitrary mask: repeat K/V then
-        if rep > 1 and not gqa:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, scale=self.head_dim ** -0.5,
-                                           enable_gqa=gqa)
-        b, _, t, _ = a.shape
-        return self.o_proj(a.transpose(1, 2).reshape(b, t, -1))
-
-
-class DFlashLayer(nn.Module):
-    """Pre-norm decoder layer; the context features join the keys/values without a per-layer norm."""
-
-    def __init__(self, cfg: DrafterConfig, hf_cfg: Qwen3Config) -> None:
-        super().__init__()
-        self.input_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.self_attn = DFlashAttention(cfg)
-        self.post_attention_layernorm = Qwen3RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.mlp = Qwen3MLP(hf_cfg)
-
-    def finish(self, x: Tensor, attn_out: Tensor) -> Tensor:
-        """Residual add of the attention output, then the MLP sub-block."""
-        x = x + attn_out
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
 class DFlashDrafter(nn.Module):
     """The DFlash drafter; see the module docstring. Sizes come from `config` (DrafterConfig)."""
 
     def __init__(self, config: DrafterConfig, embed_tokens: nn.Module, lm_head: nn.Module) -> None:
         super().__init__()
         self.config = config
-        hf_cfg = _hf_config(config)
+        hf_cfg = hf_config(config)
         self.fc = nn.Linear(config.context_width, config.hidden_size, bias=False)
-        self.hidden_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(config, hf_cfg) for _ in range(config.num_hidden_layers))
-        self.norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self._shared = (embed_tokens, lm_head)  # a tuple: not registered as submodules
         with torch.device("cpu"):  # real numbers even when the module is built on the meta device
             rot = Qwen3RotaryEmbedding(hf_cfg)
         self._inv_freq = rot.inv_freq.detach().float().cpu()  # kept in fp32 whatever the module dtype
         self._rope_scale = float(rot.attention_scaling)
         self._inv_freq_dev: dict[torch.device, Tensor] = {}
+        self._rope_tab: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     @property
     def embed_tokens(self) -> nn.Module:
@@ -152,6 +83,17 @@ class DFlashDrafter(nn.Module):
         freqs = positions.float()[..., None] * inv
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self._rope_scale).to(dtype), (emb.sin() * self._rope_scale).to(dtype)
+
+    def rope_range(self, start: int, end: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos, sin [1, end-start, head_dim] of positions [start, end), sliced from a cached table
+        (grown by doubling; same values as `rope`), so inference needs no per-call rope kernels."""
+        key = (device, dtype)
+        tab = self._rope_tab.get(key)
+        if tab is None or tab[0].shape[0] < end:
+            n = max(1024, 1 << max(0, end - 1).bit_length())
+            cos, sin = self.rope(torch.arange(n, device=device)[None], dtype)
+            tab = self._rope_tab[key] = (cos[0], sin[0])
+        return tab[0][None, start:end], tab[1][None, start:end]
 
     def project_context(self, ctx: Tensor) -> Tensor:
         """ctx: [..., len(target_layer_ids) * H] target features -> hidden_norm(fc(ctx)) [..., H]."""
@@ -180,8 +122,7 @@ class DFlashDrafter(nn.Module):
             raise ValueError(f"draft cache of {cache.max_len} rows cannot hold a block at {start_pos}")
         if n:
             h = self.project_context(ctx)[None]
-            pos = torch.arange(c0, start_pos, device=h.device)[None]
-            cos, sin = self.rope(pos, h.dtype)
+            cos, sin = self.rope_range(c0, start_pos, h.device, h.dtype)
             for i, layer in enumerate(self.layers):
                 k, v = layer.self_attn.kv(h, cos, sin)
                 cache.k[i, :, c0:start_pos] = k[0]
@@ -196,17 +137,20 @@ class DFlashDrafter(nn.Module):
         Returns logits [block_size - 1, vocab] for positions s+1 .. s+block_size-1. The block's
         own K/V are written past `length` and dropped (cache.length stays s)."""
         s, bs = cache.length, self.config.block_size
-        first = torch.as_tensor(bonus_token, dtype=torch.long, device=cache.k.device).reshape(1)
-        x = self.embed_tokens(self.block_ids(first)).to(self.dtype)  # [1, bs, H]
-        cos, sin = self.rope(torch.arange(s, s + bs, device=x.device)[None], x.dtype)
-        for i, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            xn = layer.input_layernorm(x)
-            k, v = attn.kv(xn, cos, sin)
-            cache.k[i, :, s:s + bs] = k[0]
-            cache.v[i, :, s:s + bs] = v[0]
-            out = attn.attend(attn.q(xn, cos, sin), cache.k[i, None, :, :s + bs], cache.v[i, None, :, :s + bs], None)
-            x = layer.finish(x, out)
+        ids = torch.full((1, bs), self.config.mask_token_id, dtype=torch.long, device=cache.k.device)
+        ids[0, 0] = bonus_token  # an int or a device tensor: no host sync either way
+        x = self.embed_tokens(ids).to(self.dtype)  # [1, bs, H]
+        cos, sin = self.rope_range(s, s + bs, x.device, x.dtype)
+        with sdpa_backends(x.device):
+            for i, layer in enumerate(self.layers):
+                attn = layer.self_attn
+                xn = layer.input_layernorm(x)
+                k, v = attn.kv(xn, cos, sin)
+                cache.k[i, :, s:s + bs] = k[0]
+                cache.v[i, :, s:s + bs] = v[0]
+                out = attn.attend(attn.q(xn, cos, sin), cache.k[i, None, :, :s + bs],
+                                  cache.v[i, None, :, :s + bs], None)
+                x = layer.finish(x, out)
         return self.lm_head(self.norm(x[0, 1:]))
 
     def propose(self, cache: DraftCache, ctx: Tensor, bonus_token: int | Tensor, start_pos: int) -> Tensor:
@@ -227,11 +171,12 @@ class DFlashDrafter(nn.Module):
         h = self.project_context(ctx)
         x = self.embed_tokens(block_ids).to(self.dtype)
         cos, sin = self.rope(torch.arange(s + bs, device=x.device).expand(b, -1), x.dtype)
-        for layer in self.layers:
-            attn = layer.self_attn
-            xn = layer.input_layernorm(x)
-            k, v = attn.kv(torch.cat([h, xn], dim=1), cos, sin)
-            x = layer.finish(x, attn.attend(attn.q(xn, cos[:, s:], sin[:, s:]), k, v, None))
+        with sdpa_backends(x.device):
+            for layer in self.layers:
+                attn = layer.self_attn
+                xn = layer.input_layernorm(x)
+                k, v = attn.kv(torch.cat([h, xn], dim=1), cos, sin)
+                x = layer.finish(x, attn.attend(attn.q(xn, cos[:, s:], sin[:, s:]), k, v, None))
         return self.lm_head(self.norm(x[:, 1:]))
 
     def forward_train(self, ctx: Tensor, input_ids: Tensor, anchors: Tensor, anchor_valid: Tensor) -> Tensor:
@@ -254,11 +199,12 @@ class DFlashDrafter(nn.Module):
         blk = torch.arange(a * bs, device=x.device) // bs
         see_blk = (blk[:, None] == blk[None, :]).expand(b, -1, -1)  # [B, A*bs, A*bs]
         mask = torch.cat([see_ctx.repeat_interleave(bs, dim=1), see_blk], dim=2)[:, None]
-        for layer in self.layers:
-            attn = layer.self_attn
-            xn = layer.input_layernorm(x)
-            kc, vc = attn.kv(h, cos_c, sin_c)
-            kb, vb = attn.kv(xn, cos_b, sin_b)
-            out = attn.attend(attn.q(xn, cos_b, sin_b), torch.cat([kc, kb], 2), torch.cat([vc, vb], 2), mask)
-            x = layer.finish(x, out)
+        with sdpa_backends(x.device):
+            for layer in self.layers:
+                attn = layer.self_attn
+                xn = layer.input_layernorm(x)
+                kc, vc = attn.kv(h, cos_c, sin_c)
+                kb, vb = attn.kv(xn, cos_b, sin_b)
+                out = attn.attend(attn.q(xn, cos_b, sin_b), torch.cat([kc, kb], 2), torch.cat([vc, vb], 2), mask)
+                x = layer.finish(x, out)
         return self.norm(x).reshape(b, a, bs, -1)

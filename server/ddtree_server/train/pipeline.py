@@ -132,7 +132,7 @@ def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind
     deadline = t0 + opts.gen_minutes * 60 if opts.gen_minutes else None
     report("stage", {"stage": "generate", "prompts": len(prompts)})
     t_gen = time.monotonic()
-    n_seq = data.generate_shards(model, tok, prompts, work / "data", opts.gen, eos_ids=eos_ids(model, tok),
+    data.generate_shards(model, tok, prompts, work / "data", opts.gen, eos_ids=eos_ids(model, tok),
                                  mask_token_id=mask_id, target_id=tid, deadline=deadline,
                                  progress=lambda d, t: report("gen", {"done": d, "total": t}))
     gen_s = time.monotonic() - t_gen

@@ -1,0 +1,110 @@
+"""Building blocks of the DFlash drafter (ddtree.md §1.5): RMSNorm, attention with queries only
+for the block and keys/values for context + block, and the pre-norm decoder layer.
+
+Parameter names equal the z-lab checkpoint keys below `layers.{i}.` (§1.3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers import Qwen3Config
+from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, rotate_half
+
+from ddtree_server.models.drafter_config import DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last axis with one fused `F.rms_norm` (fp32 statistics for half inputs);
+    the weight is cast to the input dtype (bf16 autocast in training, bf16 weights at inference)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+
+
+def sdpa_backends(device: torch.device):
+    """On CUDA keep SDPA off cuDNN, which plans anew for every key length (the draft cache grows
+    every round); flash / memory-efficient / math remain."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def hf_config(cfg: DrafterConfig) -> Qwen3Config:
+    return Qwen3Config(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, hidden_act=cfg.hidden_act,
+        rms_norm_eps=cfg.rms_norm_eps, rope_parameters=dict(cfg.rope_parameters),
+        max_position_embeddings=cfg.max_position_embeddings, attention_bias=cfg.attention_bias)
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: [B, heads, T, hd]; cos/sin: [B, T, hd]."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class DFlashAttention(nn.Module):
+    """q/k/v/o projections with per-head q/k RMSNorm (Qwen3 style); queries only for the block."""
+
+    def __init__(self, cfg: DrafterConfig) -> None:
+        super().__init__()
+        h, hd, bias = cfg.hidden_size, cfg.head_dim, cfg.attention_bias
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, hd
+        self.q_proj = nn.Linear(h, self.n_heads * hd, bias=bias)
+        self.k_proj = nn.Linear(h, self.n_kv * hd, bias=bias)
+        self.v_proj = nn.Linear(h, self.n_kv * hd, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * hd, h, bias=bias)
+        self.q_norm = RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(hd, eps=cfg.rms_norm_eps)
+
+    def q(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x: [B, T, H] (already input-normed) -> roped queries [B, heads, T, hd]."""
+        b, t, _ = x.shape
+        return _rope(self.q_norm(self.q_proj(x).view(b, t, self.n_heads, self.head_dim)).transpose(1, 2), cos, sin)
+
+    def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """x: [B, T, H] -> roped keys and values, each [B, kv_heads, T, hd]."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.n_kv, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.n_kv, self.head_dim).transpose(1, 2)
+        return _rope(k, cos, sin), v
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        """q: [B, heads, Tq, hd]; k/v: [B, kv_heads, Tk, hd]; mask: bool [B, 1, Tq, Tk] (True = see)
+        or None (everything visible, non-causal). Returns [B, Tq, H]."""
+        rep = self.n_heads // self.n_kv
+        gqa = rep > 1 and mask is None  # fused GQA kernels take no arbitrary mask: repeat K/V then
+        if rep > 1 and not gqa:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, scale=self.head_dim ** -0.5,
+                                           enable_gqa=gqa)
+        b, _, t, _ = a.shape
+        return self.o_proj(a.transpose(1, 2).reshape(b, t, -1))
+
+
+class DFlashLayer(nn.Module):
+    """Pre-norm decoder layer; the context features join the keys/values without a per-layer norm."""
+
+    def __init__(self, cfg: DrafterConfig, hf_cfg: Qwen3Config) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.self_attn = DFlashAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.mlp = Qwen3MLP(hf_cfg)
+
+    def finish(self, x: Tensor, attn_out: Tensor) -> Tensor:
+        """Residual add of the attention output, then the MLP sub-block."""
+        x = x + attn_out
+        return x + self.mlp(self.post_attention_layernorm(x))
