@@ -10,14 +10,18 @@ import torch
 class KVCache:
     """Static, pre-allocated KV cache for batch 1.
 
-    ``k``/``v``: ``[num_layers, kv_heads, max_len, head_dim]``; rows ``[0, length)`` are valid.
+    ``k``/``v``: ``[num_layers, kv_heads, max_len + spare_rows, head_dim]``; rows ``[0, length)``
+    are valid, ``length <= max_len``. ``spare_rows`` are scratch rows past the capacity that
+    padded (CUDA-graph) forwards may write to.
     """
 
     def __init__(self, num_layers: int, kv_heads: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device | str):
-        shape = (num_layers, kv_heads, max_len, head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
+                 dtype: torch.dtype, device: torch.device | str, spare_rows: int = 0):
+        shape = (num_layers, kv_heads, max_len + spare_rows, head_dim)
+        # zeros, not empty: padded (CUDA-graph) forwards read masked rows, and a NaN there would
+        # leak through softmax (0 * NaN)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.length = 0
 

@@ -23,7 +23,7 @@ import torch
 
 from ddtree_server.models.default import sha256_file
 from ddtree_server.models.hf_runner import HFRunner
-from ddtree_server.models.target import TREE_FAMILIES, TargetModel, fuse_hf_state
+from ddtree_server.models.target import TREE_FAMILIES, TargetModel
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,23 @@ def gguf_to_folder(gguf: Path, sha256: str | None = None) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def fuse_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers Llama/Qwen state dict -> TargetModel names: drop ``model.``, concatenate
+    ``q_proj|k_proj|v_proj`` into ``qkv_proj`` and ``gate_proj|up_proj`` into ``gate_up_proj``
+    (weights and biases). Unrelated keys pass through unchanged; incomplete groups are left as is
+    (the caller's strict load then names them)."""
+    out = {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
+    groups = ((("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"), "gate_up_proj"))
+    for key in [k for k in out if k.endswith(("q_proj.weight", "q_proj.bias", "gate_proj.weight", "gate_proj.bias"))]:
+        for parts, fused in groups:
+            if f".{parts[0]}." not in key:
+                continue
+            names = [key.replace(f".{parts[0]}.", f".{p}.") for p in parts]
+            if all(n in out for n in names):
+                out[key.replace(f".{parts[0]}.", f".{fused}.")] = torch.cat([out.pop(n) for n in names], dim=0)
+    return out
 
 
 def _read_state(folder: Path) -> dict[str, torch.Tensor]:

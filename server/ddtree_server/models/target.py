@@ -102,10 +102,14 @@ class Attention(nn.Module):
         self.qk_norm = qk_norm
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int,
-                mask: Tensor | None) -> Tensor:
-        """x ``[n, hidden]`` (normed) -> attention output ``[n, heads*head_dim]`` (before o_proj)."""
+                mask: Tensor | None, rows: Tensor | None = None, kv_len: int | None = None) -> Tensor:
+        """x ``[n, hidden]`` (normed) -> attention output ``[n, heads*head_dim]`` (before o_proj).
+
+        Eager: K/V go to rows ``[cache.length, +n)`` and attention reads ``cache.length + n``
+        rows. Static (CUDA graphs): K/V go to ``rows`` (long ``[n]``) and attention reads
+        ``kv_len`` rows; ``mask`` then decides visibility.
+        """
         n = x.shape[0]
-        s = cache.length
         hq, hkv = self.n_heads, self.n_kv
         qkv = self.qkv_proj(x).view(n, hq + 2 * hkv, self.head_dim)
         qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv:]
@@ -113,10 +117,16 @@ class Attention(nn.Module):
             qk = torch.cat((self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])), dim=1)
         qk = qk * cos + _rotate_half(qk) * sin  # RoPE on queries and keys at once
         q, k = qk[:, :hq], qk[:, hq:]
-        cache.k[layer, :, s:s + n] = k.transpose(0, 1)
-        cache.v[layer, :, s:s + n] = v.transpose(0, 1)
-        keys = cache.k[layer, :, : s + n].unsqueeze(0)
-        values = cache.v[layer, :, : s + n].unsqueeze(0)
+        if rows is None:
+            s = cache.length
+            kv_len = s + n
+            cache.k[layer, :, s:kv_len] = k.transpose(0, 1)
+            cache.v[layer, :, s:kv_len] = v.transpose(0, 1)
+        else:
+            cache.k[layer].index_copy_(1, rows, k.transpose(0, 1))
+            cache.v[layer].index_copy_(1, rows, v.transpose(0, 1))
+        keys = cache.k[layer, :, :kv_len].unsqueeze(0)
+        values = cache.v[layer, :, :kv_len].unsqueeze(0)
         # GQA without repeating K/V: the rep query heads of one KV head become rep*n query rows.
         rep = hq // hkv
         q = q.transpose(0, 1).reshape(1, hkv, rep * n, self.head_dim)
@@ -153,8 +163,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, cache, layer, mask):
-        attn = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask)
+    def forward(self, x, cos, sin, cache, layer, mask, rows=None, kv_len=None):
+        attn = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask, rows, kv_len)
         x = _linear_add(x, attn, self.self_attn.o_proj)
         return _linear_add(x, self.mlp.hidden(self.post_attention_layernorm(x)), self.mlp.down_proj)
 
@@ -166,9 +176,9 @@ class TargetModel(nn.Module):
     """Llama-family causal LM over a static KV cache, with explicit positions and tree masks.
 
     Parameter names equal transformers' without the ``model.`` prefix, except that q/k/v and
-    gate/up are stored fused (``self_attn.qkv_proj``, ``mlp.gate_up_proj``); ``fuse_hf_state``
-    maps a transformers state dict. ``capture_layers`` lists decoder-layer ids (0-based; id k =
-    output of decoder layer k) whose outputs ``forward`` returns.
+    gate/up are stored fused (``self_attn.qkv_proj``, ``mlp.gate_up_proj``);
+    ``models.load.fuse_hf_state`` maps a transformers state dict. ``capture_layers`` lists
+    decoder-layer ids (0-based; id k = output of decoder layer k) whose outputs ``forward`` returns.
     """
 
     def __init__(self, config):
@@ -194,11 +204,11 @@ class TargetModel(nn.Module):
         if getattr(self.config, "tie_word_embeddings", False):
             self.lm_head.weight = self.embed_tokens.weight
 
-    def new_cache(self, max_len: int) -> KVCache:
-        """A fresh KVCache of ``max_len`` rows in this model's dtype/device."""
+    def new_cache(self, max_len: int, spare_rows: int = 0) -> KVCache:
+        """A fresh KVCache of ``max_len`` rows (+ scratch rows) in this model's dtype/device."""
         w = self.embed_tokens.weight
         return KVCache(len(self.layers), self.config.num_key_value_heads, max_len, self.head_dim,
-                       w.dtype, w.device)
+                       w.dtype, w.device, spare_rows)
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         device = positions.device
@@ -249,36 +259,29 @@ class TargetModel(nn.Module):
         s = cache.length
         if s + n > cache.max_len:
             raise ValueError(f"KV cache full: {s} + {n} rows > max_len {cache.max_len}")
+        mask = self._mask(s, n, tree_mask, input_ids.device)
+        logits, feats = self.run(cache, input_ids, positions, mask, last_only=last_only)
+        cache.length = s + n
+        return logits, feats
+
+    def run(self, cache: KVCache, input_ids: Tensor, positions: Tensor, mask: Tensor | None,
+            rows: Tensor | None = None, kv_len: int | None = None, last_only: bool = False
+            ) -> tuple[Tensor, Tensor | None]:
+        """The layer stack without cache-length bookkeeping (``forward`` and CUDA graphs).
+
+        mask: bool ``[1, 1, rep*n, kv_len]`` or None; rows / kv_len: see ``Attention.forward``.
+        """
         x = self.embed_tokens(input_ids)
         cos, sin = self._rope(positions, x.dtype)
-        mask = self._mask(s, n, tree_mask, x.device)
         want = {layer: i for i, layer in enumerate(self.capture_layers)}
         captured: list[Tensor | None] = [None] * len(want)
         with _attention_backends(x.device):
             for i, layer in enumerate(self.layers):
-                x = layer(x, cos, sin, cache, i, mask)
+                x = layer(x, cos, sin, cache, i, mask, rows, kv_len)
                 if i in want:
                     captured[want[i]] = x
-        cache.length = s + n
         if last_only:
             x = x[-1:]
         logits = self.lm_head(self.norm(x))
         feats = torch.cat(captured, dim=-1) if captured else None
         return logits, feats
-
-
-def fuse_hf_state(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """transformers Llama/Qwen state dict -> TargetModel names: drop ``model.``, concatenate
-    ``q_proj|k_proj|v_proj`` into ``qkv_proj`` and ``gate_proj|up_proj`` into ``gate_up_proj``
-    (weights and biases). Unrelated keys pass through unchanged; incomplete groups are left as is
-    (the caller's strict load then names them)."""
-    out = {(k[len("model."):] if k.startswith("model.") else k): v for k, v in state.items()}
-    groups = ((("q_proj", "k_proj", "v_proj"), "qkv_proj"), (("gate_proj", "up_proj"), "gate_up_proj"))
-    for key in [k for k in out if k.endswith(("q_proj.weight", "q_proj.bias", "gate_proj.weight", "gate_proj.bias"))]:
-        for parts, fused in groups:
-            if f".{parts[0]}." not in key:
-                continue
-            names = [key.replace(f".{parts[0]}.", f".{p}.") for p in parts]
-            if all(n in out for n in names):
-                out[key.replace(f".{parts[0]}.", f".{fused}.")] = torch.cat([out.pop(n) for n in names], dim=0)
-    return out

@@ -1,0 +1,152 @@
+"""CUDA-graph replay of TargetModel forwards (decode, DFlash blocks, DDTree verification).
+
+At batch 1 the eager forward is bound by kernel launches and Python, not by the GPU (gpu.md:
+~600 launches for SmolLM2, ~10 ms CPU against ~1.5 ms of GPU work). ``GraphedTarget`` keeps the
+TargetModel calling convention but pads each forward of n <= 512 tokens to a bucket of N tokens
+and replays a graph captured for (N, kv_len) with static inputs:
+
+* ids / positions ``[N]`` (padding rows reuse stale values: they are never read back),
+* cache rows ``[N]`` = s + 0..N-1 (padding rows land in spare rows past the real ones),
+* a bool mask ``[1, 1, rep*N, kv_len]``: prefix ``[0, s)`` visible, the tree/causal block for the
+  n real rows, padding rows see only themselves, everything past s+N hidden;
+* kv_len = the power of two >= s+N (at least 256), so attention reads a bounded key window.
+
+Positions are written into the static buffer before every replay (ddtree.md §4.5: a graph that
+kept its captured positions would silently verify with sequential positions). Graphs are bound to
+one KVCache's storage; a new cache drops them. ``capture=False`` runs the identical static path
+eagerly (tests on CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ddtree_server.models.kv_cache import KVCache
+from ddtree_server.models.target import TargetModel
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+MIN_KV = 256
+
+
+class _Static:
+    """Input / output buffers of one (N, kv_len) shape, and its graph."""
+
+    def __init__(self, n: int, kv_len: int, rep: int, device):
+        self.n, self.kv_len = n, kv_len
+        self.ids = torch.zeros(n, dtype=torch.long, device=device)
+        self.pos = torch.zeros(n, dtype=torch.long, device=device)
+        self.rows = torch.zeros(n, dtype=torch.long, device=device)
+        self.mask = torch.ones((1, 1, rep * n, kv_len), dtype=torch.bool, device=device)
+        self.block = torch.zeros((n, n), dtype=torch.bool, device=device)
+        self.graph = None
+        self.logits: Tensor | None = None
+        self.feats: Tensor | None = None
+
+
+class GraphedTarget:
+    """TargetModel with CUDA-graph replay for forwards of up to ``max(buckets)`` tokens.
+
+    Longer forwards (long prompts) run eagerly. Same ``forward`` contract as TargetModel; the
+    returned logits / features are views of static buffers, valid until the next forward.
+    """
+
+    def __init__(self, model: TargetModel, capture: bool = True, buckets=BUCKETS):
+        self.model = model
+        self.config = model.config
+        self.capture = capture
+        self.buckets = tuple(sorted(buckets))
+        self.spare_rows = self.buckets[-1] + 16
+        self._rep = model.config.num_attention_heads // model.config.num_key_value_heads
+        self._static: dict[tuple, _Static] = {}
+        self._cache_ptr = None
+        self._pool = None
+        dev = model.embed_tokens.weight.device
+        self._arange = torch.arange(self.buckets[-1], device=dev)
+        self._tril = torch.ones((self.buckets[-1],) * 2, dtype=torch.bool, device=dev).tril_()
+        self._eye = torch.eye(self.buckets[-1], dtype=torch.bool, device=dev)
+
+    embed_tokens = property(lambda self: self.model.embed_tokens)
+    lm_head = property(lambda self: self.model.lm_head)
+
+    @property
+    def capture_layers(self) -> list[int]:
+        return self.model.capture_layers
+
+    @capture_layers.setter
+    def capture_layers(self, layers: list[int]) -> None:
+        self.model.capture_layers = list(layers)
+
+    def new_cache(self, max_len: int) -> KVCache:
+        """A KVCache of ``max_len`` rows plus the spare rows padded forwards write to."""
+        return self.model.new_cache(max_len, spare_rows=self.spare_rows)
+
+    def _bucket(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n), None)
+
+    def _get(self, cache: KVCache, n_pad: int, kv_len: int) -> _Static:
+        ptr = cache.k.data_ptr()
+        if ptr != self._cache_ptr:  # graphs captured the old cache's addresses
+            self._static.clear()
+            self._cache_ptr = ptr
+        key = (n_pad, kv_len, tuple(self.model.capture_layers))
+        st = self._static.get(key)
+        if st is None:
+            st = _Static(n_pad, kv_len, self._rep, cache.k.device)
+            if self.capture:
+                self._capture(st, cache)
+            self._static[key] = st
+        return st
+
+    def _run(self, st: _Static, cache: KVCache):
+        return self.model.run(cache, st.ids, st.pos, st.mask, rows=st.rows, kv_len=st.kv_len)
+
+    def _capture(self, st: _Static, cache: KVCache) -> None:
+        # warm-up and capture write K/V only into spare rows past the real capacity
+        torch.add(self._arange[: st.n], cache.k.shape[2] - st.n, out=st.rows)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._run(st, cache)
+        torch.cuda.current_stream().wait_stream(side)
+        st.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(st.graph, pool=self._pool):
+            st.logits, st.feats = self._run(st, cache)
+        self._pool = st.graph.pool()
+
+    def forward(self, cache: KVCache, input_ids: Tensor, positions: Tensor,
+                tree_mask: Tensor | None = None, last_only: bool = False
+                ) -> tuple[Tensor, Tensor | None]:
+        """As ``TargetModel.forward`` (logits ``[n, vocab]`` or ``[1, vocab]``, features
+        ``[n, L*H]`` or None). Raises ValueError when the cache has fewer than n free rows."""
+        n, s = input_ids.shape[0], cache.length
+        if s + n > cache.max_len:
+            raise ValueError(f"KV cache full: {s} + {n} rows > max_len {cache.max_len}")
+        if tree_mask is not None and tuple(tree_mask.shape) != (n, n):
+            raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}, expected ({n}, {n})")
+        n_pad = self._bucket(n)
+        limit = cache.k.shape[2] // 16 * 16
+        if n_pad is None or s + n_pad > limit:
+            return self.model.forward(cache, input_ids, positions, tree_mask, last_only)
+        kv_len = min(max(MIN_KV, 1 << (s + n_pad - 1).bit_length()), limit)
+        st = self._get(cache, n_pad, kv_len)
+        st.ids[:n].copy_(input_ids)
+        st.pos[:n].copy_(positions)
+        torch.add(self._arange[:n_pad], s, out=st.rows)
+        st.block.copy_(self._eye[:n_pad, :n_pad])
+        st.block[:n, :n].copy_(self._tril[:n, :n] if tree_mask is None else tree_mask)
+        mask = st.mask.view(self._rep, n_pad, kv_len)
+        mask[:, :, :s].fill_(True)
+        mask[:, :, s:].fill_(False)
+        mask[:, :, s:s + n_pad].copy_(st.block.expand(self._rep, n_pad, n_pad))
+        if st.graph is not None:
+            st.graph.replay()
+            logits, feats = st.logits, st.feats
+        else:
+            logits, feats = self._run(st, cache)
+        cache.length = s + n
+        logits = logits[n - 1:n] if last_only else logits[:n]
+        return logits, (feats[:n] if feats is not None else None)
+
+    __call__ = forward
