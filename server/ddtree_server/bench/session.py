@@ -82,6 +82,7 @@ def run_session(opts: SessionOptions, log: Callable[[str], None] = print) -> dic
     from ddtree_server.models import default
     from ddtree_server.models.load import gguf_to_folder, resolve_dtype
 
+    t_start = time.monotonic()  # the time budget counts model loading and warm-up too
     prompts = load_datasets(opts.datasets, opts.data_dir, opts.max_prompts, download=opts.download)
     log("prompts: " + ", ".join(f"{k} {len(v)}" for k, v in prompts.items()))
     device = opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -106,7 +107,7 @@ def run_session(opts: SessionOptions, log: Callable[[str], None] = print) -> dic
             sink.write(json.dumps(rec) + "\n")
             sink.flush()
 
-        run = BenchRun(engine, opts.settings, emit, hf=hf, log=log)
+        run = BenchRun(engine, opts.settings, emit, hf=hf, log=log, t_start=t_start)
         records = run.run(prompts)
     stages = []
     if engine.drafter is not None:

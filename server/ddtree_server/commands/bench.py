@@ -38,7 +38,7 @@ def bench(
     no_download: bool = typer.Option(False, "--no-download", help="Never call pip download."),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N."),
     dtype: Optional[str] = typer.Option(None, help="fp32 | bf16 | fp16 [bf16 on CUDA, fp32 on CPU]."),
-    time_budget_minutes: float = typer.Option(0.0, help="Stop starting prompts after this (0: none)."),
+    time_budget_minutes: float = typer.Option(0.0, help="Stop starting prompts this long after start-up (0: none)."),
     commit: Optional[str] = typer.Option(None, help="Commit to record [git rev-parse HEAD or $DDTREE_COMMIT]."),
     stem: str = typer.Option("bench", help="File name stem of the outputs."),
     seed: int = typer.Option(0, help="Sampling seed of the temperature-1 row."),
