@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddtctl.errors import DdtctlError, UsageError
+from ddtctl.errors import DdtctlError, RemoteError, UsageError
 from ddtctl.inventory import Host
 from ddtctl.ops import releases, weights
 from ddtctl.ops.readiness import ReadyReport, wait_ready
@@ -170,7 +170,11 @@ def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout
     t, state = time.monotonic(), manager.state()
     if res.changed or state.active not in ("active", "activating", "reloading"):
         res.restarted = True              # also when the start job fails: the unit did change state
-        manager.restart() if res.changed else manager.start()
+        try:
+            manager.restart() if res.changed else manager.start()
+        except RemoteError as exc:        # e.g. a Type=notify unit that died before READY=1
+            run.step("restart", "failed", str(exc).splitlines()[0], t)
+            raise RemoteError(f"{exc}\nlast service log lines:\n{manager.logs(50)}", exc.result) from exc
         run.step("restart", "changed", ("restarted" if res.changed else f"started (was {state.active})"), t)
     else:
         run.step("restart", "ok", "nothing changed: not restarted")

@@ -170,3 +170,20 @@ def test_metrics_exposition(api_server, api_client):
                  "ddtree_queue_depth", "ddtree_decode_tokens_per_second_bucket", 'ddtree_server_state{'):
         assert name in text
     assert 'endpoint="/v1/completions",status="200"' in text
+
+
+def test_speculative_modes_return_the_ar_text(api_client):
+    """With the shipped drafter the server offers dflash/ddtree; at T=0 they return ar's exact text."""
+    modes = api_client.models.list().data[0].model_extra["decoding"]["modes"]
+    if "ddtree" not in modes:
+        pytest.skip("no drafter loaded: only ar is served")
+    kwargs = dict(model=MODEL, prompt=FRANCE, max_tokens=24, temperature=0)
+    ref = api_client.completions.create(**kwargs, extra_body={"decoding": {"mode": "ar"}}).choices[0].text
+    for override in ({"mode": "ddtree", "tree_budget": 8}, {"mode": "ddtree", "tree_budget": 32}, {"mode": "dflash"}):
+        resp = api_client.completions.create(**kwargs, extra_body={"decoding": override})
+        assert resp.choices[0].text == ref, override
+        stats = decoding(resp)
+        assert stats["mode"] == override["mode"] and stats["mean_acceptance_length"] >= 1.0
+        streamed = "".join(c.choices[0].text for c in api_client.completions.create(
+            **kwargs, stream=True, extra_body={"decoding": override}) if c.choices)
+        assert streamed == ref, override

@@ -1,0 +1,68 @@
+"""The shipped default drafter (ddtree_server/assets/drafter): loader path, size, and exactness.
+
+The drafter was trained on the GPU with `ddtree-server train-drafter` (scripts/gpu_train_drafter.sh,
+see docs/benchmarks/drafter/). Here, on the CPU in fp32 with the real SmolLM2 target, it must load
+through the same loader the server uses, be the server's default, and give DDTree output equal to
+plain decoding while accepting more than one token per target forward.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ddtree_server.engine.engine import Engine
+from ddtree_server.engine.sampling import SamplingParams
+from ddtree_server.models import default
+
+pytestmark = pytest.mark.slow
+
+QUESTIONS = [  # MT-Bench 81 and two questions in its style (not training data: ShareGPT only)
+    "Compose an engaging travel blog post about a recent trip to Hawaii, highlighting cultural "
+    "experiences and must-see attractions.",
+    "Write a Python function that returns the n-th Fibonacci number iteratively.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+]
+N_NEW = 48
+
+
+def test_shipped_drafter_files_and_size():
+    folder = default.default_drafter_dir()
+    assert default.default_drafter_available(), folder
+    size = (folder / "model.safetensors").stat().st_size
+    assert size <= 24_000_000, f"shipped drafter is {size} bytes (limit 24 MB)"
+
+
+@pytest.fixture(scope="module")
+def drafter(smollm2):
+    from ddtree_server.models.drafter_load import load_drafter
+
+    cfg = smollm2.config
+    d = load_drafter(default.default_drafter_dir(), embed_tokens=smollm2.model.embed_tokens,
+                     lm_head=smollm2.model.lm_head, target_hidden_size=cfg.hidden_size,
+                     target_num_layers=cfg.num_hidden_layers, target_vocab_size=cfg.vocab_size,
+                     device="cpu", dtype=smollm2.model.embed_tokens.weight.dtype)
+    yield d
+    smollm2.model.capture_layers = []
+
+
+def test_shipped_drafter_config(drafter):
+    c = drafter.config
+    assert c.block_size == 16 and list(c.target_layer_ids) == [1, 10, 19, 27] and c.mask_token_id == 16
+
+
+@pytest.mark.parametrize("budget", [15, 64])
+def test_shipped_drafter_ddtree_equals_ar_and_accepts(smollm2, drafter, budget):
+    eng = Engine(smollm2.model, smollm2.tokenizer, drafter, max_model_len=512,
+                 eos_token_ids=smollm2.eos_token_ids)
+    assert eng.default_mode == "ddtree"
+    taus = []
+    for q in QUESTIONS:
+        ids = eng.encode(q, chat=True)
+        params = SamplingParams(max_tokens=N_NEW, ignore_eos=True)
+        ar = [t for ev in eng.generate(ids, params, mode="ar") for t in ev.token_ids]
+        evs = list(eng.generate(ids, params, mode="ddtree", tree_budget=budget))
+        assert [t for ev in evs for t in ev.token_ids] == ar
+        taus.append(evs[-1].stats.mean_acceptance_length)
+    # a trained drafter on the target's own style of answers: well above one token per forward
+    assert sum(taus) / len(taus) > 1.5, taus
