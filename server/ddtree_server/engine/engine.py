@@ -17,6 +17,8 @@ import torch
 from ddtree_server.engine import decode
 from ddtree_server.engine.sampling import SamplingParams, TokenChooser
 from ddtree_server.engine.stopping import StopChecker
+from ddtree_server.models.graphs import GraphedTarget
+from ddtree_server.models.target import TargetModel
 
 MODES = ("ar", "dflash", "ddtree")
 CUDA_TREE_BUDGET = 64  # default DDTree budget on CUDA (nodes)
@@ -64,6 +66,7 @@ class Engine:
         default_mode: None -> ddtree with a drafter and tree mode, else ar.
         tree_budget: default DDTree node budget (None -> block_size - 1 on CPU, 64 on CUDA).
         eos_token_ids: stop tokens always added (unless ignore_eos).
+        cuda_graphs: on CUDA, replay the target's forwards from CUDA graphs (models/graphs.py).
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
     """
@@ -71,7 +74,10 @@ class Engine:
     def __init__(self, target, tokenizer, drafter=None, *, model_id: str = "model",
                  max_model_len: int | None = None, tree_mode_available: bool = True,
                  default_mode: str | None = None, tree_budget: int | None = None,
-                 eos_token_ids: Sequence[int] | None = None):
+                 eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True):
+        device = target.embed_tokens.weight.device
+        if cuda_graphs and device.type == "cuda" and isinstance(target, TargetModel):
+            target = GraphedTarget(target)
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter
@@ -81,7 +87,7 @@ class Engine:
         self.tree_mode_available = bool(tree_mode_available)
         self.eos_token_ids = list(eos_token_ids if eos_token_ids is not None
                                   else [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
-        self.device = target.embed_tokens.weight.device
+        self.device = device
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
         self.tree_budget = int(tree_budget) if tree_budget is not None else self._default_budget()
         if drafter is not None:
