@@ -92,7 +92,8 @@ class GraphedTarget:
         key = (n_pad, kv_len, tuple(self.model.capture_layers))
         st = self._static.get(key)
         if st is None:
-            st = _Static(n_pad, kv_len, self._rep, cache.k.device)
+            with torch.inference_mode(False):  # normal tensors: updatable in and out of inference mode
+                st = _Static(n_pad, kv_len, self._rep, cache.k.device)
             if self.capture:
                 self._capture(st, cache)
             self._static[key] = st
