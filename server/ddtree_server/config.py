@@ -8,7 +8,7 @@ Model files are only *named* here; `ddtree_server.models` locates and verifies t
 * `drafter` `None` -> the shipped drafter in `ddtree_server/assets/drafter` when present and
   compatible with the target, otherwise no drafter (autoregressive decoding only).
 * `mode` `None` -> the engine picks ddtree when a drafter is loaded and the target supports tree
-  attention, dflash for targets that cannot verify trees, ar without a drafter.
+  attention, else ar (targets that cannot verify trees, e.g. hybrids, are served with plain decoding).
 * `device` / `dtype` are resolved here: cuda when available, else cpu; bf16 on cuda, fp32 on cpu.
 """
 

@@ -116,7 +116,8 @@ class Engine:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; use one of {', '.join(MODES)}")
         if mode != "ar" and not self.spec_available:
-            why = "no drafter is loaded" if self.drafter is None else "the target cannot verify trees"
+            why = ("the target cannot verify draft trees (hybrid / recurrent layers), so it is served "
+                   "with plain decoding") if not self.tree_mode_available else "no drafter is loaded"
             raise ValueError(f"mode {mode} is unavailable: {why}")
         return mode
 
