@@ -40,6 +40,7 @@ class SessionOptions:
     commit: str | None = None
     stem: str = "bench"
     stage_budget: int = 64
+    drafter_graphs: bool = True   # wrap the drafter in GraphedDrafter on CUDA if the engine did not
 
 
 def _commit(given: str | None) -> str:
@@ -72,6 +73,22 @@ def _meta(opts: SessionOptions, engine, device: str, dtype: str) -> dict:
     return meta
 
 
+def _drafter_graphs(engine, wanted: bool) -> str:
+    """Wrap the engine's drafter in GraphedDrafter (CUDA only); returns who graphs it."""
+    from ddtree_server.models.drafter import DFlashDrafter
+    from ddtree_server.models.drafter_graphs import GraphedDrafter
+
+    d = engine.drafter
+    if d is None or engine.device.type != "cuda":
+        return "off"
+    if isinstance(d, GraphedDrafter):
+        return "engine"
+    if wanted and isinstance(d, DFlashDrafter):
+        engine.drafter = GraphedDrafter(d)
+        return "bench"
+    return "off"
+
+
 def run_session(opts: SessionOptions, log: Callable[[str], None] = print) -> dict[str, Path]:
     """Run the whole session; returns the written report paths. Raises DataFileError / model load errors."""
     import torch
@@ -91,6 +108,8 @@ def run_session(opts: SessionOptions, log: Callable[[str], None] = print) -> dic
                          target_layer_ids=opts.target_layer_ids, device=device, dtype=dtype)
     for line in engine.messages:
         log(line)
+    graphs = _drafter_graphs(engine, opts.drafter_graphs)
+    log(f"drafter CUDA graphs: {graphs}")
     hf = None
     if opts.settings.hf_prompts > 0:
         gguf, sha = opts.gguf, None
@@ -117,7 +136,9 @@ def run_session(opts: SessionOptions, log: Callable[[str], None] = print) -> dic
                 st = stage_split(engine, ids, mode, budget, opts.settings.max_new_tokens)
                 st.update(dataset=ds, prompt_id=ps[0].id)
                 stages.append(st)
-    paths = write_report(records, _meta(opts, engine, device, dtype), stages, out, opts.stem)
+    meta = _meta(opts, engine, device, dtype)
+    meta["drafter_cuda_graphs"] = graphs if getattr(engine.drafter, "enabled", True) else graphs + " (disabled itself)"
+    paths = write_report(records, meta, stages, out, opts.stem)
     paths["records"] = sink_path
     return paths
 

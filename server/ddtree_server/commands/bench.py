@@ -42,6 +42,8 @@ def bench(
     commit: Optional[str] = typer.Option(None, help="Commit to record [git rev-parse HEAD or $DDTREE_COMMIT]."),
     stem: str = typer.Option("bench", help="File name stem of the outputs."),
     seed: int = typer.Option(0, help="Sampling seed of the temperature-1 row."),
+    drafter_graphs: bool = typer.Option(True, "--drafter-graphs/--no-drafter-graphs",
+                                        help="On CUDA, replay the drafter from CUDA graphs (if the engine does not)."),
     merge: Optional[List[Path]] = typer.Option(None, "--merge", help="Combine these bench.json files only."),
 ) -> None:
     """Benchmark ar, dflash and ddtree (budgets) plus transformers' generate() on pinned prompt sets."""
@@ -63,7 +65,7 @@ def bench(
                               settings=settings, max_prompts=max_prompts, target=target, gguf=gguf, drafter=drafter,
                               target_layer_ids=_ints(target_layer_ids) if target_layer_ids else None,
                               data_dir=data_dir, download=not no_download, device=device, dtype=dtype,
-                              commit=commit, stem=stem)
+                              commit=commit, stem=stem, drafter_graphs=drafter_graphs)
         try:
             paths = run_session(opts, log=console.log)
         except (DataFileError, KeyError, ValueError, OSError) as exc:

@@ -86,8 +86,10 @@ class DFlashAttention(nn.Module):
         or None (everything visible, non-causal). Returns [B, Tq, H]."""
         rep = self.n_heads // self.n_kv
         gqa = rep > 1 and mask is None  # fused GQA kernels take no arbitrary mask: repeat K/V then
-        if rep > 1 and not gqa:
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        if rep > 1 and not gqa:  # = repeat_interleave(rep, dim=1), as views + one copy (graph-safe)
+            b, h, t, d = k.shape
+            k = k[:, :, None].expand(b, h, rep, t, d).reshape(b, h * rep, t, d)
+            v = v[:, :, None].expand(b, h, rep, t, d).reshape(b, h * rep, t, d)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=False, scale=self.head_dim ** -0.5,
                                            enable_gqa=gqa)
         b, _, t, _ = a.shape
