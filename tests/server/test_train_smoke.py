@@ -102,3 +102,20 @@ def test_split_and_join_round_trip(tmp_path):
     (tmp_path / "config.json").write_text("{ }")
     with pytest.raises(ValueError, match="config.json"):
         join_parts(tmp_path)
+
+
+def test_init_from_existing_drafter(tiny_target, tmp_path):
+    run(_opts(tiny_target, tmp_path))
+    first = load_drafter(tmp_path / "out", embed_tokens=torch.nn.Embedding(64, 64),
+                         lm_head=torch.nn.Linear(64, 64, bias=False), target_hidden_size=64,
+                         target_num_layers=4, target_vocab_size=64)
+    summary = run(_opts(tiny_target, tmp_path, out_dir=tmp_path / "out2", init_from=tmp_path / "out",
+                        train=TrainSettings(steps=1, batch_size=2, anchors=4, lr=1e-9, warmup_steps=1)))
+    assert summary["init"] == str(tmp_path / "out")
+    second = load_drafter(tmp_path / "out2", embed_tokens=torch.nn.Embedding(64, 64),
+                          lm_head=torch.nn.Linear(64, 64, bias=False), target_hidden_size=64,
+                          target_num_layers=4, target_vocab_size=64)
+    torch.testing.assert_close(second.fc.weight.float(), first.fc.weight.float(), atol=1e-2, rtol=0)
+    with pytest.raises(ValueError, match="config differs"):
+        run(_opts(tiny_target, tmp_path, out_dir=tmp_path / "out3", init_from=tmp_path / "out", layers=1,
+                  layer_ids=[1]))

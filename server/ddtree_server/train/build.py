@@ -12,6 +12,7 @@ from torch import nn
 
 from ddtree_server.models.drafter import DFlashDrafter
 from ddtree_server.models.drafter_config import DrafterConfig
+from ddtree_server.models.drafter_load import load_drafter
 from ddtree_server.train.features import decoder_of
 
 INIT_MODES = ("random", "target-first", "target-last")
@@ -91,6 +92,21 @@ def init_drafter(drafter: DFlashDrafter, target: nn.Module | None, mode: str, se
         for name, p in layer.named_parameters():
             if name in src and src[name].shape == p.shape:
                 p.copy_(src[name].float())
+
+
+@torch.no_grad()
+def load_weights(drafter: DFlashDrafter, folder, target: nn.Module) -> None:
+    """Copy the weights of the z-lab drafter in `folder` into `drafter` (fp32), e.g. to continue
+    training the shipped drafter on new data. Raises ValueError when its config differs from
+    `drafter.config`, and the loader's errors for a bad folder."""
+    cfg = target.config
+    src = load_drafter(folder, embed_tokens=drafter.embed_tokens, lm_head=drafter.lm_head,
+                       target_hidden_size=cfg.hidden_size, target_num_layers=cfg.num_hidden_layers,
+                       target_vocab_size=cfg.vocab_size, dtype=torch.float32)
+    if src.config != drafter.config:
+        raise ValueError(f"{folder}: drafter config differs from the requested one "
+                         "(layers, target layer ids, block size, mask id, sizes must match)")
+    drafter.load_state_dict(src.state_dict(), strict=True)
 
 
 def drafter_bytes(drafter: DFlashDrafter, bytes_per_param: int = 2) -> int:

@@ -54,6 +54,7 @@ class PipelineOptions:
     intermediate_size: int | None = None
     mask_token_id: int | None = None
     init: str = "random"
+    init_from: Path | None = None             # start from this z-lab drafter's weights (same shape)
     train: TrainSettings = field(default_factory=TrainSettings)
     max_minutes: float = 0.0                  # whole command; 0 = no limit (then train.steps > 0)
     gen_minutes: float = 0.0                  # cap on data generation; 0 = no cap
@@ -150,6 +151,9 @@ def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind
     if opts.resume and state_path.exists():
         checkpoint.load_checkpoint(trainer, state_path)
         report("stage", {"stage": "resumed", "step": trainer.step})
+    elif opts.init_from is not None:
+        build.load_weights(drafter, opts.init_from, model)
+        report("stage", {"stage": "initialised", "from": str(opts.init_from)})
     else:
         build.init_drafter(drafter, model, opts.init, seed=settings.seed)
     log_path = out / "train_log.jsonl"
@@ -173,7 +177,8 @@ def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind
         log.write(json.dumps({"step": trainer.step, **metrics}) + "\n")
     summary = {
         "target": tid, "mask_token_id": mask_id, "mask_token": tok.convert_ids_to_tokens(mask_id),
-        "drafter_config": config.to_dict(), "drafter_bytes_bf16": size, "init": opts.init,
+        "drafter_config": config.to_dict(), "drafter_bytes_bf16": size,
+        "init": str(opts.init_from) if opts.init_from else opts.init,
         "prompts": len(prompts), "sequences": len(seqs), "val_sequences": len(val),
         "tokens": int(sum(len(s.ids) for s in seqs)), "gen_seconds": round(gen_s, 1),
         "train_seconds": round(train_s, 1), "steps": trainer.step, "last_log": last, **metrics,
