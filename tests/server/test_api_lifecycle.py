@@ -100,3 +100,34 @@ def test_model_load_failure_exits_1(tmp_path):
         assert "state failed" in server.log_text()
     finally:
         server.stop(signal.SIGKILL)
+
+
+def _serve_exit(*args: str) -> "subprocess.CompletedProcess":
+    import os
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "ddtree_server", "serve", "--device", "cpu", "--dtype", "fp32", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_busy_port_or_bad_host_exits_1_before_loading():
+    """A port in use / an unresolvable host: one error line and exit 1 at once (never SIGABRT)."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        done = _serve_exit("--host", "127.0.0.1", "--port", str(port))
+        assert done.returncode == 1, done.stderr[-3000:]
+        assert time.monotonic() - started < 30
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+        assert errors == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use"], done.stderr
+        assert "loading" not in done.stderr and "Traceback" not in done.stderr
+    done = _serve_exit("--host", "999.1.1.1", "--port", "8000")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.startswith("error: cannot listen on 999.1.1.1:8000:"), done.stderr
+    assert "Traceback" not in done.stderr

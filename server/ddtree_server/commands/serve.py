@@ -5,11 +5,19 @@ loading / warming before it turns 200 (and `READY=1` goes to `$NOTIFY_SOCKET`). 
 drains: /ready says draining, new requests get 503, in-flight requests finish (at most
 `--drain-timeout` seconds), then the process exits 0. A second signal exits at once. A model that
 fails to load or warm up makes the process exit 1.
+
+The listening socket is bound BEFORE the model starts loading: a busy port or an unusable `--host`
+prints one `error: cannot listen on HOST:PORT: reason` line and exits 1 at once (uvicorn would
+otherwise fail after its lifespan had started the loading thread, and the interpreter could abort
+while that thread was inside torch).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Optional
@@ -40,8 +48,36 @@ def warmup(engine: Any) -> None:
         raise RuntimeError(f"warm-up generation did not finish (last event: {last!r})")
 
 
+def bind_sockets(host: str, port: int) -> list[socket.socket]:
+    """Listening-ready TCP sockets for `host`:`port` (one per address the host resolves to, like
+    asyncio's create_server). Raises OSError (incl. socket.gaierror) when any cannot be bound."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _name, address in dict.fromkeys(
+                (i[0], i[1], i[2], "", i[4]) for i in infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and hasattr(socket, "IPPROTO_IPV6"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.set_inheritable(True)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
 def run_server(config: Any) -> int:
-    """Serve until SIGTERM/SIGINT. Returns the process exit status (0 drained, 1 load failure)."""
+    """Serve until SIGTERM/SIGINT. Returns the process exit status (0 drained, 1 load or bind failure)."""
+    try:
+        sockets = bind_sockets(config.host, config.port)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        print(f"error: cannot listen on {config.host}:{config.port}: {reason}", file=sys.stderr, flush=True)
+        return 1
     import uvicorn
 
     from ddtree_server.api import sdnotify
@@ -74,7 +110,17 @@ def run_server(config: Any) -> int:
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
                                log_level=config.log_level, timeout_graceful_shutdown=30)
     server = _server_class()(uv_config, worker=worker, drain_timeout=config.drain_timeout_s)
-    server.run()
+    for sock in sockets:
+        host, port = sock.getsockname()[:2]
+        log.info("listening on http://%s:%d", f"[{host}]" if ":" in host else host, port)
+    try:
+        server.run(sockets=sockets)
+    except SystemExit as exc:   # uvicorn's own start-up failure: never let the loading thread abort us
+        code = exc.code if isinstance(exc.code, int) else 1
+        log.error("server start-up failed (exit %d)", code)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 1)
     if worker.state == "failed":
         outcome["status"] = 1
     log.info("exiting with status %d", outcome["status"])
