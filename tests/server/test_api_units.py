@@ -157,12 +157,25 @@ def test_ready_reports_loading_and_models_503():
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
     ({"model": "m"}, "messages"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 99999999999999999999999}, "seed"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 2**63}, "seed"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": -(2**63) - 1}, "seed"),
 ])
 def test_validation_errors_are_openai_400(body, param):
     response = _request("POST", "/v1/chat/completions", json=body)
     assert response.status_code == 400
     error = _error(response)
     assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_seed_range_is_int64():
+    for seed in (0, -1, -(2**63), 2**63 - 1):
+        assert CompletionRequest(prompt="x", seed=seed).seed == seed
+    import torch
+
+    from ddtree_server.engine.sampling import SamplingParams, TokenChooser
+    for seed in (-(2**63), 2**63 - 1):   # the engine's generator takes every accepted seed
+        TokenChooser(SamplingParams(max_tokens=1, temperature=1.0, seed=seed), torch.device("cpu"))
 
 
 def test_malformed_json_is_400():

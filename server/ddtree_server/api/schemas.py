@@ -9,6 +9,10 @@ Extensions over the OpenAI schema:
 
 Unknown request fields are ignored (OpenAI clients send many optional ones); fields we cannot honour
 (`n` > 1, several prompts, non-text content parts, `logprobs`) are rejected with 400.
+
+`seed` must be a 64-bit signed integer, -2**63 <= seed < 2**63 (OpenAI's range; anything else is
+400 with param "seed"); torch seeds the request's generator with it modulo 2**64, so every value
+in the range is reproducible and distinct.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ class _GenerationRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate (tokens).")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1,
+                             description="OpenAI's int64 range; negative seeds are taken modulo 2**64.")
     stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)
     n: int = Field(1, ge=1, description="Choices per request; only 1 is supported.")
     stream: bool = False
