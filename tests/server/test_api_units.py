@@ -168,6 +168,22 @@ def test_validation_errors_are_openai_400(body, param):
     assert error["type"] == "invalid_request_error" and error["param"] == param
 
 
+@pytest.mark.parametrize("path, raw, param", [
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": "a\ud800"}]}', "messages.0.content"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}',
+     "messages.0.content"),
+    ("/v1/chat/completions", r'{"messages": [{"role": "user", "content": "x"}], "stop": ["\ud800"]}', "stop"),
+    ("/v1/completions", r'{"prompt": "\ud800"}', "prompt"),
+    ("/v1/completions", r'{"prompt": ["\ud800x"]}', "prompt"),
+])
+def test_lone_surrogates_are_400(path, raw, param):
+    response = _request("POST", path, content=raw.encode(), headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = _error(response)
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert "surrogate" in error["message"]
+
+
 def test_seed_range_is_int64():
     for seed in (0, -1, -(2**63), 2**63 - 1):
         assert CompletionRequest(prompt="x", seed=seed).seed == seed

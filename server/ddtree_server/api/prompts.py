@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ddtree_server.api.schemas import ApiError, ChatCompletionRequest, CompletionRequest
+from ddtree_server.api.schemas import ApiError, ChatCompletionRequest, CompletionRequest, check_text
 from ddtree_server.config import RESERVED_TEMPLATE_KWARGS
 
 log = logging.getLogger("ddtree_server.api")
@@ -55,6 +55,10 @@ def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwar
     except Exception as exc:   # jinja errors, raise_exception() in templates, bad kwargs
         log.info("chat template error: %s", exc)
         raise ApiError(400, f"chat template error: {exc}", param="messages", code="chat_template_error") from None
+    try:
+        check_text(text)   # surrogates can only come from chat_template_kwargs here (messages are checked)
+    except ValueError as exc:
+        raise ApiError(400, f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 

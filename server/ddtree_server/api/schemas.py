@@ -26,6 +26,16 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
+def check_text(value: str) -> str:
+    """`value` unchanged; ValueError when it is not encodable as UTF-8 (a lone surrogate such as
+    JSON's "\\ud800"), which the tokenizer could not handle."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"invalid Unicode text: lone surrogate {value[exc.start]!r} at index {exc.start}") from None
+    return value
+
+
 class DecodingOverride(BaseModel):
     """Per-request decoding override (extension field `decoding`)."""
 
@@ -54,6 +64,16 @@ class ChatMessage(BaseModel):
     role: Role
     content: StrictStr | list[TextPart] | None = None
     name: StrictStr | None = None
+
+    @field_validator("content", "name")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            check_text(value)
+        elif isinstance(value, list):
+            for part in value:
+                check_text(part.text)
+        return value
 
     def text(self) -> str:
         """The message text: content parts joined without separator; null content is ''."""
@@ -92,6 +112,8 @@ class _GenerationRequest(BaseModel):
             raise ValueError("at most 16 stop sequences")
         if any(s == "" for s in stops):
             raise ValueError("stop sequences must not be empty")
+        for stop in stops:
+            check_text(stop)
         return stops
 
     @field_validator("n")
@@ -146,6 +168,8 @@ class CompletionRequest(_GenerationRequest):
                 raise ValueError("only one prompt per request is supported")
             value = value[0]
         prompt = _as_prompt(value)
+        if isinstance(prompt, str):
+            check_text(prompt)
         if len(prompt) == 0:
             raise ValueError("prompt must not be empty")
         return prompt
