@@ -37,12 +37,13 @@ def auth_headers(host: Host) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def api_client(host: Host, transport, *, timeout: float = READ_TIMEOUT_S) -> Iterator[httpx.Client]:
+def api_client(host: Host, transport, *, timeout: float = READ_TIMEOUT_S,
+               connect_timeout: float = 5.0) -> Iterator[httpx.Client]:
     """An httpx client for the service's HTTP API, reached through the transport's forward."""
     with transport.forward(host.address, host.service.port) as (addr, port):
         base = f"http://[{addr}]:{port}" if ":" in addr else f"http://{addr}:{port}"
         with httpx.Client(base_url=base, headers=auth_headers(host),
-                          timeout=httpx.Timeout(timeout, connect=5.0)) as client:
+                          timeout=httpx.Timeout(timeout, connect=connect_timeout)) as client:
             yield client
 
 

@@ -26,6 +26,10 @@ MEMORY = ([{"role": "user", "content": "My name is Ada."},
            {"role": "assistant", "content": "Nice to meet you, Ada!"},
            {"role": "user", "content": "What is my name?"}], "ada")
 RAW_PROMPT = "The capital of France is"
+# Per-request timeouts (s): connecting through the forward is quick or not at all; one short
+# greedy completion (<= 24 tokens) of a ready server answers well within READ.
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 120.0
 TEMPLATE_MARKERS = ("<|im_start|>", "<|im_end|>", "<|user|>", "<|assistant|>", "user:", "assistant:",
                     "<|start_header_id|>", "[INST]")
 
@@ -100,22 +104,28 @@ class _Api:
         return "".join(parts)
 
 
-def _run(report: SmokeReport, name: str, fn: Callable[[], str]) -> None:
+def _run(report: SmokeReport, name: str, fn: Callable[[], str]) -> bool:
+    """Run one check; False when the service could not be reached (connect error, timeout,
+    dropped connection), so the caller can skip the rest instead of waiting on each."""
     start = time.monotonic()
+    reached = True
     try:
         detail = fn()
         status = "n/a" if detail.startswith("n/a") else "pass"
     except (AssertionError, httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as exc:
         status, detail = "fail", f"{type(exc).__name__}: {exc}" if not isinstance(exc, AssertionError) else str(exc)
+        reached = not isinstance(exc, httpx.TransportError)
     report.checks.append(Check(name, status, detail, round(time.monotonic() - start, 2)))
+    return reached
 
 
 def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
     """Run every check against `host`; never raises for a failed check (see `require_ok`)."""
     report = SmokeReport(host.name)
-    with api_client(host, transport, timeout=300.0) as client:
+    with api_client(host, transport, timeout=READ_TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S) as client:
         api = _Api(client, host.model_id)
         facts: dict = {}
+        unreachable = ""
 
         def models() -> str:
             ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
@@ -180,7 +190,10 @@ def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
         for name, fn in (("models", models), ("chat_fact", fact), ("multi_turn", multi_turn),
                          ("raw_completion", raw), ("stream_equal", stream_equal), ("stop_sequence", stop),
                          ("bad_request_4xx", bad_request), ("acceptance", acceptance)):
-            _run(report, name, fn)
+            if unreachable:
+                report.checks.append(Check(name, "fail", f"not run: {unreachable}"))
+            elif not _run(report, name, fn):
+                unreachable = f"service unreachable ({report.checks[-1].detail})"
     return report
 
 

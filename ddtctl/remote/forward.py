@@ -37,8 +37,12 @@ def forward_local(get_transport: Callable[[], paramiko.Transport], host: str, po
                   bind: str = "127.0.0.1") -> Iterator[tuple[str, int]]:
     """Yield ``(bind, local_port)``; connections to it reach ``host:port`` from the SSH server.
 
-    get_transport returns the (live) Paramiko transport for each new connection. On exit the
-    listener and all tunnelled connections are closed."""
+    get_transport returns the (live) Paramiko transport for each new connection. It is called once
+    before anything is yielded, so a node that cannot be reached raises here, in the caller's
+    thread (UnreachableError, exit 3), instead of in the acceptor thread while the client waits.
+    A later failure to reach the node closes that one connection (the client sees a disconnect).
+    On exit the listener and all tunnelled connections are closed."""
+    get_transport()  # connect now: errors propagate to the caller
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((bind, 0))
     listener.listen(32)
@@ -56,7 +60,7 @@ def forward_local(get_transport: Callable[[], paramiko.Transport], host: str, po
                 return
             try:
                 chan = get_transport().open_channel("direct-tcpip", (host, port), peer)
-            except (paramiko.SSHException, OSError, EOFError):
+            except Exception:  # noqa: BLE001 - unreachable node, refused channel: drop this connection
                 sock.close()
                 continue
             worker = threading.Thread(target=_pump, args=(sock, chan, stop), daemon=True)

@@ -167,3 +167,23 @@ def test_exec_relays_argv_output_and_status(env: Path) -> None:
     assert res.stdout == "a b|$HOME"
     res = invoke("exec", "here")
     assert res.exit_code == 2 and "give a command after --" in res.stderr
+
+
+def test_smoke_unreachable_node_fails_fast_with_exit_3(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+    empty = env / "ssh_config"
+    empty.write_text("")
+    monkeypatch.setenv("DDTCTL_SSH_CONFIG", str(empty))
+    started = time.monotonic()
+    res = invoke("smoke", "ct200")
+    assert res.exit_code == 3, res.stderr
+    assert "ct200: node:node1: cannot connect" in res.stderr and "Traceback" not in res.stderr
+    # the other host (nothing listening on its port) is still reported, and fast
+    res = invoke("smoke", "ct200", "here", "--json")
+    assert time.monotonic() - started < 60
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 5 and "cannot connect" in doc["errors"]["ct200"]
+    (here,) = doc["hosts"]
+    assert here["host"] == "here" and not here["ok"]
+    assert all(c["seconds"] < 10 for c in here["checks"])
+    assert here["checks"][-1]["detail"].startswith("not run: service unreachable")
