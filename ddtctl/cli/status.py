@@ -25,7 +25,7 @@ def status_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_ho
                json_out: bool = JsonOpt) -> None:
     """Show each host's service state, readiness, served models, GPUs, mean acceptance length and
     tokens/s (from /metrics) and the deployed server release (flagged when it differs from this
-    checkout). Exit 1 when a host is not ready.
+    checkout). Exit 1 when a host is not ready, 3 when a host is unreachable.
 
     Example: ddtctl status --all
     """
@@ -37,5 +37,7 @@ def status_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_ho
     if json_out:
         report.emit_json({"ok": all(s.ok for s in statuses), "checkout_release": expected,
                           "hosts": [s.to_dict() for s in statuses]})
+    if any(s.unreachable for s in statuses):
+        raise typer.Exit(int(ExitCode.UNREACHABLE))
     if not all(s.ok for s in statuses):
         raise typer.Exit(int(ExitCode.HOST_FAILED))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from ddtctl.errors import UnreachableError
 from ddtctl.inventory import Host
 from ddtctl.ops import gpu as gpu_ops
 from ddtctl.ops import releases
@@ -38,6 +39,7 @@ class HostStatus:
     release: str | None = None
     expected_release: str | None = None
     errors: list[str] = field(default_factory=list)
+    unreachable: bool = False   # the host (its node) could not be connected to: exit 3
 
     @property
     def version_mismatch(self) -> bool:
@@ -79,6 +81,9 @@ def parse_metrics(text: str) -> tuple[float | None, float | None]:
 def _guard(st: HostStatus, part: str, fn: Callable[[], None]) -> None:
     try:
         fn()
+    except UnreachableError as exc:  # report the connection error itself, once
+        st.unreachable = True
+        st.errors.append(f"{part}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
     except Exception as exc:  # noqa: BLE001 - one failing probe must not hide the rest
         st.errors.append(f"{part}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
@@ -114,6 +119,9 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
         st.release = releases.read_link(transport, releases.Layout(host.root, host.unit).current)
 
     _guard(st, "unit", unit)
+    if st.unreachable:  # nothing else can be asked; do not wait on HTTP/GPU/release timeouts
+        st.ready, st.ready_detail = False, "unreachable"
+        return st
     if st.unit and st.unit["active"] in ("inactive", "failed"):
         st.ready, st.ready_detail = False, f"service {st.unit['active']}"
     else:
@@ -135,7 +143,7 @@ def gather(hosts: list[Host], transport_for: Callable[[Host], object], *, parall
             transport = transport_for(host)
         except Exception as exc:  # noqa: BLE001 - unreachable host: report, continue with the others
             return HostStatus(host.name, host.service.kind, ready=False, ready_detail="unreachable",
-                              errors=[f"connect: {exc}"])
+                              errors=[f"connect: {exc}"], unreachable=isinstance(exc, UnreachableError))
         try:
             return host_status(host, transport, expected_release=expected_release, gpus=gpus)
         finally:

@@ -187,3 +187,18 @@ def test_smoke_unreachable_node_fails_fast_with_exit_3(env: Path, monkeypatch: p
     assert here["host"] == "here" and not here["ok"]
     assert all(c["seconds"] < 10 for c in here["checks"])
     assert here["checks"][-1]["detail"].startswith("not run: service unreachable")
+
+
+def test_status_unreachable_host_is_exit_3_with_the_connection_error(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+    empty = env / "ssh_config"
+    empty.write_text("")
+    monkeypatch.setenv("DDTCTL_SSH_CONFIG", str(empty))
+    started = time.monotonic()
+    res = invoke("status", "ct200", "here", "--json", "--no-gpu")
+    assert time.monotonic() - started < 30
+    assert res.exit_code == 3, res.stderr
+    ct, here = json.loads(res.stdout)["hosts"]
+    assert ct["unreachable"] is True and ct["ready_detail"] == "unreachable"
+    assert any("cannot connect" in e for e in ct["errors"]) and not any("Timeout" in e for e in ct["errors"])
+    assert here["unreachable"] is False and here["host"] == "here"
