@@ -99,13 +99,31 @@ def test_metrics_render_names():
     m.count_request("/v1/completions", 200)
     m.count_request("/random/path", 404)
     m.observe_finished(prompt_tokens=5, stats={"generated_tokens": 7, "mean_acceptance_length": 2.5,
-                                               "tokens_per_second": 30.0}, cancelled=True)
+                                               "tokens_per_second": 30.0, "decode_rounds": 2,
+                                               "decode_tokens": 5, "decode_seconds": 0.25}, cancelled=True)
     text = m.render().decode()
     assert 'ddtree_requests_total{endpoint="/v1/completions",status="200"} 1.0' in text
     assert 'endpoint="other"' in text
     assert "ddtree_generated_tokens_total 7.0" in text
     assert "ddtree_requests_cancelled_total 1.0" in text
     assert "ddtree_acceptance_length_count 1.0" in text
+    assert "ddtree_decode_tokens_per_second_count 1.0" in text
+
+
+def test_metrics_skip_prefill_only_requests_and_count_decode_totals():
+    m = Metrics()
+    for rounds, tokens, secs in ((0, 0, 0.0001), (4, 10, 0.5), (6, 6, 0.5)):
+        m.observe_finished(prompt_tokens=3, stats={
+            "generated_tokens": tokens + 1, "decode_rounds": rounds, "decode_tokens": tokens, "decode_seconds": secs,
+            "mean_acceptance_length": tokens / rounds if rounds else None,
+            "tokens_per_second": tokens / secs if rounds else None})
+    text = m.render().decode()
+    assert "ddtree_acceptance_length_count 2.0" in text
+    assert "ddtree_decode_tokens_per_second_count 2.0" in text
+    assert "ddtree_decode_rounds_total 10.0" in text
+    assert "ddtree_decode_tokens_total 16.0" in text
+    assert "ddtree_decode_seconds_total 1.0" in text
+    assert "ddtree_generated_tokens_total 19.0" in text
 
 
 def test_sdnotify_sends_datagrams(tmp_path, monkeypatch):

@@ -238,3 +238,16 @@ def test_hf_fallback_runner_equals_target():
     a, _ = _tokens(fallback, PROMPTS[1], p)
     b, _ = _tokens(_engine(ours), PROMPTS[1], p)
     assert a == b
+
+
+def test_stats_exclude_the_prefill_token(model):
+    """tau and tokens/s count decode rounds only; a 1-token request has neither (None, not 0)."""
+    engine = _engine(model)
+    last = list(engine.generate(PROMPTS[0], SamplingParams(max_tokens=1, ignore_eos=True)))[-1]
+    st = last.stats
+    assert st.generated_tokens == 1 and st.decode_rounds == 0 and st.decode_tokens == 0
+    assert st.mean_acceptance_length is None and st.tokens_per_second is None
+    last = list(engine.generate(PROMPTS[0], SamplingParams(max_tokens=10, ignore_eos=True)))[-1]
+    st = last.stats
+    assert st.decode_rounds == 9 and st.decode_tokens == 9 and st.mean_acceptance_length == 1.0
+    assert st.tokens_per_second == pytest.approx(9 / st.decode_seconds)

@@ -5,7 +5,12 @@ Names (all prefixed `ddtree_`):
 * `requests_total{endpoint,status}` — HTTP requests answered, by route and status code;
 * `prompt_tokens_total`, `generated_tokens_total` — tokens in and out (tokens);
 * `acceptance_length` — histogram of mean accepted tokens per target forward, per request (tokens);
-* `decode_tokens_per_second` — histogram of per-request decode speed (tokens/s);
+  only requests with at least one decode round (forward after prefill) are observed;
+* `decode_tokens_per_second` — histogram of per-request decode speed (tokens/s), same rule;
+* `decode_rounds_total`, `decode_tokens_total`, `decode_seconds_total` — monotonic sums over
+  finished requests of target forwards after prefill, the tokens they produced and their time:
+  mean tau = decode_tokens_total / decode_rounds_total, decode tokens/s =
+  decode_tokens_total / decode_seconds_total (rates over any window: ratio of `rate()`s);
 * `time_to_first_token_seconds` — queue wait + prefill + first round, per request (s);
 * `queue_depth` / `running_requests` — requests waiting for / running on the worker;
 * `requests_cancelled_total` — generations stopped because the client went away;
@@ -33,6 +38,10 @@ class Metrics:
         self.generated_tokens = Counter("ddtree_generated_tokens", "Tokens generated.", registry=r)
         self.cancelled = Counter("ddtree_requests_cancelled", "Generations cancelled by a client disconnect.",
                                  registry=r)
+        self.decode_rounds = Counter("ddtree_decode_rounds", "Target forwards after prefill.", registry=r)
+        self.decode_tokens = Counter("ddtree_decode_tokens", "Tokens produced by decode rounds (after prefill).",
+                                     registry=r)
+        self.decode_seconds = Counter("ddtree_decode_seconds", "Time spent in decode rounds (s).", registry=r)
         self.acceptance_length = Histogram(
             "ddtree_acceptance_length", "Mean accepted tokens per target forward (tau), per request.",
             buckets=(1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16), registry=r)
@@ -60,6 +69,12 @@ class Metrics:
         if not stats:
             return
         self.generated_tokens.inc(stats.get("generated_tokens") or 0)
+        rounds = stats.get("decode_rounds") or 0
+        if rounds <= 0:   # prefill only: no decode speed or acceptance length to speak of
+            return
+        self.decode_rounds.inc(rounds)
+        self.decode_tokens.inc(stats.get("decode_tokens") or 0)
+        self.decode_seconds.inc(max(stats.get("decode_seconds") or 0.0, 0.0))
         tau = stats.get("mean_acceptance_length")
         if tau:
             self.acceptance_length.observe(tau)

@@ -75,9 +75,9 @@ def run_one(engine, prompt_ids: list[int], m: Method, max_new_tokens: int, seed:
     e2e = time.perf_counter() - t0
     rec = {"method": m.name, "mode": m.mode, "budget": m.budget, "temperature": m.temperature,
            "prompt_tokens": len(prompt_ids), "tokens": stats.generated_tokens, "rounds": stats.decode_rounds,
-           "tau": stats.mean_acceptance_length if m.mode != "ar" else 1.0,
+           "tau": (stats.mean_acceptance_length or 1.0) if m.mode != "ar" else 1.0,
            "decode_s": stats.decode_seconds, "prefill_s": stats.prefill_seconds, "e2e_s": e2e,
-           "tokens_per_s": stats.tokens_per_second, "output_digest": _digest(ids)}
+           "tokens_per_s": stats.tokens_per_second or 0.0, "output_digest": _digest(ids)}
     stage = getattr(stats, "stage_seconds", None)  # optional engine field: {stage: seconds}
     if stage:
         rec["stage_seconds"] = dict(stage)

@@ -26,17 +26,32 @@ CUDA_TREE_BUDGET = 64  # default DDTree budget on CUDA (nodes)
 
 @dataclass
 class DecodeStats:
-    """Per-request decoding statistics (seconds; tau = tokens per target forward incl. bonus)."""
+    """Per-request decoding statistics.
+
+    The prefill forward yields the first token; every later target forward is one *decode round*
+    (ar: one token; dflash/ddtree: the accepted draft tokens plus the bonus token).
+
+    * ``decode_rounds``: target forwards after prefill.
+    * ``generated_tokens``: tokens returned to the client (after stop trimming), first one included.
+    * ``decode_tokens``: tokens the decode rounds produced (before stop trimming), i.e. without the
+      prefill token.
+    * ``mean_acceptance_length`` (tau): ``decode_tokens / decode_rounds``; ``None`` when there was
+      no decode round (e.g. a 1-token request): undefined, never 0.
+    * ``prefill_seconds``: prompt forward(s) up to the first token; ``decode_seconds``: from then on.
+    * ``tokens_per_second``: decode speed ``decode_tokens / decode_seconds``; ``None`` when there
+      was no decode round (the prefill token is never counted against decode time).
+    """
 
     mode: str
     tree_budget: int | None
     block_size: int | None
     decode_rounds: int
     generated_tokens: int
-    mean_acceptance_length: float
+    mean_acceptance_length: float | None
     prefill_seconds: float
     decode_seconds: float
-    tokens_per_second: float
+    tokens_per_second: float | None
+    decode_tokens: int = 0
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict."""
@@ -211,9 +226,10 @@ class Engine:
         stats = DecodeStats(
             mode=mode, tree_budget=budget, block_size=self.block_size if mode != "ar" else None,
             decode_rounds=rounds, generated_tokens=n,
-            mean_acceptance_length=(produced / rounds) if rounds else 0.0,
+            mean_acceptance_length=(produced / rounds) if rounds else None,
             prefill_seconds=prefill_s, decode_seconds=decode_s,
-            tokens_per_second=(n / decode_s) if decode_s > 0 else 0.0)
+            tokens_per_second=(produced / decode_s) if rounds and decode_s > 0 else None,
+            decode_tokens=produced)
         yield GenerationEvent(ids, text, checker.finish_reason, stats)
 
     def generate_text(self, prompt: str | list[int], params: SamplingParams, *, chat: bool = True,
