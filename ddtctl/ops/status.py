@@ -2,7 +2,10 @@
 
 Hosts are queried in a thread pool (`parallel` workers); each part of each host is guarded so one
 unreachable host or one failing probe never hides the others. Metrics come from `/metrics`
-(Prometheus text, parsed with prometheus_client.parser): the bundled server's
+(Prometheus text, parsed with prometheus_client.parser): the bundled server's monotonic counters
+when it exports them (tokens/s = `ddtree_decode_tokens_total` / `ddtree_decode_seconds_total`,
+tau = `ddtree_decode_tokens_total` / `ddtree_decode_rounds_total`: aggregated over all decoding,
+so 1-token readiness probes do not skew them), else its
 `ddtree_acceptance_length` / `ddtree_decode_tokens_per_second` histograms (mean = sum / count),
 SGLang's `sglang:spec_accept_length` / `sglang:gen_throughput` gauges, and vLLM's accepted/draft
 token counters (1 + accepted / drafts).
@@ -70,8 +73,14 @@ def parse_metrics(text: str) -> tuple[float | None, float | None]:
         count = s.get(f"{name}_count")
         return s[f"{name}_sum"] / count if count else None
 
-    accept = mean("ddtree_acceptance_length") or s.get("sglang:spec_accept_length")
-    tps = mean("ddtree_decode_tokens_per_second") or s.get("sglang:gen_throughput")
+    def ratio(num: str, den: str) -> float | None:
+        top, bottom = s.get(num), s.get(den)
+        return top / bottom if top is not None and bottom else None
+
+    accept = (ratio("ddtree_decode_tokens_total", "ddtree_decode_rounds_total")
+              or mean("ddtree_acceptance_length") or s.get("sglang:spec_accept_length"))
+    tps = (ratio("ddtree_decode_tokens_total", "ddtree_decode_seconds_total")
+           or mean("ddtree_decode_tokens_per_second") or s.get("sglang:gen_throughput"))
     drafts = s.get("vllm:spec_decode_num_drafts_total")
     if accept is None and drafts:
         accept = 1.0 + s.get("vllm:spec_decode_num_accepted_tokens_total", 0.0) / drafts

@@ -1,0 +1,62 @@
+"""parse_metrics on Prometheus exposition text (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddtctl.ops.status import parse_metrics
+
+# per-request histograms skewed by 1-token readiness probes (mean 8000 tok/s, tau 1.0)
+HISTOGRAMS = """\
+# HELP ddtree_acceptance_length Mean accepted tokens per target forward (tau), per request.
+# TYPE ddtree_acceptance_length histogram
+ddtree_acceptance_length_bucket{le="+Inf"} 10.0
+ddtree_acceptance_length_count 10.0
+ddtree_acceptance_length_sum 10.0
+# HELP ddtree_decode_tokens_per_second Decode speed per request (tokens/s).
+# TYPE ddtree_decode_tokens_per_second histogram
+ddtree_decode_tokens_per_second_bucket{le="+Inf"} 10.0
+ddtree_decode_tokens_per_second_count 10.0
+ddtree_decode_tokens_per_second_sum 80000.0
+"""
+
+COUNTERS = """\
+# HELP ddtree_decode_tokens_total Tokens produced by decode rounds (after prefill).
+# TYPE ddtree_decode_tokens_total counter
+ddtree_decode_tokens_total 1200.0
+# HELP ddtree_decode_tokens_created Tokens produced by decode rounds (after prefill).
+# TYPE ddtree_decode_tokens_created gauge
+ddtree_decode_tokens_created 1.7e+09
+# HELP ddtree_decode_seconds_total Time spent in decode rounds (s).
+# TYPE ddtree_decode_seconds_total counter
+ddtree_decode_seconds_total 10.0
+# HELP ddtree_decode_rounds_total Target forwards after prefill.
+# TYPE ddtree_decode_rounds_total counter
+ddtree_decode_rounds_total 400.0
+"""
+
+
+def test_counters_win_over_probe_skewed_histograms() -> None:
+    accept, tps = parse_metrics(HISTOGRAMS + COUNTERS)
+    assert tps == pytest.approx(120.0) and accept == pytest.approx(3.0)
+
+
+def test_histograms_are_the_fallback_without_counters() -> None:
+    assert parse_metrics(HISTOGRAMS) == (pytest.approx(1.0), pytest.approx(8000.0))
+
+
+def test_zero_counters_fall_back() -> None:
+    zero = COUNTERS.replace(" 1200.0", " 0.0").replace(" 10.0\n", " 0.0\n").replace(" 400.0", " 0.0")
+    assert parse_metrics(HISTOGRAMS + zero) == (pytest.approx(1.0), pytest.approx(8000.0))
+    assert parse_metrics("") == (None, None)
+
+
+def test_counters_as_prometheus_client_exports_them() -> None:
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    reg = CollectorRegistry()
+    Counter("ddtree_decode_tokens", "t", registry=reg).inc(500)
+    Counter("ddtree_decode_seconds", "s", registry=reg).inc(4)
+    Counter("ddtree_decode_rounds", "r", registry=reg).inc(200)
+    accept, tps = parse_metrics(generate_latest(reg).decode())
+    assert tps == pytest.approx(125.0) and accept == pytest.approx(2.5)
