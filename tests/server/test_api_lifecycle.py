@@ -107,8 +107,9 @@ def _serve_exit(*args: str) -> "subprocess.CompletedProcess":
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "ddtree_server", "serve", "--device", "cpu", "--dtype", "fp32", *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60,
+    device = [] if "--device" in args else ["--device", "cpu", "--dtype", "fp32"]
+    argv = [sys.executable, "-m", "ddtree_server", "serve", *device, *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
@@ -131,3 +132,24 @@ def test_busy_port_or_bad_host_exits_1_before_loading():
     assert done.returncode == 1, done.stderr[-3000:]
     assert done.stderr.startswith("error: cannot listen on 999.1.1.1:8000:"), done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_device_cuda_without_cuda_exits_1_at_once():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    started = time.monotonic()
+    done = _serve_exit("--device", "cuda", "--port", "0")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert done.stderr.strip() == "error: --device cuda: CUDA is not available on this machine (use --device cpu)"
+    assert time.monotonic() - started < 60
+
+
+def test_unusable_drafter_for_spec_mode_is_one_error_line(tmp_path):
+    """--mode dflash with a drafter folder that cannot load: exit 1, one error line, no traceback."""
+    done = _serve_exit("--mode", "dflash", "--drafter", str(tmp_path), "--host", "127.0.0.1", "--port", "0")
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "could not be served" in errors[0], done.stderr[-3000:]

@@ -194,8 +194,11 @@ class Worker:
             self._set_state("warming", "warm-up generation")
             self._warmup(self.engine)
         except Exception as exc:
-            log.exception("model load / warm-up failed")
-            self._set_state("failed", f"{type(exc).__name__}: {exc}")
+            # One line (operators read it in journald); the traceback only at --log-level debug.
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+            log.error("model load / warm-up failed: %s", detail)
+            log.debug("model load / warm-up traceback", exc_info=True)
+            self._set_state("failed", detail)
             return
         self.heartbeat = time.monotonic()
         with self._lock:

@@ -4,7 +4,9 @@ The HTTP listener starts first and the model loads on the worker thread, so /rea
 loading / warming before it turns 200 (and `READY=1` goes to `$NOTIFY_SOCKET`). SIGTERM or SIGINT
 drains: /ready says draining, new requests get 503, in-flight requests finish (at most
 `--drain-timeout` seconds), then the process exits 0. A second signal exits at once. A model that
-fails to load or warm up makes the process exit 1.
+fails to load or warm up (e.g. `--mode ddtree` without a usable drafter) makes the process exit 1
+after one `error: ...` line (the traceback is logged at --log-level debug only); `--device cuda`
+on a machine without CUDA exits 1 before anything loads.
 
 The listening socket is bound BEFORE the model starts loading: a busy port or an unusable `--host`
 prints one `error: cannot listen on HOST:PORT: reason` line and exits 1 at once (uvicorn would
@@ -72,6 +74,13 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
 
 def run_server(config: Any) -> int:
     """Serve until SIGTERM/SIGINT. Returns the process exit status (0 drained, 1 load or bind failure)."""
+    if config.device == "cuda":
+        from ddtree_server.config import _cuda_available
+
+        if not _cuda_available():   # known before anything loads: fail at once
+            print("error: --device cuda: CUDA is not available on this machine (use --device cpu)",
+                  file=sys.stderr, flush=True)
+            return 1
     try:
         sockets = bind_sockets(config.host, config.port)
     except OSError as exc:
@@ -123,6 +132,7 @@ def run_server(config: Any) -> int:
         os._exit(code or 1)
     if worker.state == "failed":
         outcome["status"] = 1
+        print(f"error: the model could not be served: {worker.detail}", file=sys.stderr, flush=True)
     log.info("exiting with status %d", outcome["status"])
     return outcome["status"]
 
