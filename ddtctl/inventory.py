@@ -105,6 +105,10 @@ def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
     except OSError as exc:
         raise InventoryError(f"{file}: cannot read inventory: {exc.strerror or exc} "
                              "(pass --inventory FILE or set DDTCTL_INVENTORY)") from None
+    except UnicodeDecodeError as exc:
+        line = file.read_bytes()[:exc.start].count(b"\n") + 1
+        raise InventoryError(f"{file}: cannot read inventory: not UTF-8 (line {line}, byte "
+                             f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
     return parse_inventory(text, file)
 
 
@@ -212,6 +216,10 @@ def _issue_from_error(root: yaml.Node | None, err: dict) -> Issue:
     msg = {"extra_forbidden": "unknown key", "missing": "required key is missing",
            "union_tag_invalid": "kind must be one of ddtree, sglang, vllm",
            "union_tag_not_found": "`kind:` is missing (ddtree, sglang or vllm)"}.get(err["type"], err["msg"])
+    if isinstance(err.get("input"), bool):       # YAML true/false/yes/no where a number belongs
+        msg = f"{msg}, not the boolean {str(err['input']).lower()}"
+    elif err["type"] in ("int_type", "float_type") and isinstance(err.get("input"), str):
+        msg = f"{msg}, not the string {err['input']!r}"
     return Issue(line, _dotted(shown), msg)
 
 
@@ -252,6 +260,18 @@ def _resolve(model: InventoryModel, root: yaml.Node | None, file: Path) -> tuple
         if key in vmids:
             bad(("containers", name, "vmid"), f"vmid {ct.vmid} already used by {vmids[key]} on node {ct.node}")
         vmids.setdefault(key, name)
+
+    # the same endpoint twice: two local hosts on one port, or two containers of one node with the
+    # same address and port (containers with their own addresses may share a port number)
+    ports: dict[tuple, str] = {}
+    for section, entries in (("containers", model.containers), ("local", model.local)):
+        for name, entry in entries.items():
+            port = entry.service.port
+            key = (entry.node, entry.address, port) if section == "containers" else ("local", port)
+            if key in ports:
+                where = "on this machine" if section == "local" else f"at {entry.address} on node {entry.node}"
+                bad((section, name, "service", "port"), f"port {port} already used by {ports[key]} {where}")
+            ports.setdefault(key, name)
 
     hosts = {name: Host.of_container(name, ct, model.nodes.get(ct.node)) for name, ct in model.containers.items()}
     hosts.update({name: Host.of_local(name, lh, str(ddtctl_home() / "hosts" / name))

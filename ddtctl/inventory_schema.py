@@ -44,7 +44,7 @@ class Node(_Strict):
 
     address: str = Field(min_length=1, description="SSH host name or IP address.")
     user: str | None = Field(None, description="SSH user (default: ~/.ssh/config, then the local user).")
-    port: int | None = Field(None, ge=1, le=65535, description="SSH port (default: ~/.ssh/config, then 22).")
+    port: int | None = Field(None, strict=True, ge=1, le=65535, description="SSH port (default: ~/.ssh/config, then 22).")
     ssh_options: dict[str, EnvValue] = Field(default_factory=dict, description="Extra ssh_config options.")
     models_root: str = Field("/srv/ddtctl/models", description="Node folder of `shared` weights (absolute).")
 
@@ -77,7 +77,7 @@ class ModelRef(_Strict):
 
 
 class _ServiceBase(_Strict):
-    port: int = Field(ge=1, le=65535, description="TCP port the service listens on.")
+    port: int = Field(strict=True, ge=1, le=65535, description="TCP port the service listens on.")
     bind: str | None = Field(None, description="Listen address (default 0.0.0.0; 127.0.0.1 on local hosts).")
     unit: str | None = Field(None, description="systemd unit name (default `<kind>.service`).")
     model_id: str | None = Field(None, description="Served model id (default: the target's base name).")
@@ -90,7 +90,7 @@ class _ServiceBase(_Strict):
     environment: dict[str, EnvValue] = Field(default_factory=dict, description="Extra environment.")
     extra_args: list[str] = Field(default_factory=list, description="Appended to the command line verbatim.")
     api_key_env: str | None = Field(None, description="Local env var holding the API key for probes.")
-    ready_timeout_s: float = Field(1800.0, gt=0, description="wait-ready deadline (seconds).")
+    ready_timeout_s: float = Field(1800.0, strict=True, gt=0, description="wait-ready deadline (seconds).")
 
     @field_validator("environment")
     @classmethod
@@ -113,7 +113,7 @@ class DdtreeService(_ServiceBase):
 
     kind: Literal["ddtree"]
     mode: Literal["ar", "dflash", "ddtree"] | None = Field(None, description="Default: server decides.")
-    tree_budget: int | None = Field(None, ge=1, le=4096, description="DDTree node budget (nodes).")
+    tree_budget: int | None = Field(None, strict=True, ge=1, le=4096, description="DDTree node budget (nodes).")
     device: Literal["cuda", "cpu"] | None = None
     dtype: Literal["bf16", "fp32"] | None = None
     python: str | None = Field(None, description="Interpreter the release venv is made from "
@@ -146,7 +146,7 @@ Service = Annotated[Union[DdtreeService, SglangService, VllmService], Field(disc
 class Container(_Strict):
     """An LXC container on a Proxmox node, entered with `pct exec` / `pct push`."""
 
-    vmid: int = Field(ge=100, le=999_999_999, description="Proxmox VMID (100..999999999).")
+    vmid: int = Field(strict=True, ge=100, le=999_999_999, description="Proxmox VMID (100..999999999).")
     node: str = Field(min_length=1, description="Name of a node under `nodes:`.")
     address: str = Field(min_length=1, description="Address the service is reached at over HTTP.")
     root: str = Field("/opt/ddtree", description="Install root inside the container (absolute).")

@@ -83,8 +83,7 @@ def test_good_inventory_resolves() -> None:
     ("    vmid: 200\n", "    vmid: 42\n",
      "inventory.yaml:10: containers.ct200.vmid: Input should be greater than or equal to 100"),
     ("    vmid: 200\n", "    vmid: two\n",
-     "inventory.yaml:10: containers.ct200.vmid: Input should be a valid integer, unable to parse string "
-     "as an integer"),
+     "inventory.yaml:10: containers.ct200.vmid: Input should be a valid integer, not the string 'two'"),
     ("    node: pve1\n    address: 10.0.0.20\n", "    node: pve9\n    address: 10.0.0.20\n",
      "inventory.yaml:11: containers.ct200.node: undefined node 'pve9'; did you mean 'pve2'?"),
     ("    node: pve1\n    address: 10.0.0.20\n", "    node: zzz\n    address: 10.0.0.20\n",
@@ -96,8 +95,7 @@ def test_good_inventory_resolves() -> None:
     ("      kind: vllm\n", "      kind: tgi\n",
      "inventory.yaml:23: containers.ct201.service: kind must be one of ddtree, sglang, vllm"),
     ("      port: 30000\n", "      port: many\n",
-     "inventory.yaml:33: containers.ct129.service.port: Input should be a valid integer, unable to parse "
-     "string as an integer"),
+     "inventory.yaml:33: containers.ct129.service.port: Input should be a valid integer, not the string 'many'"),
     ("    service: {kind: ddtree, port: 8411, device: cpu}\n", "    service: {kind: ddtree, device: cpu}\n",
      "inventory.yaml:37: local.here.service.port: required key is missing"),
     ("  web: [ct201, here]\n", "  web: [ct201, ct999]\n", "inventory.yaml:39: groups.web[1]: unknown host 'ct999'"),
@@ -189,3 +187,40 @@ def test_shipped_inventories_validate() -> None:
         "ct200": ("pve1", 200, "ddtree"), "ct129": ("pro6000", 129, "sglang")}
     assert fleet.hosts["ct129"].service.port == 30000
     assert fleet.hosts["ct200"].service.gpus == ["0"] and fleet.hosts["ct200"].service.weights == "shared"
+
+
+def test_not_utf8_is_an_inventory_error(tmp_path: Path) -> None:
+    bad = tmp_path / "inv.yaml"
+    bad.write_bytes(b"local:\n  a:\n    service: {kind: ddtree, port: 8000}  # caf\xe9\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(bad)
+    assert str(info.value).startswith(f"{bad}: cannot read inventory: not UTF-8 (line 3")
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(("service", "key", "message"), [
+    ("port: true", "port", "Input should be a valid integer, not the boolean true"),
+    ("port: 8000, ready_timeout_s: true", "ready_timeout_s", "valid number, not the boolean true"),
+    ("port: 8000, tree_budget: false", "tree_budget", "valid integer, not the boolean false"),
+])
+def test_booleans_are_not_numbers(service: str, key: str, message: str) -> None:
+    (err,) = _errors(f"local:\n  a:\n    service: {{kind: ddtree, {service}}}\n")
+    assert err.startswith(f"inventory.yaml:3: local.a.service.{key}: ") and message in err
+
+
+def test_duplicate_endpoints_are_refused() -> None:
+    text = textwrap.dedent("""\
+        nodes:
+          n1: {address: 127.0.0.1}
+        containers:
+          c1: {vmid: 101, node: n1, address: 127.0.0.5, service: {kind: ddtree, port: 8000}}
+          c2: {vmid: 102, node: n1, address: 127.0.0.6, service: {kind: ddtree, port: 8000}}
+          c3: {vmid: 103, node: n1, address: 127.0.0.5, service: {kind: ddtree, port: 8000}}
+        local:
+          a: {service: {kind: ddtree, port: 8000}}
+          b: {service: {kind: ddtree, port: 8001}}
+          c: {service: {kind: ddtree, port: 8000}}
+        """)
+    assert _errors(text) == [
+        "inventory.yaml:6: containers.c3.service.port: port 8000 already used by c1 at 127.0.0.5 on node n1",
+        "inventory.yaml:10: local.c.service.port: port 8000 already used by a on this machine"]
