@@ -202,6 +202,42 @@ def test_lone_surrogates_are_400(path, raw, param):
     assert "surrogate" in error["message"]
 
 
+_U = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize("path, extra, param, unsupported", [
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", True),
+    ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice", True),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format", True),
+    ("/v1/chat/completions", {"logit_bias": {"50256": -100}}, "logit_bias", True),
+    ("/v1/chat/completions", {"presence_penalty": 0.5}, "presence_penalty", True),
+    ("/v1/chat/completions", {"frequency_penalty": -1}, "frequency_penalty", True),
+    ("/v1/chat/completions", {"frequency_penalty": 3}, "frequency_penalty", False),
+    ("/v1/completions", {"presence_penalty": -2.5}, "presence_penalty", False),
+    ("/v1/completions", {"best_of": 2}, "best_of", True),
+    ("/v1/completions", {"stream": "yes"}, "stream", False),
+    ("/v1/chat/completions", {"stream": "true"}, "stream", False),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]}, "messages.0.content", False),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0.content", False),
+])
+def test_unsupported_openai_params_are_400(path, extra, param, unsupported):
+    body = {"messages": _U} if path.endswith("chat/completions") else {"prompt": "x"}
+    response = _request("POST", path, json={**body, **extra})
+    assert response.status_code == 400, response.text
+    error = _error(response)
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    if unsupported:
+        assert "not supported by this server" in error["message"]
+
+
+def test_neutral_values_of_unsupported_params_are_accepted():
+    request = ChatCompletionRequest(messages=_U, tools=[], tool_choice="none", response_format={"type": "text"},
+                                    logit_bias={}, presence_penalty=0, frequency_penalty=0.0, stream=False)
+    assert request.stream is False
+    assert CompletionRequest(prompt="x", best_of=1, stream=None).stream is False
+    assert ChatCompletionRequest(messages=[*_U, {"role": "assistant", "content": None}]).messages[1].text() == ""
+
+
 def test_seed_range_is_int64():
     for seed in (0, -1, -(2**63), 2**63 - 1):
         assert CompletionRequest(prompt="x", seed=seed).seed == seed

@@ -8,7 +8,11 @@ Extensions over the OpenAI schema:
 * every response, and the final chunk of every stream, carries `decoding` = `DecodeStats.to_dict()`.
 
 Unknown request fields are ignored (OpenAI clients send many optional ones); fields we cannot honour
-(`n` > 1, several prompts, non-text content parts, `logprobs`) are rejected with 400.
+are rejected with 400 ("... is not supported by this server") rather than silently ignored: `n` > 1,
+`best_of` > 1, several prompts, non-text content parts, `logprobs`, non-empty `tools`, a
+`tool_choice` other than "none", `response_format` other than `{"type": "text"}`, non-empty
+`logit_bias`, `presence_penalty` / `frequency_penalty` other than 0 (outside [-2, 2] is a range
+error). `stream` must be a JSON boolean. system / developer / user messages need text content.
 
 `seed` must be a 64-bit signed integer, -2**63 <= seed < 2**63 (OpenAI's range; anything else is
 400 with param "seed"); torch seeds the request's generator with it modulo 2**64, so every value
@@ -21,7 +25,7 @@ import time
 import uuid
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationInfo, field_validator
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -62,8 +66,16 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     role: Role
-    content: StrictStr | list[TextPart] | None = None
+    content: StrictStr | list[TextPart] | None = Field(None, validate_default=True)
     name: StrictStr | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_required(cls, value: Any, info: ValidationInfo) -> Any:
+        role = info.data.get("role")
+        if value is None and role in ("system", "developer", "user"):
+            raise ValueError(f"a {role} message needs content (a string or a list of text parts)")
+        return value
 
     @field_validator("content", "name")
     @classmethod
@@ -96,11 +108,59 @@ class _GenerationRequest(BaseModel):
                              description="OpenAI's int64 range; negative seeds are taken modulo 2**64.")
     stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)
     n: int = Field(1, ge=1, description="Choices per request; only 1 is supported.")
-    stream: bool = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     decoding: DecodingOverride | None = None
     ignore_eos: bool = False
     logprobs: Any = None
+    best_of: int | None = Field(None, ge=1)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, Any] | None = None
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+
+    @field_validator("stream")
+    @classmethod
+    def _stream_bool(cls, value: bool | None) -> bool:
+        return bool(value)
+
+    @field_validator("best_of")
+    @classmethod
+    def _one_best_of(cls, value: int | None) -> int | None:
+        if value is not None and value > 1:
+            raise ValueError("best_of > 1 is not supported by this server")
+        return value
+
+    @field_validator("tools", "logit_bias")
+    @classmethod
+    def _empty_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if value:
+            raise ValueError(f"{info.field_name} is not supported by this server")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: Any) -> Any:
+        if value not in (None, "none"):
+            raise ValueError("tool_choice is not supported by this server (tools are not supported)")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "text":
+            raise ValueError(f"response_format {value.get('type')!r} is not supported by this server "
+                             "(only {\"type\": \"text\"})")
+        return value
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value:
+            raise ValueError(f"{info.field_name} other than 0 is not supported by this server")
+        return value
 
     @field_validator("stop")
     @classmethod
