@@ -17,7 +17,7 @@ import typer
 
 from ddtctl import report
 from ddtctl.errors import DdtctlError, UsageError, exit_code_for
-from ddtctl.inventory import Host, Inventory, load_inventory
+from ddtctl.inventory import Host, Inventory, ddtctl_home, load_inventory
 
 HostsArg = typer.Argument(None, metavar="[HOST|GROUP]...", help="Host or group names (globs allowed).",
                           show_default=False)
@@ -76,6 +76,19 @@ def node_of(transport) -> Any:
     return getattr(transport, "node", None)
 
 
+def home_error(exc: BaseException) -> UsageError | None:
+    """A UsageError (exit 2) for an OSError on ddtctl's state directory ($DDTCTL_HOME, e.g.
+    unwritable or not a directory); None for any other error."""
+    if not isinstance(exc, OSError) or not exc.filename:
+        return None
+    home = os.path.abspath(ddtctl_home())
+    path = os.path.abspath(os.fsdecode(exc.filename))
+    if os.path.commonpath([home, path]) not in (home, path):
+        return None
+    return UsageError(f"ddtctl state directory {home} (DDTCTL_HOME) is not usable: "
+                      f"{exc.strerror or exc}: {path}")
+
+
 def handle_errors(fn: Callable) -> Callable:
     """Turn DdtctlError into a message on stderr + its exit code (no traceback for user mistakes)."""
     @functools.wraps(fn)
@@ -88,6 +101,12 @@ def handle_errors(fn: Callable) -> Callable:
         except KeyboardInterrupt:
             report.error("interrupted")
             raise typer.Exit(130) from None
+        except OSError as exc:
+            usage = home_error(exc)
+            if usage is None:
+                raise
+            report.error(str(usage))
+            raise typer.Exit(int(usage.exit_code)) from None
     return wrapper
 
 
@@ -101,6 +120,9 @@ def per_host(hosts: list[Host], fn: Callable[[Host, Any], Any], parallel: int) -
         except DdtctlError as exc:
             return host, None, exc
         except Exception as exc:  # noqa: BLE001 - an unexpected failure on one host must not hide the others
+            usage = home_error(exc)
+            if usage is not None:
+                return host, None, usage
             return host, None, DdtctlError(f"{host.name}: {type(exc).__name__}: {exc}")
         finally:
             if transport is not None:

@@ -202,3 +202,11 @@ def test_status_unreachable_host_is_exit_3_with_the_connection_error(env: Path, 
     assert ct["unreachable"] is True and ct["ready_detail"] == "unreachable"
     assert any("cannot connect" in e for e in ct["errors"]) and not any("Timeout" in e for e in ct["errors"])
     assert here["unreachable"] is False and here["host"] == "here"
+
+
+def test_unusable_ddtctl_home_is_one_line_exit_2(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DDTCTL_HOME", "/dev/null/x")
+    res = CliRunner().invoke(app, ["deploy", "here", "--no-smoke"])
+    assert res.exit_code == 2, (res.stderr, res.exception)
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert "/dev/null/x (DDTCTL_HOME) is not usable: Not a directory" in res.stderr
