@@ -68,6 +68,10 @@ def exec_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST")
 
     Example: ddtctl exec ct200 -- nvidia-smi -L
     """
+    if argv and argv[0] != "--" and argv[0].startswith("-"):
+        before = argv[:argv.index("--")] if "--" in argv else argv[:1]
+        raise UsageError(f"exec takes no options after HOST (got {' '.join(before)!r}); put the command "
+                         "after --, e.g. ddtctl exec HOST -- uname -a")
     target = common.select_one(ctx, host)
     argv = argv[1:] if argv and argv[0] == "--" else argv
     if not argv:

@@ -167,6 +167,10 @@ def test_exec_relays_argv_output_and_status(env: Path) -> None:
     assert res.stdout == "a b|$HOME"
     res = invoke("exec", "here")
     assert res.exit_code == 2 and "give a command after --" in res.stderr
+    res = invoke("exec", "here", "--json", "--", "echo", "hi")
+    assert res.exit_code == 2 and "exec takes no options after HOST (got '--json')" in res.stderr
+    res = invoke("exec", "here", "--json")
+    assert res.exit_code == 2 and res.stdout == "" and "--json" in res.stderr
 
 
 def test_smoke_unreachable_node_fails_fast_with_exit_3(env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
