@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 
 import httpx
 import pytest
@@ -153,6 +154,40 @@ def _request(method: str, path: str, api_key: str | None = None, **kwargs) -> ht
             return await client.request(method, path, **kwargs)
 
     return asyncio.run(go())
+
+
+def test_models_show_folder_names_not_paths(tmp_path):
+    """/v1/models names the drafter (and target) by folder name only, on a real tiny Engine."""
+    from ddtree_server.engine.engine import Engine
+    from tests.server.tiny import EOS, VOCAB, ByteTokenizer, TableDrafter, tiny_target
+
+    drafter_dir, target_dir = tmp_path / "secret" / "my-drafter", tmp_path / "secret" / "my-target"
+    drafter_dir.mkdir(parents=True)
+    target_dir.mkdir()
+    engine = Engine(tiny_target(), ByteTokenizer(), TableDrafter([[1]], vocab=VOCAB, hidden=64, layer_ids=[1, 2]),
+                    eos_token_ids=[EOS], max_model_len=64, model_id="tiny")
+    config = ServerConfig(device="cpu", drafter=drafter_dir, target=target_dir)
+    worker = Worker(load=lambda status: engine, warmup=lambda engine: None)
+    worker.start()
+    try:
+        for _ in range(100):
+            if worker.state == "ready":
+                break
+            time.sleep(0.05)
+        app = create_app(config, worker, Metrics())
+
+        async def go() -> httpx.Response:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                return await client.get("/v1/models")
+
+        response = asyncio.run(go())
+    finally:
+        worker.stop()
+    assert response.status_code == 200, response.text
+    card = response.json()["data"][0]
+    assert card["drafter"] == "my-drafter" and card["target"] == "my-target"
+    assert str(tmp_path) not in response.text and "secret" not in response.text
 
 
 def _error(response: httpx.Response) -> dict:

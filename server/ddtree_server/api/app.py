@@ -163,10 +163,13 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         return Response(metrics.render(), media_type=metrics.content_type)
 
     def card(engine: Any) -> dict[str, Any]:
+        # Only folder / file names: never the host's absolute paths.
         drafter = None
         if getattr(engine, "drafter", None) is not None:
-            drafter = str(config.drafter) if config.drafter else "default"
-        extra = {"target": str(config.target or config.gguf or "default"), "drafter": drafter,
+            drafter = (config.drafter.resolve().name or "default") if config.drafter else "default"
+        source = config.target or config.gguf
+        target = (source.resolve().name or "default") if source else "default"
+        extra = {"target": target, "drafter": drafter,
                  "decoding": {"default_mode": engine.default_mode, "modes": sorted(available_modes(engine)),
                               "tree_budget": getattr(engine, "tree_budget", None),
                               "block_size": getattr(engine, "block_size", None)}}
