@@ -19,7 +19,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, Trans
 from rich.table import Table
 
 STATUS_STYLE = {"ok": "green", "pass": "green", "changed": "yellow", "planned": "cyan", "skipped": "dim",
-                "failed": "red", "fail": "red", "n/a": "dim"}
+                "failed": "red", "fail": "red", "n/a": "dim",
+                "loading": "yellow", "warming": "yellow"}
 
 
 def err_console() -> Console:
@@ -116,6 +117,14 @@ def _num(value: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def ready_word(st: Any) -> str:
+    """`ok`; `loading` / `warming` while the server is still starting (not a failure); else `failed`."""
+    if st.ready:
+        return "ok"
+    state = getattr(st, "ready_state", None)
+    return state if state in ("loading", "warming") else "failed"
+
+
 def status_table(statuses: Iterable[Any]) -> None:
     table = Table(title="status", title_justify="left")
     for col in ("host", "kind", "unit", "restarts", "ready", "models", "gpu", "tau", "tok/s", "release"):
@@ -129,7 +138,7 @@ def status_table(statuses: Iterable[Any]) -> None:
         if st.version_mismatch:
             release = f"[yellow]{escape(release)} (checkout: {escape(st.expected_release)})[/yellow]"
         table.add_row(st.host, st.kind, _styled(unit.get("active", "?")), str(unit.get("restarts", "-")),
-                      _styled("ok" if st.ready else "failed"), ", ".join(st.models) or "-", escape(gpus),
+                      _styled(ready_word(st)), ", ".join(st.models) or "-", escape(gpus),
                       _num(st.acceptance_length), _num(st.tokens_per_second, "{:.1f}"), release)
     err_console().print(table)
     for st in statuses:

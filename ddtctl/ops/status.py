@@ -34,6 +34,7 @@ class HostStatus:
     unit: dict | None = None
     ready: bool | None = None
     ready_detail: str = ""
+    ready_state: str | None = None  # the bundled server's /ready `state` (loading, warming, ready, ...)
     models: list[str] = field(default_factory=list)
     gpus: list[dict] | None = None
     gpu_error: dict | None = None
@@ -87,6 +88,16 @@ def parse_metrics(text: str) -> tuple[float | None, float | None]:
     return accept, tps
 
 
+def _state_of(resp) -> str | None:
+    """`state` of a JSON health body ({"state": "loading", ...}), else None."""
+    try:
+        body = resp.json()
+    except ValueError:
+        return None
+    state = body.get("state") if isinstance(body, dict) else None
+    return state if isinstance(state, str) else None
+
+
 def _guard(st: HostStatus, part: str, fn: Callable[[], None]) -> None:
     try:
         fn()
@@ -109,6 +120,9 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
         with api_client(host, transport, timeout=30.0) as client:
             r = client.get(health_path(host))
             st.ready, st.ready_detail = r.status_code == 200, f"{health_path(host)} {r.status_code}"
+            st.ready_state = _state_of(r)
+            if st.ready_state and not st.ready:
+                st.ready_detail += f" state={st.ready_state}"
             r = client.get("/v1/models")
             if r.status_code == 200:
                 st.models = [m.get("id") for m in r.json().get("data", [])]

@@ -60,3 +60,54 @@ def test_counters_as_prometheus_client_exports_them() -> None:
     Counter("ddtree_decode_rounds", "r", registry=reg).inc(200)
     accept, tps = parse_metrics(generate_latest(reg).decode())
     assert tps == pytest.approx(125.0) and accept == pytest.approx(2.5)
+
+
+def test_status_shows_loading_not_failed(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys) -> None:
+    import http.server
+    import json
+    import threading
+    from pathlib import Path
+
+    from ddtctl import report
+    from ddtctl.inventory import parse_inventory
+    from ddtctl.ops import status as status_ops
+    from ddtctl.remote.transport import LocalTransport
+
+    class Loading(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            code, body = (503, {"state": "loading", "detail": "loading the model"}) if self.path == "/ready" \
+                else (503, {"error": {"message": "not ready"}})
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loading)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    class Unit:
+        def to_dict(self):
+            return {"active": "active", "sub": "running", "restarts": 0}
+
+    class Manager:
+        def state(self):
+            return Unit()
+
+    monkeypatch.setattr(status_ops, "manager_for", lambda host, transport: Manager())
+    monkeypatch.setenv("DDTCTL_HOME", str(tmp_path))
+    inv = parse_inventory(f"local:\n  here: {{service: {{kind: ddtree, port: {server.server_address[1]}}}}}\n",
+                          Path("inv.yaml"))
+    try:
+        st = status_ops.host_status(inv.hosts["here"], LocalTransport("here"), gpus=False)
+    finally:
+        server.shutdown()
+    assert (st.ready, st.ready_state) == (False, "loading")
+    assert st.ready_detail == "/ready 503 state=loading"
+    report.status_table([st])
+    row = next(line for line in capsys.readouterr().err.splitlines() if "here" in line)
+    assert "loading" in row and "failed" not in row
