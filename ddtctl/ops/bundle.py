@@ -1,7 +1,7 @@
 """The server wheel of exactly this checkout, and its version identity.
 
 Identity = the ddtree-server package version + sha256 of every source file under server/
-(relative paths and contents, build debris excluded): `0.1.0-1a2b3c4d5e6f`. It names the
+(relative paths and contents; build debris, bytecode and hidden files excluded, as in the wheel build): `0.1.0-1a2b3c4d5e6f`. It names the
 release directory on each host and is what `status` compares the deployed release against.
 The wheel is built once per identity with `pip wheel --no-deps` and cached under
 $DDTCTL_HOME/cache/wheels/<identity>/. ddtctl never imports ddtree_server.
@@ -67,7 +67,10 @@ def _source_files(root: Path) -> list[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.endswith(_SKIP_SUFFIXES)
                              and not d.startswith("."))
-        files += [Path(dirpath) / f for f in sorted(filenames) if not f.endswith(_SKIP_SUFFIXES)]
+        # hidden files (editor swap files, .coverage, ...) are skipped like hidden dirs: the wheel
+        # build copies the sources without them, so they must not change the identity either
+        files += [Path(dirpath) / f for f in sorted(filenames)
+                  if not f.endswith(_SKIP_SUFFIXES) and not f.startswith(".")]
     return files
 
 

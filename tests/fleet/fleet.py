@@ -113,14 +113,21 @@ class Fleet:
         self.known_hosts.write_text("".join(n.sshd.known_hosts_line + "\n" for n in self.nodes.values()))
         self.ssh_config.write_text("# hermetic: replaces ~/.ssh/config for ddtctl (DDTCTL_SSH_CONFIG)\n")
         self.home.mkdir(exist_ok=True)
-        for part in ("ddtctl", "server", "templates"):
-            shutil.copytree(REPO / part, self.base / "src" / part, dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist"))
+        self.snapshot()
         hf_folder()                      # converted before the cache is bound into containers
         for spec in self.specs.values():
             self._create(spec)
         self.write_inventory(self.inventory)
         return self
+
+    def snapshot(self) -> Path:
+        """Copy ddtctl/, server/, templates/ to <base>/src (a fresh copy: nothing stale kept)."""
+        src = self.base / "src"
+        for part in ("ddtctl", "server", "templates"):
+            shutil.rmtree(src / part, ignore_errors=True)
+            shutil.copytree(REPO / part, src / part,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "dist", ".*"))
+        return src
 
     def write_inventory(self, path: Path, service_overrides: dict[str, dict] | None = None) -> Path:
         """Write the inventory (optionally with per-container `service:` keys replaced) to `path`."""
@@ -198,11 +205,18 @@ class Fleet:
         """Environment for running ddtctl against this fleet (hermetic ssh config and state dir)."""
         return {**os.environ, "DDTCTL_INVENTORY": str(self.inventory), "DDTCTL_SSH_CONFIG": str(self.ssh_config),
                 "DDTCTL_HOME": str(self.home), "NO_COLOR": "1", "COLUMNS": "200",
-                "PYTHONPATH": str(self.base / "src")}
+                "PYTHONPATH": str(self.base / "src"), "PYTHONSAFEPATH": "1"}
+
+    def python(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """Python with the snapshot on its path. `python -m`/`-c` would put the working directory
+        FIRST on sys.path (before PYTHONPATH): run from the fleet's base (no ddtctl/ there) with
+        PYTHONSAFEPATH, so the live checkout (edited during the session) is never imported; else
+        `status` would hash a changed server/ and report a version mismatch."""
+        return subprocess.run([sys.executable, *args], env=self.env(), capture_output=True, cwd=self.base,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
     def ddtctl(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "ddtctl", *args], env=self.env(), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        return self.python("-m", "ddtctl", *args, timeout=timeout)
 
     def exec(self, name: str, *argv: str) -> subprocess.CompletedProcess:
         """Run argv inside container `name` via the node's pct emulation (test inspection only)."""
