@@ -31,20 +31,7 @@ done
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WORK=${DDTREE_WORK:-/tmp/ddtree-bench}
 mkdir -p "$WORK" "$OUT"
-export PYTHONPATH="$REPO/server${PYTHONPATH:+:$PYTHONPATH}"
-export DDTREE_CACHE="$WORK/cache" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-
-if ! python -c "import gguf" 2>/dev/null; then
-  python - "$WORK/pylib" "$WHEELS" <<'EOF'
-import sys, zipfile, pathlib
-dest, wheels = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-whl = sorted(wheels.glob("gguf-*.whl"))
-if not whl:
-    sys.exit(f"no gguf-*.whl in {wheels}")
-zipfile.ZipFile(whl[-1]).extractall(dest)
-EOF
-  export PYTHONPATH="$PYTHONPATH:$WORK/pylib"
-fi
+source "$REPO/scripts/gpu_env.sh"
 
 if compgen -G "$DRAFTER/*.part00" >/dev/null; then
   rm -rf "$WORK/drafter" && mkdir -p "$WORK/drafter" && cp "$DRAFTER"/* "$WORK/drafter/"

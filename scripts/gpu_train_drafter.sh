@@ -34,23 +34,7 @@ done
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mkdir -p "$WORK" "$OUT"
-export PYTHONPATH="$REPO/server${PYTHONPATH:+:$PYTHONPATH}"
-export DDTREE_CACHE="$WORK/cache" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-
-if ! python -c "import gguf" 2>/dev/null; then
-  [[ -n $WHEELS ]] || { echo "gguf is not installed: pass --wheels DIR holding gguf-*.whl" >&2; exit 2; }
-  # pure-Python wheel: unpack it next to the work dir instead of touching the system site-packages
-  python - "$WORK/pylib" "$WHEELS" <<'EOF'
-import sys, zipfile, pathlib
-dest, wheels = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-whl = sorted(wheels.glob("gguf-*.whl"))
-if not whl:
-    sys.exit(f"no gguf-*.whl in {wheels}")
-zipfile.ZipFile(whl[-1]).extractall(dest)
-print(f"unpacked {whl[-1].name} into {dest}")
-EOF
-  export PYTHONPATH="$PYTHONPATH:$WORK/pylib"
-fi
+source "$REPO/scripts/gpu_env.sh"
 
 SRC=()
 if [[ -n $PROMPTS ]]; then SRC=(--prompts "$PROMPTS"); elif [[ -n $WHEELS ]]; then SRC=(--data-dir "$WHEELS"); fi

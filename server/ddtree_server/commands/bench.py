@@ -13,12 +13,7 @@ from typing import List, Optional
 
 import typer
 
-
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+from ddtree_server.commands.options import int_list
 
 
 def bench(
@@ -57,13 +52,13 @@ def bench(
     if merge:
         paths = merge_reports(list(merge), out, stem)
     else:
-        settings = BenchSettings(budgets=tuple(_ints(budgets)), max_new_tokens=max_new_tokens,
+        settings = BenchSettings(budgets=tuple(int_list(budgets)), max_new_tokens=max_new_tokens,
                                  t1_budget=t1_budget if t1_budget >= 0 else None, hf_prompts=hf_prompts, seed=seed,
                                  time_budget_s=time_budget_minutes * 60 if time_budget_minutes > 0 else None,
                                  modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
         opts = SessionOptions(out_dir=out, datasets=[d.strip() for d in datasets.split(",") if d.strip()],
                               settings=settings, max_prompts=max_prompts, target=target, gguf=gguf, drafter=drafter,
-                              target_layer_ids=_ints(target_layer_ids) if target_layer_ids else None,
+                              target_layer_ids=int_list(target_layer_ids) if target_layer_ids else None,
                               data_dir=data_dir, download=not no_download, device=device, dtype=dtype,
                               commit=commit, stem=stem, drafter_graphs=drafter_graphs)
         try:

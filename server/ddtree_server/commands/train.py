@@ -12,12 +12,7 @@ from typing import Optional
 
 import typer
 
-
-def _ids(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+from ddtree_server.commands.options import int_list
 
 
 def train_drafter(
@@ -73,7 +68,7 @@ def train_drafter(
         gen=GenSettings(max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
                         batch_size=gen_batch_size, sampled_fraction=sampled_fraction,
                         temperature=temperature, seed=seed),
-        layers=layers, layer_ids=_ids(target_layer_ids), block_size=block_size,
+        layers=layers, layer_ids=int_list(target_layer_ids), block_size=block_size,
         intermediate_size=intermediate_size, mask_token_id=mask_token_id, init=init, init_from=init_from,
         train=TrainSettings(steps=steps, batch_size=batch_size, anchors=anchors, lr=lr,
                             warmup_steps=warmup_steps, gamma=gamma, seed=seed),
