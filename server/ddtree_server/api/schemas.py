@@ -133,7 +133,7 @@ class _GenerationRequest(BaseModel):
             raise ValueError("best_of > 1 is not supported by this server")
         return value
 
-    @field_validator("tools", "logit_bias")
+    @field_validator("tools", "logit_bias", "echo", "suffix", check_fields=False)
     @classmethod
     def _empty_only(cls, value: Any, info: ValidationInfo) -> Any:
         if value:
@@ -233,13 +233,6 @@ class CompletionRequest(_GenerationRequest):
         if len(prompt) == 0:
             raise ValueError("prompt must not be empty")
         return prompt
-
-    @field_validator("echo", "suffix")
-    @classmethod
-    def _unsupported(cls, value: Any, info: Any) -> Any:
-        if value:
-            raise ValueError(f"{info.field_name} is not supported")
-        return value
 
     def token_limit(self) -> int | None:
         return self.max_tokens
