@@ -213,12 +213,22 @@ def test_ready_reports_loading_and_models_503():
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 99999999999999999999999}, "seed"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 2**63}, "seed"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": -(2**63) - 1}, "seed"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": [1, 2]}, "stop"),
 ])
 def test_validation_errors_are_openai_400(body, param):
     response = _request("POST", "/v1/chat/completions", json=body)
     assert response.status_code == 400
     error = _error(response)
     assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+@pytest.mark.parametrize("raw", [b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}',
+                                 b'{"messages": [{"role": "user", "content": "x"}], "top_p": Infinity}'])
+def test_non_finite_sampling_values_are_400(raw):
+    response = _request("POST", "/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400, response.text
+    error = _error(response)
+    assert error["param"] in ("temperature", "top_p") and "finite" in error["message"]
 
 
 @pytest.mark.parametrize("path, raw, param", [

@@ -90,9 +90,14 @@ class _Middleware:
         return False
 
 
+_BRANCH_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # drop pydantic's union-branch tags ("str", "list[int]", "function-after[...]") from the path
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and str(p) not in _BRANCH_TAGS
+           and "[" not in str(p)]
     if first.get("type") == "json_invalid":
         return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
     param = ".".join(loc) or None

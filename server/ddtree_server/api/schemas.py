@@ -21,6 +21,7 @@ in the range is reproducible and distinct.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any, Literal, Union
@@ -153,6 +154,13 @@ class _GenerationRequest(BaseModel):
         if value is not None and value.get("type") != "text":
             raise ValueError(f"response_format {value.get('type')!r} is not supported by this server "
                              "(only {\"type\": \"text\"})")
+        return value
+
+    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
+    @classmethod
+    def _finite(cls, value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError("must be a finite number")
         return value
 
     @field_validator("presence_penalty", "frequency_penalty")
