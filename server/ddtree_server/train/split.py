@@ -9,25 +9,18 @@ SHA256SUMS (raises SystemExit with the name of a file whose hash differs).
 from __future__ import annotations
 
 import argparse
-import hashlib
 from pathlib import Path
 
+from ddtree_server.models.default import sha256_file
+
 SUMS = "SHA256SUMS"
-
-
-def _sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def split_large(folder: str | Path, max_bytes: int) -> list[Path]:
     """Split files of `folder` over `max_bytes` into parts; write SHA256SUMS. Returns the parts."""
     folder = Path(folder)
     files = sorted(p for p in folder.iterdir() if p.is_file() and p.name != SUMS and ".part" not in p.name)
-    (folder / SUMS).write_text("".join(f"{_sha(p)}  {p.name}\n" for p in files))
+    (folder / SUMS).write_text("".join(f"{sha256_file(p)}  {p.name}\n" for p in files))
     parts: list[Path] = []
     for p in files:
         if p.stat().st_size <= max_bytes:
@@ -62,7 +55,7 @@ def join_parts(folder: str | Path) -> list[Path]:
         for line in sums.read_text().splitlines():
             digest, name = line.split(maxsplit=1)
             path = folder / name.strip()
-            if not path.exists() or _sha(path) != digest:
+            if not path.exists() or sha256_file(path) != digest:
                 raise ValueError(f"{path}: missing or sha256 differs from {SUMS}")
     return joined
 
