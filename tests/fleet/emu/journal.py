@@ -129,6 +129,20 @@ def _flag(opts: dict, name: str | None) -> None:
         opts[name] = True
 
 
+def _take_value(opts: dict, name: str, value: str | None, argv: list[str], i: int, missing: str) -> int:
+    """Set option `name` from its attached `value` or the next word argv[i]; returns the new i.
+    A bare `-n`/`--lines` not followed by a number means 10 lines (journalctl(1))."""
+    if value is None:
+        if name == "lines" and (i >= len(argv) or not argv[i].lstrip("+").isdigit()):
+            opts["lines"] = 10
+            return i
+        if i >= len(argv):
+            raise Usage(missing)
+        value, i = argv[i], i + 1
+    _set(opts, name, value)
+    return i
+
+
 def parse_args(argv: list[str]) -> dict:
     """getopt-style: `-xeu UNIT`, `-n50`, `-n 50`, bare `-n`, `--unit=U`, `--unit U`."""
     opts = {"unit": [], "lines": None, "output": "short", "grep": None, "since": None, "until": None,
@@ -146,15 +160,8 @@ def parse_args(argv: list[str]) -> dict:
                 continue
             if key not in VALUE_OPTS:
                 raise Usage(f"journalctl: unrecognized option '{a}'")
-            name = VALUE_OPTS[key]
-            if not eq:
-                if name == "lines" and (i >= len(argv) or not argv[i].lstrip("+").isdigit()):
-                    opts["lines"] = 10
-                    continue
-                if i >= len(argv):
-                    raise Usage(f"journalctl: option '{key}' requires an argument")
-                value, i = argv[i], i + 1
-            _set(opts, name, value)
+            i = _take_value(opts, VALUE_OPTS[key], value if eq else None, argv, i,
+                            f"journalctl: option '{key}' requires an argument")
             continue
         if not a.startswith("-") or a == "-":
             raise Usage(f"journalctl emulation: match expressions are not supported: {a}")
@@ -167,15 +174,8 @@ def parse_args(argv: list[str]) -> dict:
                 continue
             if "-" + c not in VALUE_OPTS:
                 raise Usage(f"journalctl: invalid option -- '{c}'")
-            name, value = VALUE_OPTS["-" + c], a[j:]
-            if not value:
-                if name == "lines" and (i >= len(argv) or not argv[i].lstrip("+").isdigit()):
-                    opts["lines"] = 10
-                    break
-                if i >= len(argv):
-                    raise Usage(f"journalctl: option requires an argument -- '{c}'")
-                value, i = argv[i], i + 1
-            _set(opts, name, value)
+            i = _take_value(opts, VALUE_OPTS["-" + c], a[j:] or None, argv, i,
+                            f"journalctl: option requires an argument -- '{c}'")
             break
     return opts
 
