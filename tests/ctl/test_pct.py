@@ -12,20 +12,18 @@ from ddtctl.errors import RemoteError, TransferError
 from ddtctl.remote import pct as pct_mod
 from ddtctl.remote.command import LXC_DEFAULT_PATH, pct_push
 from ddtctl.remote.pct import ContainerTransport
-from tests.fleet.conftest import make_node, pve1  # noqa: F401 - session fixtures
+from tests.fleet.conftest import make_node, pve1, pve1_transport  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.fleet
 A, B, STOPPED = 220, 221, 222
 
 
 @pytest.fixture(scope="module")
-def node(pve1):  # noqa: F811
+def node(pve1, pve1_transport):  # noqa: F811
     for vmid, name in ((A, "ct-a"), (B, "ct-b"), (STOPPED, "ct-off")):
         if not (pve1.state / "lxc" / f"{vmid}.conf").exists():
             pve1.create_container(vmid, name, start=vmid != STOPPED)
-    transport = pve1.transport()
-    yield transport
-    transport.close()
+    return pve1_transport
 
 
 @pytest.fixture

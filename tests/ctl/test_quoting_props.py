@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ddtctl.remote.command import bash_script
 from ddtctl.remote.pct import ContainerTransport
 from ddtctl.remote.transport import LocalTransport
-from tests.fleet.conftest import make_node, pve1  # noqa: F401 - session fixtures
+from tests.fleet.conftest import make_node, pve1, pve1_transport  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.fleet
 
@@ -40,17 +40,10 @@ def _hex(args: list[str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def node_t(pve1):  # noqa: F811
-    transport = pve1.transport()
-    yield transport
-    transport.close()
-
-
-@pytest.fixture(scope="module")
-def ct(pve1, node_t):  # noqa: F811
+def ct(pve1, pve1_transport):  # noqa: F811
     if not (pve1.state / "lxc" / f"{VMID}.conf").exists():
         pve1.create_container(VMID, "quoting")
-    return ContainerTransport(node_t, VMID)
+    return ContainerTransport(pve1_transport, VMID)
 
 
 @SETTINGS
@@ -71,8 +64,8 @@ def test_positional_parameters_through_bash_lc(ct, args):
 
 @SETTINGS
 @given(args=ARGS)
-def test_argv_arrives_identical_on_node(node_t, args):
-    res = node_t.run(["python3", "-c", ECHO, *args]).check()
+def test_argv_arrives_identical_on_node(pve1_transport, args):
+    res = pve1_transport.run(["python3", "-c", ECHO, *args]).check()
     assert json.loads(res.stdout) == _hex(args)
 
 

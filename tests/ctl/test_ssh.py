@@ -17,17 +17,11 @@ import pytest
 
 from ddtctl.errors import CommandTimeout, HostKeyError, UnreachableError
 from ddtctl.remote.ssh import SshTransport
-from tests.fleet.conftest import fleet_client_key, make_node, pve1  # noqa: F401 - fixtures
+from tests.fleet.conftest import (  # noqa: F401 - fixtures
+    fleet_client_key, make_node, pve1, pve1_transport)
 from tests.fleet.sshd import SshServer, keygen, write_client_files
 
 pytestmark = pytest.mark.fleet
-
-
-@pytest.fixture(scope="module")
-def node(pve1):  # noqa: F811
-    transport = pve1.transport()
-    yield transport
-    transport.close()
 
 
 @pytest.fixture(scope="module")
@@ -37,41 +31,43 @@ def jump(tmp_path_factory, fleet_client_key):  # noqa: F811
         yield srv
 
 
-def test_exit_codes_and_separate_streams(node):
-    res = node.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+def test_exit_codes_and_separate_streams(pve1_transport):
+    res = pve1_transport.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert (res.exit_code, res.stdout, res.stderr, res.ok) == (3, b"out\n", b"err\n", False)
     assert res.transport == "node:pve1" and res.argv == ("sh", "-c", "echo out; echo err >&2; exit 3")
-    assert node.run(["true"]).ok
+    assert pve1_transport.run(["true"]).ok
 
 
-def test_stdin_bytes_and_closed_stdin(node):
+def test_stdin_bytes_and_closed_stdin(pve1_transport):
     blob = os.urandom(3 * 1024 * 1024) + b"\x00\r\n\x03\x04"
-    res = node.run(["sha256sum"], stdin=blob)
+    res = pve1_transport.run(["sha256sum"], stdin=blob)
     assert res.text.split()[0] == hashlib.sha256(blob).hexdigest()
     started = time.monotonic()
-    assert node.run(["cat"], timeout=10).stdout == b""  # stdin closed at once: no hang
+    assert pve1_transport.run(["cat"], timeout=10).stdout == b""  # stdin closed at once: no hang
     assert time.monotonic() - started < 5
 
 
-def test_no_pty_and_env(node):
-    res = node.run(["sh", "-c", 'test -t 0 || echo notty; echo "$X"'], env={"X": "a 'b' $c"})
+def test_no_pty_and_env(pve1_transport):
+    res = pve1_transport.run(["sh", "-c", 'test -t 0 || echo notty; echo "$X"'],
+                             env={"X": "a 'b' $c"})
     assert res.stdout == b"notty\na 'b' $c\n"
 
 
-def test_timeout_raises_with_partial_output(node):
+def test_timeout_raises_with_partial_output(pve1_transport):
     started = time.monotonic()
     with pytest.raises(CommandTimeout) as info:
-        node.run(["sh", "-c", "echo begun; exec sleep 30"], timeout=1.0)
+        pve1_transport.run(["sh", "-c", "echo begun; exec sleep 30"], timeout=1.0)
     assert time.monotonic() - started < 5
     assert info.value.result.stdout == b"begun\n" and info.value.exit_code == 1
 
 
-def test_parallel_channels_share_one_connection_at_most_8_at_once(node, pve1):  # noqa: F811
-    node.run(["true"])  # connected
+def test_parallel_channels_share_one_connection_at_most_8_at_once(pve1_transport,
+                                                                  pve1):  # noqa: F811
+    pve1_transport.run(["true"])  # connected
     before = pve1.sshd.log.count("Accepted publickey")
     argv = ["sh", "-c", "date +%s.%N; sleep 0.4; date +%s.%N"]
     with ThreadPoolExecutor(12) as pool:
-        results = list(pool.map(lambda _: node.run(argv), range(12)))
+        results = list(pool.map(lambda _: pve1_transport.run(argv), range(12)))
     assert pve1.sshd.log.count("Accepted publickey") == before
     spans = [tuple(map(float, r.text.split())) for r in results]
     peak = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
@@ -144,7 +140,7 @@ def test_unreachable_and_auth_failure(pve1, tmp_path):  # noqa: F811
         t.run(["true"])
 
 
-def test_put_resumes_after_interruption_and_verifies(node, tmp_path):
+def test_put_resumes_after_interruption_and_verifies(pve1_transport, tmp_path):
     data = os.urandom(5 * 1024 * 1024 + 123)
     src = tmp_path / "weights.bin"
     src.write_bytes(data)
@@ -155,20 +151,21 @@ def test_put_resumes_after_interruption_and_verifies(node, tmp_path):
             raise KeyboardInterrupt("simulated interruption")
 
     with pytest.raises(KeyboardInterrupt):
-        node.put(src, dest, progress=boom)
+        pve1_transport.put(src, dest, progress=boom)
     partial = os.path.getsize(dest + ".part")  # the node is this machine
     assert 2 * 1024 * 1024 <= partial < len(data)
     seen = []
-    res = node.put(src, dest, mode=0o600, progress=lambda d, t: seen.append((d, t)))
+    res = pve1_transport.put(src, dest, mode=0o600, progress=lambda d, t: seen.append((d, t)))
     assert res.bytes_sent == len(data) - partial and not res.skipped
-    assert res.sha256 == hashlib.sha256(data).hexdigest() == node.run(["sha256sum", dest]).text[:64]
+    remote_sum = pve1_transport.run(["sha256sum", dest]).text[:64]
+    assert res.sha256 == hashlib.sha256(data).hexdigest() == remote_sum
     assert seen[-1] == (len(data), len(data)) and seen[0][0] > partial
     assert not os.path.exists(dest + ".part") and os.stat(dest).st_mode & 0o777 == 0o600
-    assert node.put(src, dest, mode=0o600).skipped
+    assert pve1_transport.put(src, dest, mode=0o600).skipped
     # a partial file whose prefix does not match is discarded: everything is sent again
     Path(dest + ".part").write_bytes(b"x" * 1000)
     Path(dest).unlink()
-    assert node.put(src, dest).bytes_sent == len(data)
+    assert pve1_transport.put(src, dest).bytes_sent == len(data)
     assert Path(dest).read_bytes() == data
 
 
@@ -184,11 +181,11 @@ class _Hello(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_forward_reaches_a_port_as_seen_from_the_node(node):
+def test_forward_reaches_a_port_as_seen_from_the_node(pve1_transport):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        with node.forward("127.0.0.1", server.server_address[1]) as (host, port):
+        with pve1_transport.forward("127.0.0.1", server.server_address[1]) as (host, port):
             assert port != server.server_address[1]
             for i in range(3):
                 assert httpx.get(f"http://{host}:{port}/r{i}", timeout=5).text == f"hello /r{i}"
@@ -212,8 +209,8 @@ def test_dropped_connection_retried_only_for_idempotent_commands(pve1, tmp_path)
         assert pve1.sshd.log.count("Accepted publickey") == before + 2
 
 
-def test_background_child_holding_stdout_does_not_hang(node):
+def test_background_child_holding_stdout_does_not_hang(pve1_transport):
     started = time.monotonic()
-    res = node.run(["sh", "-c", "sleep 4 & echo started"], timeout=20)
+    res = pve1_transport.run(["sh", "-c", "sleep 4 & echo started"], timeout=20)
     assert res.ok and res.stdout == b"started\n"
     assert time.monotonic() - started < 3.9  # returned after the grace period, not at EOF

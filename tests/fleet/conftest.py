@@ -6,6 +6,7 @@ process-wide (node.shared_node), so importing into several modules starts each s
 
 * ``make_node(name)`` -> a started FakeNode (one per name per session);
 * ``pve1`` -> the node "pve1";
+* ``pve1_transport`` -> an SshTransport to pve1 as root, one per test module (closed after it);
 * ``fleet_client_key`` -> path of the client private key every node accepts.
 """
 
@@ -33,3 +34,10 @@ def pve1(make_node) -> FakeNode:
 @pytest.fixture(scope="session")
 def fleet_client_key(make_node):
     return fleet_base() / "id_ed25519"
+
+
+@pytest.fixture(scope="module")
+def pve1_transport(pve1: FakeNode):
+    transport = pve1.transport()
+    yield transport
+    transport.close()
