@@ -85,7 +85,8 @@ def test_openai_client_sees_bad_request(api_client):
 def test_chat_template_error_is_400(api_tokenizer):
     """A template that raises (like Mistral's "roles must alternate") gives 400, not 500."""
     from ddtree_server.api.prompts import chat_prompt_ids
-    from ddtree_server.api.schemas import ApiError, ChatCompletionRequest
+    from ddtree_server.api.responses import ApiError
+    from ddtree_server.api.schemas import ChatCompletionRequest
 
     tokenizer = api_tokenizer
     original = tokenizer.chat_template

@@ -24,8 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ddtree_server.api import prompts
 from ddtree_server.api.metrics import Metrics
-from ddtree_server.api.schemas import (ApiError, ChatCompletionRequest, CompletionRequest, chat_response,
-                                       completion_response, error_body, model_card, new_id, now)
+from ddtree_server.api.responses import (ApiError, chat_response, completion_response, error_body, model_card,
+                                         new_id, now)
+from ddtree_server.api.schemas import ChatCompletionRequest, CompletionRequest
 from ddtree_server.api.streaming import HEADERS, MEDIA_TYPE, ChunkShape, event_stream
 from ddtree_server.api.worker import Job, NotAccepting, QueueFull, Rejected, Worker
 from ddtree_server.config import ServerConfig

@@ -15,7 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ddtree_server.api.schemas import ApiError, ChatCompletionRequest, CompletionRequest, check_text
+from ddtree_server.api.responses import ApiError
+from ddtree_server.api.schemas import ChatCompletionRequest, CompletionRequest, check_text
 from ddtree_server.config import RESERVED_TEMPLATE_KWARGS
 
 log = logging.getLogger("ddtree_server.api")

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
-from ddtree_server.api.schemas import error_body, usage
+from ddtree_server.api.responses import error_body, usage
 
 log = logging.getLogger("ddtree_server.api")
 
