@@ -20,7 +20,7 @@ from rich.table import Table
 
 STATUS_STYLE = {"ok": "green", "pass": "green", "changed": "yellow", "planned": "cyan", "skipped": "dim",
                 "failed": "red", "fail": "red", "n/a": "dim",
-                "loading": "yellow", "warming": "yellow"}
+                "loading": "yellow", "warming": "yellow", "stopped": "dim"}
 
 
 def err_console() -> Console:
@@ -118,9 +118,12 @@ def _num(value: float | None, fmt: str = "{:.2f}") -> str:
 
 
 def ready_word(st: Any) -> str:
-    """`ok`; `loading` / `warming` while the server is still starting (not a failure); else `failed`."""
+    """`ok`; `stopped` when the unit is inactive by intent (not a readiness failure); `loading` /
+    `warming` while the server is still starting (not a failure); else `failed`."""
     if st.ready:
         return "ok"
+    if getattr(st, "stopped", False):
+        return "stopped"
     state = getattr(st, "ready_state", None)
     return state if state in ("loading", "warming") else "failed"
 

@@ -25,7 +25,8 @@ def status_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_ho
                json_out: bool = JsonOpt) -> None:
     """Show each host's service state, readiness, served models, GPUs, mean acceptance length and
     tokens/s (from /metrics) and the deployed server release (flagged when it differs from this
-    checkout). Exit 1 when a host is not ready, 3 when a host is unreachable.
+    checkout). A service stopped on purpose shows `stopped`, not a readiness failure. Exit 1 when
+    a host is not ready (a stopped service included), 3 when a host is unreachable.
 
     Example: ddtctl status --all
     """

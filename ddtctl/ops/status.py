@@ -50,11 +50,18 @@ class HostStatus:
         return bool(self.expected_release and self.release and self.release != self.expected_release)
 
     @property
+    def stopped(self) -> bool:
+        """The unit is down by intent (`inactive`, e.g. after `ddtctl stop`), not `failed`: not ready
+        and not ok, but shown as `stopped` rather than as a readiness failure."""
+        return bool(self.unit) and self.unit.get("active") == "inactive" and not self.unit.get("failed")
+
+    @property
     def ok(self) -> bool:
         return not self.errors and bool(self.ready)
 
     def to_dict(self) -> dict:
-        return {**self.__dict__, "version_mismatch": self.version_mismatch, "ok": self.ok}
+        return {**self.__dict__, "version_mismatch": self.version_mismatch, "stopped": self.stopped,
+                "ok": self.ok}
 
 
 def _samples(text: str) -> dict[str, float]:

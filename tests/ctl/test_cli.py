@@ -161,6 +161,50 @@ def test_service_commands_on_a_host_never_deployed(env: Path) -> None:
     assert res.exit_code == 0 and json.loads(res.stdout)["releases"] == []
 
 
+def _status_row(res) -> str:
+    return next(line for line in res.stderr.splitlines() if "here" in line)
+
+
+def test_status_after_stop_says_stopped_not_failed(env: Path) -> None:
+    """A service stopped on purpose is `stopped` in the ready column (exit 1: not serving); one that
+    died on its own is still `failed`."""
+    import sys
+    import time
+
+    from ddtctl.ops.units import ServiceSpec, render_local
+
+    def install(code: str) -> None:
+        sv = env / "home" / "supervisor" / "here"
+        sv.mkdir(parents=True, exist_ok=True)
+        spec = ServiceSpec("ddtree.service", "ddtree", "t", [sys.executable, "-c", code], {},
+                           str(env / "t.env"), working_dir=str(env))
+        (sv / "service.json").write_text(render_local(spec))
+
+    install("import time; time.sleep(600)")
+    assert invoke("start", "here").exit_code == 0
+    res = invoke("stop", "here")
+    assert res.exit_code == 0 and "stop ddtree.service: inactive" in res.stderr
+    res = invoke("status", "here", "--no-gpu")
+    assert res.exit_code == 1
+    row = _status_row(res)
+    assert "inactive" in row and "stopped" in row and "failed" not in row
+    host = json.loads(invoke("status", "here", "--no-gpu", "--json").stdout)["hosts"][0]
+    assert (host["stopped"], host["ready"], host["ok"], host["ready_detail"]) == (True, False, False,
+                                                                                  "service inactive")
+
+    install("import sys; sys.exit(3)")
+    assert invoke("start", "here").exit_code == 0
+    deadline = time.monotonic() + 20
+    while (res := invoke("status", "here", "--no-gpu", "--json")).exit_code == 1 and \
+            json.loads(res.stdout)["hosts"][0]["unit"]["active"] != "failed":
+        assert time.monotonic() < deadline, "the service did not fail"
+        time.sleep(0.2)
+    host = json.loads(res.stdout)["hosts"][0]
+    assert res.exit_code == 1 and (host["stopped"], host["ready_detail"]) == (False, "service failed")
+    row = _status_row(invoke("status", "here", "--no-gpu"))
+    assert "stopped" not in row and row.count("failed") == 2        # unit column and ready column
+
+
 def test_exec_relays_argv_output_and_status(env: Path) -> None:
     res = invoke("exec", "here", "--", "sh", "-c", 'printf "%s|%s" "$0" "$1"; exit 3', "a b", "$HOME")
     assert res.exit_code == 3
