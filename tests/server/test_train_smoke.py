@@ -119,3 +119,58 @@ def test_init_from_existing_drafter(tiny_target, tmp_path):
     with pytest.raises(ValueError, match="config differs"):
         run(_opts(tiny_target, tmp_path, out_dir=tmp_path / "out3", init_from=tmp_path / "out", layers=1,
                   layer_ids=[1]))
+
+
+def test_two_workers_shard_prompts_and_train_on_both(tiny_target, tmp_path):
+    """Two data workers answer disjoint prompt halves (--prompt-shard); training reads both
+    folders (--extra-data) and picks up shards written while it runs."""
+    from ddtree_server.train import data
+
+    a = run(_opts(tiny_target, tmp_path, work_dir=tmp_path / "wa", prompt_shard=(0, 2), generate_only=True))
+    b = run(_opts(tiny_target, tmp_path, work_dir=tmp_path / "wb", prompt_shard=(1, 2), generate_only=True))
+    assert not (tmp_path / "out" / "summary.json").exists()
+    idx = [i for w in ("wa", "wb") for p in (tmp_path / w / "data").glob("shard_*.pt")
+           for i in torch.load(p, weights_only=True)["index"]]
+    assert sorted(idx) == list(range(6))  # prompts 0, 2, 4 and 1, 3, 5: disjoint, together all
+    summary = run(_opts(tiny_target, tmp_path, work_dir=tmp_path / "wa", prompt_shard=(0, 2),
+                        extra_data=[tmp_path / "wb" / "data"]))
+    assert summary["sequences"] == a["sequences"] + b["sequences"]
+    seen: set[str] = set()
+    assert len(data.load_sequences(tmp_path / "wb" / "data", 64, seen)) == b["sequences"]
+    assert data.load_sequences(tmp_path / "wb" / "data", 64, seen) == []  # nothing new since
+    with pytest.raises(ValueError, match="other settings"):  # a folder stays bound to its shard
+        run(_opts(tiny_target, tmp_path, work_dir=tmp_path / "wb", prompt_shard=(0, 2), generate_only=True))
+
+
+def test_prompt_order_mixes_lengths_across_windows():
+    from ddtree_server.train.data import _batch_order
+
+    todo = [(i, [0] * (100 - i)) for i in range(40)]  # given order: longest first
+    order = _batch_order(todo, [False] * 40, batch_size=2)
+    assert [i for i, _ in order[:8]] == [7, 6, 5, 4, 3, 2, 1, 0]  # sorted inside the first window only
+    assert {i for i, _ in order[:8]} == set(range(8))
+
+
+def test_cli_rejects_bad_prompt_shard(tiny_target, tmp_path):
+    result = CliRunner().invoke(app, ["train-drafter", "--out", str(tmp_path / "o"), "--target", str(tiny_target),
+                                      "--steps", "1", "--prompt-shard", "2/2"])
+    assert result.exit_code == 2 and "0 <= I < N" in result.output
+
+
+def test_trainer_takes_sequences_that_arrive_while_training(tiny_target):
+    from transformers import AutoModelForCausalLM
+
+    from ddtree_server.train import build, checkpoint
+    from ddtree_server.train.data import Sequence
+    from ddtree_server.train.trainer import Trainer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_target).eval().requires_grad_(False)
+    cfg = build.new_drafter_config(model.config, num_layers=1, layer_ids=[1, 2], block_size=4, mask_token_id=2)
+    drafter = checkpoint.new_or_resumed(cfg, model.get_input_embeddings(), model.get_output_embeddings(),
+                                        torch.device("cpu"))
+    seq = Sequence(torch.tensor([3, 4, 6, 7, 8, 9, 10, 11, 1]), 3)
+    arrivals = [[seq, seq], []]
+    trainer = Trainer(drafter, model, [seq], TrainSettings(steps=3, batch_size=1, anchors=2, warmup_steps=1))
+    trainer.more, trainer.refresh_s = (lambda: arrivals.pop(0) if arrivals else []), 0.0
+    trainer.run()
+    assert len(trainer.seqs) == 3 and trainer.step == 3

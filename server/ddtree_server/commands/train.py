@@ -49,6 +49,11 @@ def train_drafter(
     save_every_minutes: float = typer.Option(2.0, help="Checkpoint interval."),
     resume: bool = typer.Option(False, "--resume", help="Continue from WORK_DIR/train_state.pt."),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N."),
+    prompt_shard: Optional[str] = typer.Option(None, help="I/N: answer only every N-th prompt from the I-th "
+                                               "(several GPUs generating disjoint data)."),
+    extra_data: list[Path] = typer.Option([], "--extra-data", help="More shard folders to train on "
+                                          "(re-read every minute while training); repeatable."),
+    generate_only: bool = typer.Option(False, "--generate-only", help="Stop after data generation."),
 ) -> None:
     """Train a DFlash drafter for the target on its own answers to ShareGPT prompts."""
     from rich.console import Console
@@ -73,8 +78,9 @@ def train_drafter(
         train=TrainSettings(steps=steps, batch_size=batch_size, anchors=anchors, lr=lr,
                             warmup_steps=warmup_steps, gamma=gamma, seed=seed),
         max_minutes=max_minutes, gen_minutes=gen_minutes, max_seq_len=max_seq_len, max_mb=max_mb,
-        save_every_minutes=save_every_minutes, resume=resume, device=device)
-    if steps <= 0 and max_minutes <= 0:
+        save_every_minutes=save_every_minutes, resume=resume, device=device,
+        prompt_shard=_shard(prompt_shard), extra_data=list(extra_data), generate_only=generate_only)
+    if steps <= 0 and max_minutes <= 0 and not generate_only:
         raise typer.BadParameter("give --steps or --max-minutes")
     console = Console(stderr=True)
     try:
@@ -83,9 +89,25 @@ def train_drafter(
     except (ValueError, OSError) as exc:
         console.print(f"[red]train-drafter failed:[/red] {exc}")
         raise typer.Exit(1) from None
+    if generate_only:
+        console.print(f"{summary['sequences']} sequences stored ({summary['gen_seconds']} s of generation)")
+        return
     tau = summary.get("val_tau")
     console.print(f"drafter written to {out} ({summary['steps']} steps, "
                   f"val tau {'-' if tau is None else f'{tau:.2f}'}, {summary['total_seconds']} s)")
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    """"I/N" -> (I, N); raises typer.BadParameter unless 0 <= I < N."""
+    if text is None:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise typer.BadParameter(f"--prompt-shard wants I/N (e.g. 0/2), got {text!r}") from None
+    if not 0 <= i < n:
+        raise typer.BadParameter(f"--prompt-shard {text}: need 0 <= I < N")
+    return i, n
 
 
 def register(app: typer.Typer) -> None:

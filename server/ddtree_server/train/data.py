@@ -40,10 +40,13 @@ class Sequence:
     prompt_len: int
 
 
-def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int) -> list[tuple[int, list[int]]]:
-    """(prompt index, chat-formatted token ids) for prompts that fit in max_prompt_tokens."""
+def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int,
+                   indices=None) -> list[tuple[int, list[int]]]:
+    """(prompt index, chat-formatted token ids) for the prompts at `indices` (default: all) that
+    fit in max_prompt_tokens."""
     out = []
-    for i, text in enumerate(prompts):
+    for i in range(len(prompts)) if indices is None else indices:
+        text = prompts[i]
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             tokenize=True)
         if hasattr(ids, "keys"):  # some versions return a BatchEncoding
@@ -90,21 +93,40 @@ def _generate(model: nn.Module, batch: list[list[int]], sampled: bool, s: GenSet
     return responses
 
 
+def _batch_order(todo: list[tuple[int, list[int]]], flags: list[bool], batch_size: int) -> list[tuple[int, list[int]]]:
+    """Prompt order of a run: the given (shuffled) order, sorted by length only inside windows of
+    4 batches (similar lengths share a batch: less padding), so a run cut short by its deadline
+    still answers prompts of every length, not just the shortest ones."""
+    window = max(1, 4 * batch_size)
+    out: list[tuple[int, list[int]]] = []
+    for start in range(0, len(todo), window):
+        out += sorted(todo[start:start + window], key=lambda x: (flags[x[0]], len(x[1])))
+    return out
+
+
 def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str | Path, s: GenSettings, *,
                     eos_ids: list[int], mask_token_id: int, target_id: str, deadline: float | None = None,
-                    progress=None) -> int:
+                    shard: tuple[int, int] | None = None, progress=None) -> int:
     """Answer `prompts` with the target into shard files under `folder`; returns the number of
     sequences now stored. Already-stored prompt indices are skipped (resume). Stops starting new
     batches after `deadline` (time.monotonic()). Responses containing `mask_token_id` are dropped.
-    progress: optional callable(done, total). Raises ValueError if the folder holds other settings."""
+    shard (i, n): answer only the prompts whose index is i modulo n (several workers, disjoint data;
+    the folder is bound to its shard). progress: optional callable(done, total).
+    Raises ValueError if the folder holds other settings or the shard is not 0 <= i < n."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    _check_manifest(folder, {"target": target_id, "settings": asdict(s)})
+    doc = {"target": target_id, "settings": asdict(s)}
+    if shard is not None:
+        if not 0 <= shard[0] < shard[1]:
+            raise ValueError(f"prompt shard {shard[0]}/{shard[1]}: need 0 <= i < n")
+        doc["shard"] = list(shard)
+    _check_manifest(folder, doc)
     done = _done(folder)
     rng = random.Random(s.seed)
     flags = [rng.random() < s.sampled_fraction for _ in prompts]
-    todo = [(i, ids) for i, ids in encode_prompts(tokenizer, prompts, s.max_prompt_tokens) if i not in done]
-    todo.sort(key=lambda x: (flags[x[0]], len(x[1])))  # similar lengths share a batch: less padding
+    mine = range(len(prompts)) if shard is None else range(shard[0], len(prompts), shard[1])
+    todo = [(i, ids) for i, ids in encode_prompts(tokenizer, prompts, s.max_prompt_tokens, mine) if i not in done]
+    todo = _batch_order(todo, flags, s.batch_size)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     stored, total = len(done), len(done) + len(todo)
     shard_no = len(list(folder.glob("shard_*.pt")))
@@ -136,11 +158,17 @@ def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str
     return sum(len(torch.load(p, weights_only=True)["response_ids"]) for p in folder.glob("shard_*.pt"))
 
 
-def load_sequences(folder: str | Path, max_len: int) -> list[Sequence]:
+def load_sequences(folder: str | Path, max_len: int, seen: set[str] | None = None) -> list[Sequence]:
     """All stored sequences (prompt + response, cut to max_len tokens), in shard order.
-    Sequences whose prompt leaves no response token within max_len are skipped."""
+    Sequences whose prompt leaves no response token within max_len are skipped. With `seen`,
+    shards whose path is in it are skipped and the loaded ones are added (to pick up the shards
+    another process has written since the last call; shards appear atomically)."""
     out = []
     for shard in sorted(Path(folder).glob("shard_*.pt")):
+        if seen is not None:
+            if str(shard) in seen:
+                continue
+            seen.add(str(shard))
         rec = torch.load(shard, weights_only=True)
         for p, r in zip(rec["prompt_ids"], rec["response_ids"]):
             ids = (p + r)[:max_len]

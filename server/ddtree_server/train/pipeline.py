@@ -64,6 +64,9 @@ class PipelineOptions:
     save_every_minutes: float = 2.0
     resume: bool = False
     device: str = "auto"
+    prompt_shard: tuple[int, int] | None = None  # (i, n): answer only prompts i, i+n, i+2n, ...
+    extra_data: list[Path] = field(default_factory=list)  # more shard folders (other processes)
+    generate_only: bool = False               # stop after data generation (a data-only worker)
 
 
 def _device(name: str) -> torch.device:
@@ -134,10 +137,17 @@ def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind
     report("stage", {"stage": "generate", "prompts": len(prompts)})
     t_gen = time.monotonic()
     data.generate_shards(model, tok, prompts, work / "data", opts.gen, eos_ids=eos_ids(model, tok),
-                                 mask_token_id=mask_id, target_id=tid, deadline=deadline,
+                                 mask_token_id=mask_id, target_id=tid, deadline=deadline, shard=opts.prompt_shard,
                                  progress=lambda d, t: report("gen", {"done": d, "total": t}))
     gen_s = time.monotonic() - t_gen
-    seqs = data.load_sequences(work / "data", opts.max_seq_len)
+    if opts.generate_only:
+        stored = len(data.load_sequences(work / "data", opts.max_seq_len))
+        report("stage", {"stage": "done", "sequences": stored, "gen_seconds": round(gen_s, 1)})
+        return {"target": tid, "prompts": len(prompts), "sequences": stored, "gen_seconds": round(gen_s, 1)}
+    seen: set[str] = set()
+    seqs = data.load_sequences(work / "data", opts.max_seq_len, seen)
+    for extra in opts.extra_data:
+        seqs += data.load_sequences(extra, opts.max_seq_len, seen)
     order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(opts.train.seed)).tolist()
     n_val = min(len(seqs) // 2, max(8, int(len(seqs) * opts.val_fraction)))
     val, train = [seqs[i] for i in order[:n_val]], [seqs[i] for i in order[n_val:]]
@@ -148,6 +158,8 @@ def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind
         left = opts.max_minutes - (time.monotonic() - t0) / 60 - 0.5  # keep 30 s for evaluation + save
         settings = replace(settings, max_minutes=max(0.1, left))
     trainer = Trainer(drafter, model, train, settings)
+    if opts.extra_data:
+        trainer.more = lambda: [q for d in opts.extra_data for q in data.load_sequences(d, opts.max_seq_len, seen)]
     if opts.resume and state_path.exists():
         checkpoint.load_checkpoint(trainer, state_path)
         report("stage", {"stage": "resumed", "step": trainer.step})
@@ -179,8 +191,9 @@ def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind
         "target": tid, "mask_token_id": mask_id, "mask_token": tok.convert_ids_to_tokens(mask_id),
         "drafter_config": config.to_dict(), "drafter_bytes_bf16": size,
         "init": str(opts.init_from) if opts.init_from else opts.init,
-        "prompts": len(prompts), "sequences": len(seqs), "val_sequences": len(val),
-        "tokens": int(sum(len(s.ids) for s in seqs)), "gen_seconds": round(gen_s, 1),
+        "prompts": len(prompts), "sequences": len(val) + len(trainer.seqs), "val_sequences": len(val),
+        "tokens": int(sum(len(s.ids) for s in val + trainer.seqs)), "gen_seconds": round(gen_s, 1),
+        "extra_data": [str(d) for d in opts.extra_data],
         "train_seconds": round(train_s, 1), "steps": trainer.step, "last_log": last, **metrics,
         "gen_settings": asdict(opts.gen), "train_settings": asdict(settings), "device": str(dev),
         "torch": torch.__version__, "total_seconds": round(time.monotonic() - t0, 1),

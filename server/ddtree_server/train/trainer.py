@@ -110,6 +110,10 @@ class Trainer:
         self.opt = torch.optim.AdamW(drafter.parameters(), lr=s.lr, betas=(0.9, 0.95), weight_decay=s.weight_decay)
         self.step = 0
         self.weights = position_weights(drafter.config.block_size, s.gamma, drafter.fc.weight.device)
+        # optional source of sequences that arrive during training (another GPU generating): called
+        # every refresh_s seconds, its sequences join the pool (the batch order then follows arrival)
+        self.more: Callable[[], list[Sequence]] | None = None
+        self.refresh_s = 60.0
 
     def batch(self, step: int) -> list[Sequence]:
         """Sequences of `step`: slice of the seeded permutation of its epoch (deterministic)."""
@@ -129,7 +133,7 @@ class Trainer:
         on_save(step) every save_every_s seconds. Returns the last log record."""
         s, t0 = self.s, time.monotonic()
         budget = s.max_minutes * 60.0
-        last_save, record, tokens = t0, {}, 0
+        last_save, last_refresh, record, tokens = t0, t0, {}, 0
         start_step = self.step
         while True:
             elapsed = time.monotonic() - t0
@@ -155,9 +159,12 @@ class Trainer:
                 record = {"step": self.step, "loss": round(float(loss.detach()), 5), "tau": st["tau"],
                           "acc": st["acc"], "lr": lr, "grad_norm": round(float(gnorm), 4),
                           "elapsed_s": round(now, 2), "progress": round(progress, 4),
-                          "tokens_per_s": round(tokens / max(now, 1e-9), 1)}
+                          "tokens_per_s": round(tokens / max(now, 1e-9), 1), "sequences": len(self.seqs)}
                 if on_log:
                     on_log(record)
+            if self.more is not None and time.monotonic() - last_refresh > self.refresh_s:
+                self.seqs.extend(self.more())
+                last_refresh = time.monotonic()
             if on_save and save_every_s and time.monotonic() - last_save > save_every_s:
                 on_save(self.step)
                 last_save = time.monotonic()
