@@ -12,7 +12,11 @@ import typer
 from ddtree_server import __version__
 from ddtree_server.commands import bench, generate, serve, train
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+# rich_markup_mode=None: click's plain help, as ddtctl's. Typer's Rich help shows a type column for
+# every option, flags included (`--json <bool>`, even `--help <bool>`); plain help shows flags as
+# flags (`--json`, `--chat / --raw`).
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+                  help=__doc__.splitlines()[0])
 
 
 def _version(value: bool) -> None:
