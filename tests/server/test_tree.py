@@ -116,3 +116,19 @@ def test_budget_larger_than_tree_space():
 def test_shape_mismatch_raises():
     with pytest.raises(ValueError):
         build_ddtree(0, [[0.0, -1.0]], [[1]], 2)
+
+
+def test_tree_inputs_one_buffer_matches_the_tree():
+    import torch
+
+    from ddtree_server.engine.decode import tree_inputs
+
+    logp = np.log(np.array([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.9, 0.05, 0.05]]))
+    ids = np.array([[11, 12, 13], [21, 22, 23], [31, 32, 33]])
+    tree = build_ddtree(7, logp, ids, budget=6)
+    tok, pos, mask = tree_inputs(tree, 100, "cpu")
+    assert tok.tolist() == tree.tokens and pos.tolist() == [100 + d for d in tree.depths]
+    assert mask.dtype == torch.bool and (mask.numpy() == tree.ancestors()).all()
+    chain = chain_tree(7, [1, 2, 3])
+    tok, pos, mask = tree_inputs(chain, 5, "cpu")
+    assert mask is None and tok.tolist() == [7, 1, 2, 3] and pos.tolist() == [5, 6, 7, 8]

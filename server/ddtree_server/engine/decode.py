@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -72,6 +73,21 @@ def dflash_builder(draft_logits: Tensor, root: int, budget: int) -> DraftTree:
     return chain_tree(root, tokens[: max(budget, 0)])
 
 
+def tree_inputs(tree: DraftTree, start: int, device) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Verify inputs of a tree whose root sits at position ``start``: ids ``[n]``, positions
+    ``[n]`` (start + depth) and the bool ancestor mask ``[n, n]`` (None for a chain), sent to the
+    device in ONE host-to-device copy (one int64 buffer), not three."""
+    n = tree.size
+    buf = np.empty(2 * n + (0 if tree.is_chain else n * n), dtype=np.int64)
+    buf[:n] = tree.tokens
+    buf[n:2 * n] = tree.depths
+    buf[n:2 * n] += start
+    if not tree.is_chain:
+        buf[2 * n:] = tree.ancestors().reshape(-1)
+    dev = torch.from_numpy(buf).to(device)
+    return dev[:n], dev[n:2 * n], None if tree.is_chain else dev[2 * n:].view(n, n).bool()
+
+
 def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], chooser: TokenChooser,
               device: torch.device | str, build: TreeBuilder, budget: int) -> Iterator[list[int]]:
     """Speculative decoding with a drafter and a tree builder (see module docstring).
@@ -91,17 +107,17 @@ def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], ch
             return
         draft_logits = drafter.propose(draft_cache, ctx, bonus, s)
         tree = build(draft_logits, bonus, min(budget, room))
-        ids = torch.tensor(tree.tokens, dtype=torch.long, device=device)
-        pos = torch.tensor(tree.depths, dtype=torch.long, device=device).add_(s)
-        mask = None if tree.is_chain else torch.from_numpy(tree.ancestors()).to(device)
+        ids, pos, mask = tree_inputs(tree, s, device)
         logits, feats = target.forward(cache, ids, pos, tree_mask=mask)
         path, new_bonus = walk(tree, chooser.choose(logits))
-        cache.keep(s, path)
         k = len(path)
         if path == list(range(k)):
+            cache.keep(s, path)
             ctx = feats[:k]
         else:
-            ctx = feats.index_select(0, torch.tensor(path, dtype=torch.long, device=feats.device))
+            rows = torch.tensor(path, dtype=torch.long).to(feats.device)
+            cache.keep(s, path, rows)
+            ctx = feats.index_select(0, rows)
         out = accepted_tokens(tree, path, new_bonus)
         s += k
         bonus = new_bonus

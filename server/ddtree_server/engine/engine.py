@@ -17,6 +17,8 @@ import torch
 from ddtree_server.engine import decode
 from ddtree_server.engine.sampling import SamplingParams, TokenChooser
 from ddtree_server.engine.stopping import StopChecker
+from ddtree_server.models.drafter import DFlashDrafter
+from ddtree_server.models.drafter_graphs import GraphedDrafter
 from ddtree_server.models.graphs import GraphedTarget
 from ddtree_server.models.target import TargetModel
 
@@ -81,7 +83,8 @@ class Engine:
         default_mode: None -> ddtree with a drafter and tree mode, else ar.
         tree_budget: default DDTree node budget (None -> block_size - 1 on CPU, 64 on CUDA).
         eos_token_ids: stop tokens always added (unless ignore_eos).
-        cuda_graphs: on CUDA, replay the target's forwards from CUDA graphs (models/graphs.py).
+        cuda_graphs: on CUDA, replay the target's forwards and the drafter's proposals from CUDA
+            graphs (models/graphs.py, models/drafter_graphs.py).
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
     """
@@ -93,6 +96,8 @@ class Engine:
         device = target.embed_tokens.weight.device
         if cuda_graphs and device.type == "cuda" and isinstance(target, TargetModel):
             target = GraphedTarget(target)
+            if isinstance(drafter, DFlashDrafter):  # checks itself against eager on first use
+                drafter = GraphedDrafter(drafter)
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter

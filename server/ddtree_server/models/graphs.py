@@ -6,9 +6,11 @@ TargetModel calling convention but pads each forward of n <= 512 tokens to a buc
 and replays a graph captured for (N, kv_len) with static inputs:
 
 * ids / positions ``[N]`` (padding rows reuse stale values: they are never read back),
-* cache rows ``[N]`` = s + 0..N-1 (padding rows land in spare rows past the real ones),
-* a bool mask ``[1, 1, rep*N, kv_len]``: prefix ``[0, s)`` visible, the tree/causal block for the
-  n real rows, padding rows see only themselves, everything past s+N hidden;
+* the cache length s (a 0-d tensor) and the ``[N, N]`` block mask (tree/causal block for the n
+  real rows, padding rows see only themselves);
+* inside the graph: cache rows ``[N]`` = s + 0..N-1 (padding rows land in spare rows past the real
+  ones) and the attention mask ``[1, 1, rep*N, kv_len]`` (prefix ``[0, s)`` visible, the block at
+  ``[s, s+N)``, everything past s+N hidden), so a replay needs only 5 small copies before it;
 * kv_len = the power of two >= s+N (at least 256), so attention reads a bounded key window.
 
 Positions are written into the static buffer before every replay (ddtree.md §4.5: a graph that
@@ -36,9 +38,9 @@ class _Static:
         self.n, self.kv_len = n, kv_len
         self.ids = torch.zeros(n, dtype=torch.long, device=device)
         self.pos = torch.zeros(n, dtype=torch.long, device=device)
-        self.rows = torch.zeros(n, dtype=torch.long, device=device)
-        self.mask = torch.ones((1, 1, rep * n, kv_len), dtype=torch.bool, device=device)
-        self.block = torch.zeros((n, n), dtype=torch.bool, device=device)
+        self.s = torch.zeros((), dtype=torch.long, device=device)  # cache length before the forward
+        self.block = torch.eye(n, dtype=torch.bool, device=device)
+        self.rep = rep
         self.graph = None
         self.logits: Tensor | None = None
         self.feats: Tensor | None = None
@@ -63,6 +65,7 @@ class GraphedTarget:
         self._pool = None
         dev = model.embed_tokens.weight.device
         self._arange = torch.arange(self.buckets[-1], device=dev)
+        self._arange_kv = self._arange  # grown to the cache's row count in _get
         self._tril = torch.ones((self.buckets[-1],) * 2, dtype=torch.bool, device=dev).tril_()
         self._eye = torch.eye(self.buckets[-1], dtype=torch.bool, device=dev)
 
@@ -89,6 +92,8 @@ class GraphedTarget:
         if ptr != self._cache_ptr:  # graphs captured the old cache's addresses
             self._static.clear()
             self._cache_ptr = ptr
+            if self._arange_kv.numel() < cache.k.shape[2]:
+                self._arange_kv = torch.arange(cache.k.shape[2], device=cache.k.device)
         key = (n_pad, kv_len, tuple(self.model.capture_layers))
         st = self._static.get(key)
         if st is None:
@@ -100,11 +105,16 @@ class GraphedTarget:
         return st
 
     def _run(self, st: _Static, cache: KVCache):
-        return self.model.run(cache, st.ids, st.pos, st.mask, rows=st.rows, kv_len=st.kv_len)
+        n, kv = st.n, st.kv_len
+        rows = self._arange[:n] + st.s
+        rel = self._arange_kv[:kv] - st.s  # key column relative to the block start
+        in_block = st.block.gather(1, rel.clamp(0, n - 1).expand(n, kv)) & (rel >= 0) & (rel < n)
+        mask = (in_block | (rel < 0)).repeat(st.rep, 1)[None, None]  # [1, 1, rep*N, kv]
+        return self.model.run(cache, st.ids, st.pos, mask, rows=rows, kv_len=kv)
 
     def _capture(self, st: _Static, cache: KVCache) -> None:
         # warm-up and capture write K/V only into spare rows past the real capacity
-        torch.add(self._arange[: st.n], cache.k.shape[2] - st.n, out=st.rows)
+        st.s.fill_(cache.k.shape[2] - st.n)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -134,13 +144,10 @@ class GraphedTarget:
         st = self._get(cache, n_pad, kv_len)
         st.ids[:n].copy_(input_ids)
         st.pos[:n].copy_(positions)
-        torch.add(self._arange[:n_pad], s, out=st.rows)
-        st.block.copy_(self._eye[:n_pad, :n_pad])
+        st.s.fill_(s)
+        if n < n_pad:
+            st.block.copy_(self._eye[:n_pad, :n_pad])
         st.block[:n, :n].copy_(self._tril[:n, :n] if tree_mask is None else tree_mask)
-        mask = st.mask.view(self._rep, n_pad, kv_len)
-        mask[:, :, :s].fill_(True)
-        mask[:, :, s:].fill_(False)
-        mask[:, :, s:s + n_pad].copy_(st.block.expand(self._rep, n_pad, n_pad))
         if st.graph is not None:
             st.graph.replay()
             logits, feats = st.logits, st.feats

@@ -35,18 +35,23 @@ class KVCache:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
 
-    def keep(self, start: int, rows: Sequence[int]) -> None:
+    def keep(self, start: int, rows: Sequence[int], rows_on_device: torch.Tensor | None = None) -> None:
         """Compact: row ``start + rows[i]`` moves to ``start + i``, then truncate to ``start + len(rows)``.
 
         Used after tree verification to keep the accepted path (ddtree.md §2.5). When ``rows`` is
-        ``0..k-1`` nothing moves. Raises ValueError for rows outside ``[0, length - start)``.
+        ``0..k-1`` nothing moves. ``rows_on_device``: the same rows as a long tensor on the cache's
+        device, if the caller has one (saves a host-to-device copy). Raises ValueError for rows
+        outside ``[0, length - start)``.
         """
         rows = list(rows)
         count = len(rows)
         if count and (min(rows) < 0 or start + max(rows) >= self.length):
             raise ValueError(f"rows {rows} outside the cache window [{start}, {self.length})")
         if rows != list(range(count)):
-            idx = torch.tensor(rows, dtype=torch.long).add_(start).to(self.k.device, non_blocking=True)
+            if rows_on_device is None:
+                idx = torch.tensor(rows, dtype=torch.long).add_(start).to(self.k.device, non_blocking=True)
+            else:
+                idx = rows_on_device + start
             self.k[:, :, start:start + count] = self.k.index_select(2, idx)
             self.v[:, :, start:start + count] = self.v.index_select(2, idx)
         self.length = start + count

@@ -77,9 +77,11 @@ def _attention_backends(device: torch.device):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
+    """RoPE in transformers' half-split layout, ``x * cos + rotate_half(x) * sin``, in 3 kernels:
+    ``rotate_half(x) * sin == roll(x, half) * [-sin_a, sin_b]`` exactly (negation is exact), so the
+    sign lives in ``sin_signed`` (computed once per forward) instead of a neg + cat per layer."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
 
 
 class Attention(nn.Module):
@@ -115,7 +117,7 @@ class Attention(nn.Module):
         qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv:]
         if self.qk_norm:
             qk = torch.cat((self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])), dim=1)
-        qk = qk * cos + _rotate_half(qk) * sin  # RoPE on queries and keys at once
+        qk = _apply_rope(qk, cos, sin)  # queries and keys at once; sin carries rotate_half's sign
         q, k = qk[:, :hq], qk[:, hq:]
         if rows is None:
             s = cache.length
@@ -211,6 +213,7 @@ class TargetModel(nn.Module):
                        w.dtype, w.device, spare_rows)
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos, signed sin ``[n, 1, head_dim]`` (see ``_apply_rope``) of positions ``[n]``."""
         device = positions.device
         inv = self._inv_freq.get(device)
         if inv is None:
@@ -220,7 +223,8 @@ class TargetModel(nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         cos = (emb.cos() * self.rope_scaling).to(dtype)[:, None, :]
         sin = (emb.sin() * self.rope_scaling).to(dtype)[:, None, :]
-        return cos, sin
+        half = sin.shape[-1] // 2
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)  # sign of rotate_half
 
     def _mask(self, s: int, n: int, tree_mask: Tensor | None, device) -> Tensor | None:
         """Bool ``[1, 1, rep*n, s+n]`` (True = attend) or None when everything is visible."""
@@ -273,6 +277,9 @@ class TargetModel(nn.Module):
         """
         x = self.embed_tokens(input_ids)
         cos, sin = self._rope(positions, x.dtype)
+        if mask is not None and mask.dtype == torch.bool:
+            # additive form once per forward; SDPA would otherwise convert the bool mask per layer
+            mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         want = {layer: i for i, layer in enumerate(self.capture_layers)}
         captured: list[Tensor | None] = [None] * len(want)
         with _attention_backends(x.device):
