@@ -13,7 +13,8 @@
 #   --prompts a prepared prompt file (python -m ddtree_server.train.prompts --out prompts.jsonl.gz;
 #             50,162 prompts, 4 MB)
 #   extra options go to train-drafter, e.g. --init-from server/ddtree_server/assets/drafter to keep
-#   training the shipped drafter (fresh optimizer, new data), or --resume on a still-warm machine
+#   training the shipped drafter (fresh optimizer, new data), --resume on a still-warm machine, or
+#   --prompt-shard I/N --extra-data DIR / --generate-only for several GPUs (scripts/gpu_train_2gpu.sh)
 set -euo pipefail
 
 usage() { sed -n '2,17p' "$0" >&2; exit 2; }
@@ -44,11 +45,12 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || tr
 # prompts: generate() at batch 1-512 is bound by kernel launches, so wider batches are nearly free
 # (a first run at 512 answered ~35 prompts/s; its 5.6 K answers were too few: the drafter overfitted).
 python -m ddtree_server.train --gguf "$GGUF" --out "$WORK/drafter" --work-dir "$WORK/train" \
-  --max-minutes "$MAX_MINUTES" --gen-minutes 3 --num-prompts 30000 --gen-batch-size 2048 \
+  --max-minutes "$MAX_MINUTES" --gen-minutes "${GEN_MINUTES:-3}" --num-prompts 50000 --gen-batch-size 2048 \
   --layers 3 --target-layer-ids 1,10,19,27 --block-size 16 \
   --batch-size 32 --anchors 64 --max-seq-len 512 --lr 6e-4 --warmup-steps 50 --gamma 7 \
   --save-every-minutes 2 --device cuda "${SRC[@]}" "${EXTRA[@]}"
 
+[[ -f $WORK/drafter/model.safetensors ]] || exit 0  # --generate-only: data shards only
 cp "$WORK/drafter/config.json" "$WORK/drafter/model.safetensors" "$WORK/drafter/train_log.jsonl" \
    "$WORK/drafter/summary.json" "$OUT/"
 python -m ddtree_server.train.split "$OUT" --max-mib 15

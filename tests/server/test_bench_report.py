@@ -62,3 +62,35 @@ def test_method_list():
     assert names == ["ar", "dflash", "ddtree-16", "ddtree-64", "ddtree-64@T1"]
     assert [m.name for m in methods_for(BenchSettings(), False)] == ["ar"]
     assert Method("ddtree", 32, 1.0).name == "ddtree-32@T1"
+
+
+class _FakeEngine:
+    """Engine stand-in for BenchRun's bookkeeping: every request yields 4 tokens in 2 rounds."""
+
+    spec_available = True
+
+    def encode(self, text, chat=True):
+        return [ord(c) for c in text]
+
+    def generate(self, ids, params, mode=None, tree_budget=None):
+        from ddtree_server.engine.engine import DecodeStats, GenerationEvent
+
+        stats = DecodeStats(mode=mode, tree_budget=tree_budget, block_size=None, decode_rounds=2,
+                            generated_tokens=4, mean_acceptance_length=1.5, prefill_seconds=0.001,
+                            decode_seconds=0.002, tokens_per_second=1500.0, decode_tokens=3)
+        yield GenerationEvent([1, 2, 3, 4], "abcd", "length", stats)
+
+
+def test_runner_interleaves_datasets_and_stops_on_time_budget():
+    from ddtree_server.bench.datasets import BenchPrompt
+    from ddtree_server.bench.runner import BenchRun, BenchSettings
+
+    prompts = {"a": [BenchPrompt("a", f"a{i}", f"x{i}") for i in range(3)],
+               "b": [BenchPrompt("b", f"b{i}", f"y{i}") for i in range(1)]}
+    settings = BenchSettings(budgets=(8,), t1_budget=None, hf_prompts=0)
+    recs = BenchRun(_FakeEngine(), settings, lambda r: None).run(prompts)
+    assert [r["prompt_id"] for r in recs if r["method"] == "ar"] == ["a0", "b0", "a1", "a2"]
+    assert {r["method"] for r in recs} == {"ar", "dflash", "ddtree-8"} and all(r.get("same_as_ar", True) for r in recs)
+    cut = BenchRun(_FakeEngine(), BenchSettings(budgets=(8,), t1_budget=None, hf_prompts=0, time_budget_s=-1.0),
+                   lambda r: None).run(prompts)
+    assert cut == []

@@ -251,3 +251,15 @@ def test_stats_exclude_the_prefill_token(model):
     st = last.stats
     assert st.decode_rounds == 9 and st.decode_tokens == 9 and st.mean_acceptance_length == 1.0
     assert st.tokens_per_second == pytest.approx(9 / st.decode_seconds)
+
+
+def test_exactness_check_reports_equal_outputs(model):
+    """bench/exactness.check (the GPU exactness command) on the tiny target: all methods equal ar."""
+    from ddtree_server.bench.exactness import check
+
+    drafter = TableDrafter([[1, 2], [3, 4]], vocab=VOCAB, hidden=HIDDEN, layer_ids=LAYERS)
+    engine = _engine(model, drafter)
+    engine.encode = lambda text, chat=True: list(text.encode())
+    report = check(engine, ["Hello there", "1+1="], [("ar", None), ("dflash", None), ("ddtree", 8)], 20)
+    assert report["all_equal"] and len(report["rows"]) == 6 and report["drafter_graphs_enabled"] is None
+    assert all(r["same_as_ar"] for r in report["rows"]) and report["rows"][2]["tau"] >= 1.0

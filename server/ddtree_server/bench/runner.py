@@ -1,7 +1,7 @@
 """Benchmark runner: ar vs dflash vs ddtree (several budgets) on one Engine, batch 1.
 
-For every prompt all methods run back to back (so a time-limited run stays balanced across
-methods); each result is handed to `sink` at once (the command appends it to a JSONL file, so an
+For every prompt all methods run back to back, and the datasets take turns prompt by prompt (so a
+time-limited run stays balanced across methods and datasets); each result is handed to `sink` at once (the command appends it to a JSONL file, so an
 interrupted run keeps what it measured). A warm-up generation per method runs first and is not
 recorded. Times come from the engine's DecodeStats: decode excludes prefill (ddtree.md §3.1 also
 excludes the first draft call; ours includes it), `e2e_s` is the wall time of the whole request.
@@ -118,23 +118,27 @@ class BenchRun:
         self.log(f"warm-up: {', '.join(m.name for m in methods)}")
         self.warm_up(methods, all_ids[0], max(all_ids, key=len))
         t0 = self.t_start
-        for ds, items in encoded.items():
-            for i, (p, ids) in enumerate(items):
-                if s.time_budget_s is not None and time.monotonic() - t0 > s.time_budget_s:
-                    self.log(f"time budget reached: stopping before {ds} prompt {i}")
-                    return self.records
-                ref = None
-                for m in methods:
-                    rec = run_one(eng, ids, m, s.max_new_tokens, s.seed)
-                    rec.update(dataset=ds, prompt_id=p.id)
-                    if m.mode == "ar" and m.temperature == 0:
-                        ref = rec["output_digest"]
-                    if m.temperature == 0 and ref is not None:
-                        rec["same_as_ar"] = rec["output_digest"] == ref
-                    self._emit(rec)
-                if self.hf is not None and i < s.hf_prompts:
-                    rec = self.hf.record(ids, s.max_new_tokens)
-                    rec.update(dataset=ds, prompt_id=p.id)
-                    self._emit(rec)
-                self.log(f"{ds} {i + 1}/{len(items)} done ({time.monotonic() - t0:.0f} s)")
+        longest = max((len(v) for v in encoded.values()), default=0)
+        # datasets take turns prompt by prompt, so a time-limited run keeps them balanced too
+        order = [(ds, i) for i in range(longest) for ds in encoded if i < len(encoded[ds])]
+        for ds, i in order:
+            items = encoded[ds]
+            p, ids = items[i]
+            if s.time_budget_s is not None and time.monotonic() - t0 > s.time_budget_s:
+                self.log(f"time budget reached: stopping before {ds} prompt {i}")
+                return self.records
+            ref = None
+            for m in methods:
+                rec = run_one(eng, ids, m, s.max_new_tokens, s.seed)
+                rec.update(dataset=ds, prompt_id=p.id)
+                if m.mode == "ar" and m.temperature == 0:
+                    ref = rec["output_digest"]
+                if m.temperature == 0 and ref is not None:
+                    rec["same_as_ar"] = rec["output_digest"] == ref
+                self._emit(rec)
+            if self.hf is not None and i < s.hf_prompts:
+                rec = self.hf.record(ids, s.max_new_tokens)
+                rec.update(dataset=ds, prompt_id=p.id)
+                self._emit(rec)
+            self.log(f"{ds} {i + 1}/{len(items)} done ({time.monotonic() - t0:.0f} s)")
         return self.records

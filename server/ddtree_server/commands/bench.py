@@ -38,7 +38,7 @@ def bench(
     stem: str = typer.Option("bench", help="File name stem of the outputs."),
     seed: int = typer.Option(0, help="Sampling seed of the temperature-1 row."),
     drafter_graphs: bool = typer.Option(False, "--drafter-graphs/--no-drafter-graphs",
-                                        help="On CUDA, replay the drafter from CUDA graphs (experimental: not yet run on a GPU; the server does not use it)."),
+                                        help="Kept for old command lines: on CUDA the engine replays the drafter from CUDA graphs anyway."),
     merge: Optional[List[Path]] = typer.Option(None, "--merge", help="Combine these bench.json files only."),
 ) -> None:
     """Benchmark ar, dflash and ddtree (budgets) plus transformers' generate() on pinned prompt sets."""
@@ -47,6 +47,8 @@ def bench(
     from ddtree_server.bench.runner import BenchSettings
     from ddtree_server.bench.session import SessionOptions, merge_reports, run_session
     from ddtree_server.bench.wheels import DataFileError
+    from ddtree_server.models.default import DefaultModelError
+    from ddtree_server.models.load import TargetLoadError
 
     console = Console(stderr=True)
     if merge:
@@ -63,7 +65,7 @@ def bench(
                               commit=commit, stem=stem, drafter_graphs=drafter_graphs)
         try:
             paths = run_session(opts, log=console.log)
-        except (DataFileError, KeyError, ValueError, OSError) as exc:
+        except (DataFileError, DefaultModelError, TargetLoadError, KeyError, ValueError, OSError) as exc:
             console.print(f"[red]bench failed:[/red] {exc}")
             raise typer.Exit(1) from None
     console.print((paths["md"]).read_text())

@@ -1,0 +1,82 @@
+"""Exactness check on any device: ar vs dflash vs ddtree, greedy, token for token.
+
+`python -m ddtree_server.bench.exactness --gguf G --drafter D --device cuda --dtype fp32 --out F`
+
+The engine runs as served (on CUDA: target and drafter replayed from CUDA graphs), so this is the
+GPU counterpart of tests/server/test_exact.py: at temperature 0 every speculative method must give
+plain decoding's tokens (ddtree.md §2.1). In fp32 they must be identical; in bf16 kernel choice can
+flip near-ties (RESULTS.md "Exactness in bf16"). Writes a JSON report: per prompt and method the
+token count, tau and whether the tokens equal ar's, whether the drafter's graphs stayed enabled,
+and `all_equal`. Exit code 0 when every output equals ar's, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+PROMPTS = (
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain why the sky is blue in three sentences.",
+    "List five prime numbers greater than 50 and say why each is prime.",
+)
+
+
+def check(engine, prompts, methods, max_new_tokens: int) -> dict:
+    """Run every method on every prompt (greedy); returns the report dict (see module docstring)."""
+    from ddtree_server.engine.sampling import SamplingParams
+
+    rows, all_equal = [], True
+    for i, text in enumerate(prompts):
+        ids = engine.encode(text)
+        ref = None
+        for mode, budget in methods:
+            t0 = time.perf_counter()
+            toks, stats = [], None
+            for ev in engine.generate(ids, SamplingParams(max_tokens=max_new_tokens, temperature=0.0),
+                                      mode=mode, tree_budget=budget):
+                toks += ev.token_ids
+                stats = ev.stats or stats
+            ref = toks if mode == "ar" else ref
+            same = ref is not None and toks == ref
+            all_equal &= same or mode == "ar"
+            rows.append({"prompt": i, "method": mode if budget is None else f"{mode}-{budget}",
+                         "tokens": len(toks), "tau": stats.mean_acceptance_length, "same_as_ar": same,
+                         "wall_s": round(time.perf_counter() - t0, 3)})
+    graphs = getattr(engine.drafter, "enabled", None)
+    return {"rows": rows, "all_equal": all_equal, "drafter_graphs_enabled": graphs,
+            "target": type(engine.target).__name__, "drafter": type(engine.drafter).__name__}
+
+
+def main(gguf: Optional[Path] = typer.Option(None, help="Target GGUF (default: the embedded SmolLM2)."),
+         drafter: Optional[Path] = typer.Option(None, help="Drafter folder (default: the shipped one)."),
+         device: str = typer.Option("cuda", help="cpu | cuda | cuda:N."),
+         dtype: str = typer.Option("fp32", help="fp32 | bf16."),
+         budgets: str = typer.Option("1,16,64,256", help="DDTree budgets to check."),
+         max_new_tokens: int = typer.Option(96, help="Tokens per request."),
+         prompts: int = typer.Option(len(PROMPTS), help="How many of the built-in prompts."),
+         out: Optional[Path] = typer.Option(None, help="Write the JSON report here.")) -> None:
+    """Check that dflash and ddtree reproduce ar's greedy tokens on this device."""
+    from ddtree_server.commands.options import int_list
+    from ddtree_server.engine.factory import load_engine
+
+    engine = load_engine(gguf=gguf, drafter=drafter, device=device, dtype=dtype)
+    methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in int_list(budgets)]
+    report = check(engine, PROMPTS[:prompts], methods, max_new_tokens)
+    report.update(device=device, dtype=dtype, messages=engine.messages)
+    text = json.dumps(report, indent=1)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+    print(text)
+    raise typer.Exit(0 if report["all_equal"] else 1)
+
+
+if __name__ == "__main__":
+    typer.run(main)
