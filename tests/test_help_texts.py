@@ -43,3 +43,13 @@ def test_flags_read_as_flags() -> None:
     assert "-n, --dry-run  " in deploy and "--smoke / --no-smoke  " in deploy and "--json  " in deploy
     generate = CliRunner().invoke(apps["ddtree-server"], ["generate", "--help"]).stdout
     assert "--chat / --raw  " in generate and "--json  " in generate
+
+
+@pytest.mark.parametrize("module", ["ddtree_server.bench", "ddtree_server.bench.exactness", "ddtree_server.train"])
+def test_python_m_entry_points_use_plain_help(module: str) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Usage:" in out.stdout and "<bool>" not in out.stdout

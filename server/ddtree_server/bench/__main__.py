@@ -4,9 +4,9 @@ For a GPU host without the serving dependencies (fastapi, pydantic, ...); needs 
 transformers, safetensors, rich, typer, matplotlib (for the PNG) and gguf for a GGUF target.
 """
 
-import typer
-
 from ddtree_server.commands.bench import bench
 
 if __name__ == "__main__":
-    typer.run(bench)
+    from ddtree_server.commands.options import run_single
+
+    run_single(bench)

@@ -79,4 +79,6 @@ def main(gguf: Optional[Path] = typer.Option(None, help="Target GGUF (default: t
 
 
 if __name__ == "__main__":
-    typer.run(main)
+    from ddtree_server.commands.options import run_single
+
+    run_single(main)

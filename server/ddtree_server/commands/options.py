@@ -11,3 +11,11 @@ def int_list(text: str) -> list[int]:
         return [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from None
+
+
+def run_single(command) -> None:
+    """Run one command function as a program (the ``python -m`` entry points) with click's plain
+    help, like the ``ddtree-server`` CLI (Typer's Rich help shows ``<bool>`` for flags)."""
+    app = typer.Typer(add_completion=False, rich_markup_mode=None)
+    app.command()(command)
+    app()

@@ -4,9 +4,9 @@ Useful on a GPU host that lacks the serving dependencies (fastapi, pydantic, ...
 transformers, safetensors, rich and typer are imported (plus gguf for a GGUF target).
 """
 
-import typer
-
 from ddtree_server.commands.train import train_drafter
 
 if __name__ == "__main__":
-    typer.run(train_drafter)
+    from ddtree_server.commands.options import run_single
+
+    run_single(train_drafter)
