@@ -27,7 +27,9 @@ from torch import Tensor
 from ddtree_server.models.kv_cache import KVCache
 from ddtree_server.models.target import TargetModel
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# powers of two plus the sizes DDTree trees take (budget B -> B + 1 nodes: 17, 33, 65, 129, 257),
+# so a 65-node tree pads to 80 rows, not 128
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 128, 160, 256, 320, 512)
 MIN_KV = 256
 
 

@@ -74,6 +74,11 @@ def chain_tree(root_token: int, draft_tokens: Sequence[int]) -> DraftTree:
     return _make(toks, list(range(len(toks))), list(range(-1, len(toks) - 1)))
 
 
+def _rows(table) -> list:
+    """Nested Python lists of a 2-D table; numpy arrays / tensors convert in one C call."""
+    return table.tolist() if hasattr(table, "tolist") else table
+
+
 def build_ddtree(root_token: int, topk_logp: Sequence[Sequence[float]],
                  topk_ids: Sequence[Sequence[int]], budget: int) -> DraftTree:
     """Best-first DDTree (Algorithm 1) with at most ``budget`` draft nodes.
@@ -90,8 +95,8 @@ def build_ddtree(root_token: int, topk_logp: Sequence[Sequence[float]],
     Raises:
         ValueError: the two tables differ in shape.
     """
-    logp = [list(map(float, row)) for row in topk_logp]
-    ids = [list(map(int, row)) for row in topk_ids]
+    logp = [[float(x) for x in row] for row in _rows(topk_logp)]
+    ids = [[int(x) for x in row] for row in _rows(topk_ids)]
     if [len(r) for r in logp] != [len(r) for r in ids]:
         raise ValueError("topk_logp and topk_ids must have the same shape")
     depth_max = len(logp)
