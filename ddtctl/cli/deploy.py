@@ -13,8 +13,13 @@ from ddtctl.cli._common import AllOpt, HostsArg, JsonOpt, LimitOpt, ParallelOpt,
 from ddtctl.ops import releases
 from ddtctl.ops.bundle import build_wheel, source_identity
 from ddtctl.ops.deploy import DeployResult, deploy_host
+from ddtctl.ops.lock import host_lock
 from ddtctl.ops.readiness import wait_ready
 from ddtctl.ops.supervisor import manager_for
+
+
+BreakLockOpt = typer.Option(False, "--break-lock", help="Remove a host lock left behind by a killed ddtctl "
+                            "run first (ops/lock.py); only when no other deploy is running.")
 
 
 def register(app: typer.Typer) -> None:
@@ -35,6 +40,7 @@ def deploy_cmd(
                                             "[default: the service's ready_timeout_s]."),
     parallel: int = ParallelOpt,
     json_out: bool = JsonOpt,
+    break_lock: bool = BreakLockOpt,
 ) -> None:
     """Build the server wheel of this checkout, install it, (re)start only if something changed,
     wait until ready and smoke-test; roll back to the previous release if that fails.
@@ -51,7 +57,7 @@ def deploy_cmd(
         def one(host, transport) -> DeployResult:
             return deploy_host(host, transport, bundle=bundle, node_transport=common.node_of(transport),
                                dry_run=dry_run, smoke=smoke, timeout_s=timeout, progress_factory=bars,
-                               log=report.step_line)
+                               log=report.step_line, break_lock=break_lock)
         outcome = common.per_host(selected, one, parallel)
     results = [r if r is not None else DeployResult(h.name, dry_run=dry_run, error=e) for h, r, e in outcome]
     if dry_run:
@@ -65,7 +71,7 @@ def deploy_cmd(
 @handle_errors
 def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST"),
                  timeout: Optional[float] = typer.Option(None, "--timeout", min=1),
-                 json_out: bool = JsonOpt) -> None:
+                 json_out: bool = JsonOpt, break_lock: bool = BreakLockOpt) -> None:
     """Switch HOST back to its previous release, restart it and wait until ready.
 
     Example: ddtctl rollback ct200
@@ -77,10 +83,11 @@ def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HO
         previous = releases.read_link(transport, layout.previous)
         if previous is None:
             raise UsageError(f"{target.name}: no previous release to roll back to")
-        old = releases.switch(transport, layout, previous)
-        manager = manager_for(target, transport)
-        manager.restart()
-        ready = wait_ready(target, transport, manager, timeout_s=timeout)
+        with host_lock(transport, target.root, "rollback", break_lock=break_lock):
+            old = releases.switch(transport, layout, previous)
+            manager = manager_for(target, transport)
+            manager.restart()
+            ready = wait_ready(target, transport, manager, timeout_s=timeout)
     finally:
         transport.close()
     report.info(f"{target.name}: rolled back {old} -> {previous}; ready in {ready.seconds:.1f} s")

@@ -23,6 +23,7 @@ from pathlib import Path
 from ddtctl.errors import DdtctlError, RemoteError, UsageError
 from ddtctl.inventory import Host
 from ddtctl.ops import releases, weights
+from ddtctl.ops.lock import host_lock
 from ddtctl.ops.readiness import ReadyReport, wait_ready
 from ddtctl.ops.smoke import SmokeReport, require_ok, run_smoke
 from ddtctl.ops.supervisor import manager_for
@@ -96,18 +97,23 @@ def venv_python(host: Host) -> str:
 
 def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_run: bool = False,
                 smoke: bool = True, timeout_s: float | None = None, progress_factory=None,
-                log: Callable[[str, Step], None] | None = None) -> DeployResult:
+                log: Callable[[str, Step], None] | None = None, break_lock: bool = False) -> DeployResult:
     """Deploy `host`; never raises for a host failure (see `DeployResult.error`).
 
     `bundle`: a built Bundle (ddtree services; for dry runs a SourceIdentity is enough).
     `node_transport`: the Proxmox node's transport (needed for `weights: shared`).
+    A real deploy holds the host lock (ops/lock.py) throughout; `break_lock` removes a stale one.
     """
     svc = host.service
     result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id,
                           url=f"http://{host.address}:{svc.port}/v1")
     run = _Run(result, log)
     try:
-        _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory)
+        if dry_run:
+            _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory)
+        else:
+            with host_lock(transport, host.root, "deploy", break_lock=break_lock):
+                _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory)
     except DdtctlError as exc:
         result.error = exc
         if not any(s.status == "failed" for s in result.steps):
@@ -120,8 +126,6 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
     layout = releases.Layout(host.root, host.unit)
     manager = manager_for(host, transport)
     old = res.previous_release = releases.read_link(transport, layout.current)
-    if not dry_run:
-        transport.run(["mkdir", "-p", "--", host.root], timeout=60).check()
     release_changed = _release(host, transport, layout, bundle, old, run, dry_run, progress_factory)
     try:
         weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
