@@ -122,3 +122,19 @@ def test_deploy_whose_server_cannot_start_rolls_back(fleet, deployed, tmp_path):
     assert [m["id"] for m in models["data"]] == ["SmolLM2-135M-Instruct"]
     assert "missing.gguf" in fleet.journal("ct129", 400)          # the bad server's error is in the journal
     assert "missing.gguf" in h["error"], h["error"]              # ... and ddtctl reports those lines
+
+
+def test_a_held_lock_stops_the_deploy_and_break_lock_clears_it(fleet, deployed):  # noqa: F811
+    """The lock lives in the container (/opt/ddtree/.ddtctl.lock) and travels through real sshd ->
+    pct exec like every other command; deploys leave none behind."""
+    for name in HOSTS:
+        assert fleet.exec(name, "test", "-e", "/opt/ddtree/.ddtctl.lock").returncode != 0, name
+    assert fleet.exec("ct200", "mkdir", "/opt/ddtree/.ddtctl.lock").returncode == 0
+    code, doc, err = run_json(fleet, "deploy", "ct200", "--no-smoke")
+    h = by_host(doc)["ct200"]
+    assert code == 1 and not h["ok"] and not h["changed"] and "locked by" in h["error"], (h, err[-2000:])
+    assert "Traceback" not in err
+    code, doc, err = run_json(fleet, "deploy", "ct200", "--no-smoke", "--break-lock")
+    h = by_host(doc)["ct200"]
+    assert code == 0 and h["ok"] and not h["restarted"], (h, err[-2000:])
+    assert fleet.exec("ct200", "test", "-e", "/opt/ddtree/.ddtctl.lock").returncode != 0
