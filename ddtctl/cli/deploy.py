@@ -18,8 +18,8 @@ from ddtctl.ops.readiness import wait_ready
 from ddtctl.ops.supervisor import manager_for
 
 
-BreakLockOpt = typer.Option(False, "--break-lock", help="Remove a host lock left behind by a killed ddtctl "
-                            "run first (ops/lock.py); only when no other deploy is running.")
+BreakLockOpt = typer.Option(False, "--break-lock", help="First remove a host lock left behind by a killed "
+                            "ddtctl run; only when no other deploy or rollback is running.")
 
 
 def register(app: typer.Typer) -> None:
@@ -80,10 +80,10 @@ def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HO
     transport = common.transport_for(target)
     try:
         layout = releases.Layout(target.root, target.unit)
-        previous = releases.read_link(transport, layout.previous)
-        if previous is None:
-            raise UsageError(f"{target.name}: no previous release to roll back to")
         with host_lock(transport, target.root, "rollback", break_lock=break_lock):
+            previous = releases.read_link(transport, layout.previous)
+            if previous is None or previous == releases.read_link(transport, layout.current):
+                raise UsageError(f"{target.name}: no previous release to roll back to")
             old = releases.switch(transport, layout, previous)
             manager = manager_for(target, transport)
             manager.restart()

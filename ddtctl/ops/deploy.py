@@ -23,7 +23,7 @@ from pathlib import Path
 from ddtctl.errors import DdtctlError, RemoteError, UsageError
 from ddtctl.inventory import Host
 from ddtctl.ops import releases, weights
-from ddtctl.ops.lock import host_lock
+from ddtctl.ops.lock import HostLocked, host_lock
 from ddtctl.ops.readiness import ReadyReport, wait_ready
 from ddtctl.ops.smoke import SmokeReport, require_ok, run_smoke
 from ddtctl.ops.supervisor import manager_for
@@ -117,7 +117,7 @@ def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_
     except DdtctlError as exc:
         result.error = exc
         if not any(s.status == "failed" for s in result.steps):
-            run.step("error", "failed", str(exc).splitlines()[0])
+            run.step("lock" if isinstance(exc, HostLocked) else "error", "failed", str(exc).splitlines()[0])
     return result
 
 
@@ -126,6 +126,7 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
     layout = releases.Layout(host.root, host.unit)
     manager = manager_for(host, transport)
     old = res.previous_release = releases.read_link(transport, layout.current)
+    old_previous = None if dry_run else releases.read_link(transport, layout.previous)
     release_changed = _release(host, transport, layout, bundle, old, run, dry_run, progress_factory)
     try:
         weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
@@ -138,7 +139,8 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
         _restart_and_check(host, transport, manager, run, smoke, timeout_s)
     except DdtctlError:
         if not dry_run and ((release_changed and old) or run.replaced):
-            _rollback(host, transport, manager, layout, old if release_changed else None, run, timeout_s)
+            _rollback(host, transport, manager, layout, old if release_changed else None, run, timeout_s,
+                      old_previous)
         raise
 
 
@@ -197,13 +199,16 @@ def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout
         raise
 
 
-def _rollback(host, transport, manager, layout, old: str | None, run: _Run, timeout_s) -> None:
-    """Put back the previous release and the previous unit/env files, restart, wait until ready."""
+def _rollback(host, transport, manager, layout, old: str | None, run: _Run, timeout_s,
+              old_previous: str | None = None) -> None:
+    """Put back the previous release (and the `previous` link as it was before this deploy) and
+    the previous unit/env files, restart, wait until ready."""
     t = time.monotonic()
     what = ([f"release {old}"] if old else []) + (["previous unit files"] if run.replaced else [])
     try:
         if old:
             releases.switch(transport, layout, old, keep_previous=False)
+            releases.restore_previous(transport, layout, old_previous)
         for path, (text, mode) in run.replaced.items():
             _write(transport, path, text, mode)
         if run.replaced:

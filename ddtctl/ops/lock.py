@@ -4,7 +4,8 @@ Two operators deploying the same container at once would interleave `current` sw
 writes and restarts. The lock is a directory `<root>/.ddtctl.lock` made with `mkdir` without
 `-p`: mkdir(2) is atomic and fails with EEXIST for every caller but one (POSIX; also over
 `pct exec` and SSH, since it runs on the target). The holder writes `owner` (user@machine, pid,
-command, UTC time) into it and removes the directory when it is done, also when the deploy fails.
+command, UTC time) into it and removes the directory when it is done, also when the deploy fails
+(only while the owner line is still its own: a lock broken and re-taken by another run stays).
 A ddtctl that finds the lock stops at once with `HostLocked` (exit 1) naming the holder, before
 changing anything; `--break-lock` removes a lock left behind by a killed run first.
 Dry runs take no lock (they change nothing).
@@ -60,12 +61,19 @@ def host_lock(transport, root: str, command: str, *, break_lock: bool = False) -
         if transport.run(["test", "-d", path], timeout=60).ok:
             holder = transport.run(["cat", "--", posixpath.join(path, "owner")], timeout=60)
             who = holder.text.strip() if holder.ok and holder.text.strip() else "an unknown holder (no owner file)"
-            raise HostLocked(f"{transport.name}: {root} is locked by {who}; if that run is gone "
-                             f"(killed, machine lost), repeat with --break-lock", made)
+            raise HostLocked(f"{root} is locked by {who}; if that run is gone (killed, machine "
+                             f"lost), repeat with --break-lock", made)
         made.check()
+    owner = owner_line(command)
+    owner_file = posixpath.join(path, "owner")
+    wrote = transport.run(["tee", "--", owner_file], stdin=(owner + "\n").encode(), timeout=60)
+    if not wrote.ok:
+        transport.run(["rm", "-rf", "--", path], timeout=60)
+        wrote.check()
     try:
-        transport.run(["tee", "--", posixpath.join(path, "owner")], stdin=(owner_line(command) + "\n").encode(),
-                      timeout=60).check()
         yield path
     finally:
-        transport.run(["rm", "-rf", "--", path], timeout=60)
+        # remove only our own lock: after someone's --break-lock, the directory may be theirs
+        held = transport.run(["cat", "--", owner_file], timeout=60)
+        if held.ok and held.text.strip() == owner:
+            transport.run(["rm", "-rf", "--", path], timeout=60)

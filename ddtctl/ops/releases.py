@@ -124,6 +124,16 @@ def switch(transport, layout: Layout, version_id: str, *, keep_previous: bool = 
     return old
 
 
+def restore_previous(transport, layout: Layout, version_id: str | None) -> None:
+    """Put the `previous` link back to `version_id` (None: remove it), e.g. after an automatic
+    rollback, so that `previous` never ends up equal to `current`."""
+    if version_id is None:
+        transport.run(["rm", "-f", "--", layout.previous], timeout=60).check()
+        return
+    for argv in switch_link_argvs(layout, layout.previous, version_id):
+        transport.run(argv, timeout=60).check()
+
+
 def is_installed(transport, layout: Layout, version_id: str) -> bool:
     """True when releases/<id> finished installing (its `.complete` marker exists)."""
     marker = posixpath.join(layout.release(version_id), ".complete")

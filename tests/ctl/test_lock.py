@@ -59,3 +59,40 @@ def test_deploy_meeting_a_held_lock_changes_nothing(tmp_path: Path, monkeypatch)
     assert isinstance(result.error, HostLocked) and "ops@laptop pid 7" in str(result.error)
     assert [p.name for p in Path(host.root).iterdir()] == [".ddtctl.lock"]  # no release, no unit
     assert result.to_dict()["exit_code"] == 1 and not result.changed
+
+
+def test_a_lock_broken_and_retaken_by_another_run_is_not_removed_by_the_first(tmp_path: Path) -> None:
+    t, root = LocalTransport(), str(tmp_path / "host")
+    with host_lock(t, root, "deploy") as path:
+        with host_lock(t, root, "deploy", break_lock=True):  # a second operator breaks in
+            owner2 = (Path(path) / "owner").read_text()
+            assert owner2.count(": deploy since") == 1
+            (Path(path) / "owner").write_text("ops@other pid 9: deploy since later\n")  # ... as another process
+    assert Path(path).is_dir()  # neither run removed a lock whose owner line is not its own
+    assert (Path(path) / "owner").read_text().startswith("ops@other pid 9")
+
+
+def test_automatic_rollback_restores_current_and_previous(tmp_path: Path, monkeypatch) -> None:
+    """current=A, previous=B; a deploy of C whose server cannot start rolls back to current=A AND
+    previous=B (not previous=A), and releases the lock."""
+    import types
+
+    from ddtctl.inventory import parse_inventory
+    from ddtctl.ops import releases
+    from ddtctl.ops.deploy import deploy_host
+
+    monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "home"))
+    inv = parse_inventory("local:\n  local:\n    service:\n      kind: ddtree\n      port: 18998\n"
+                          "      ready_timeout_s: 5\n", tmp_path / "inventory.yaml")
+    host = inv.select(["local"])[0]
+    t, layout = LocalTransport(), releases.Layout(host.root, host.unit)
+    for vid in ("0.1.0-a", "0.1.0-b", "0.1.0-c"):  # installed releases without a runnable server
+        (Path(host.root) / "releases" / vid).mkdir(parents=True)
+        (Path(host.root) / "releases" / vid / ".complete").touch()
+    releases.switch(t, layout, "0.1.0-b")
+    releases.switch(t, layout, "0.1.0-a")
+    result = deploy_host(host, t, bundle=types.SimpleNamespace(version_id="0.1.0-c"), smoke=False, timeout_s=5)
+    assert not result.ok and result.rolled_back, result.steps
+    assert releases.read_link(t, layout.current) == "0.1.0-a"
+    assert releases.read_link(t, layout.previous) == "0.1.0-b"
+    assert not Path(lock_path(host.root)).exists()
