@@ -174,3 +174,26 @@ def test_trainer_takes_sequences_that_arrive_while_training(tiny_target):
     trainer.more, trainer.refresh_s = (lambda: arrivals.pop(0) if arrivals else []), 0.0
     trainer.run()
     assert len(trainer.seqs) == 3 and trainer.step == 3
+
+
+def test_extra_data_folders_are_checked(tiny_target, tmp_path):
+    from ddtree_server.train.data import check_extra_folder
+
+    run(_opts(tiny_target, tmp_path, work_dir=tmp_path / "wb", prompt_shard=(1, 2), generate_only=True))
+    own = tmp_path / "wa" / "data"
+    with pytest.raises(ValueError, match="no such directory"):
+        check_extra_folder(tmp_path / "nope", own)
+    with pytest.raises(ValueError, match="its data folder is"):
+        check_extra_folder(tmp_path / "wb", own)
+    with pytest.raises(ValueError, match="own data folder"):
+        check_extra_folder(tmp_path / "wb" / "data", tmp_path / "wb" / "data")
+    (tmp_path / "pending").mkdir()
+    check_extra_folder(tmp_path / "pending", own)  # a worker that has not started yet
+    doc = json.loads((tmp_path / "wb" / "data" / "manifest.json").read_text())
+    check_extra_folder(tmp_path / "wb" / "data", own, doc["target"], (0, 2))
+    with pytest.raises(ValueError, match="made for target"):
+        check_extra_folder(tmp_path / "wb" / "data", own, "other.gguf:1", (0, 2))
+    with pytest.raises(ValueError, match="same prompt shard"):
+        check_extra_folder(tmp_path / "wb" / "data", own, doc["target"], (1, 2))
+    with pytest.raises(ValueError, match="no such directory"):  # the pipeline checks before loading
+        run(_opts(tiny_target, tmp_path, work_dir=tmp_path / "wa", extra_data=[tmp_path / "typo"]))

@@ -56,19 +56,30 @@ def check(engine, prompts, methods, max_new_tokens: int) -> dict:
 
 def main(gguf: Optional[Path] = typer.Option(None, help="Target GGUF (default: the embedded SmolLM2)."),
          drafter: Optional[Path] = typer.Option(None, help="Drafter folder (default: the shipped one)."),
-         device: str = typer.Option("cuda", help="cpu | cuda | cuda:N."),
+         device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N (auto: cuda if available)."),
          dtype: str = typer.Option("fp32", help="fp32 | bf16."),
-         budgets: str = typer.Option("1,16,64,256", help="DDTree budgets to check."),
-         max_new_tokens: int = typer.Option(96, help="Tokens per request."),
-         prompts: int = typer.Option(len(PROMPTS), help="How many of the built-in prompts."),
+         budgets: str = typer.Option("1,16,64,256", help="DDTree budgets to check (>= 1)."),
+         max_new_tokens: int = typer.Option(96, min=1, help="Tokens per request."),
+         prompts: int = typer.Option(len(PROMPTS), min=1, max=len(PROMPTS), help="How many of the built-in prompts."),
          out: Optional[Path] = typer.Option(None, help="Write the JSON report here.")) -> None:
     """Check that dflash and ddtree reproduce ar's greedy tokens on this device."""
-    from ddtree_server.commands.options import int_list
+    from ddtree_server.commands.options import budget_list, check_device
     from ddtree_server.engine.factory import load_engine
+    from ddtree_server.models.default import DefaultModelError
+    from ddtree_server.models.load import TargetLoadError
 
-    engine = load_engine(gguf=gguf, drafter=drafter, device=device, dtype=dtype)
-    methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in int_list(budgets)]
-    report = check(engine, PROMPTS[:prompts], methods, max_new_tokens)
+    if dtype not in ("fp32", "bf16"):
+        raise typer.BadParameter(f"--dtype {dtype!r}: use fp32 or bf16")
+    device = check_device(device)
+    methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budget_list(budgets)]
+    try:
+        engine = load_engine(gguf=gguf, drafter=drafter, device=device, dtype=dtype)
+        if not engine.spec_available:
+            raise ValueError("no drafter is loaded: nothing to compare with ar")
+        report = check(engine, PROMPTS[:prompts], methods, max_new_tokens)
+    except (ValueError, OSError, TargetLoadError, DefaultModelError) as exc:  # bad model files or settings
+        typer.echo(f"exactness failed: {exc}", err=True)
+        raise typer.Exit(1) from None
     report.update(device=device, dtype=dtype, messages=engine.messages)
     text = json.dumps(report, indent=1)
     if out is not None:

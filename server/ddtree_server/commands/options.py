@@ -19,3 +19,34 @@ def run_single(command) -> None:
     app = typer.Typer(add_completion=False, rich_markup_mode=None)
     app.command()(command)
     app()
+
+
+def budget_list(text: str, option: str = "--budgets") -> list[int]:
+    """``"16,64"`` -> ``[16, 64]``: a non-empty list of DDTree budgets >= 1 (the API's range starts
+    at 1); raises typer.BadParameter naming the option otherwise."""
+    try:
+        values = int_list(text)
+    except typer.BadParameter as exc:
+        raise typer.BadParameter(f"{option}: {exc}") from None
+    if not values or any(v < 1 for v in values):
+        raise typer.BadParameter(f"{option}: give budgets >= 1, e.g. 16,64 (got {text!r})")
+    return values
+
+
+def check_device(name: str, option: str = "--device") -> str:
+    """``auto | cpu | cuda | cuda:N`` -> the device to use ('auto' resolved), checked before any
+    model loads; raises typer.BadParameter for other names, CUDA absent or a missing GPU index."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return name
+    kind, _, index = name.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise typer.BadParameter(f"{option} {name!r}: use auto, cpu, cuda or cuda:N")
+    if not torch.cuda.is_available():
+        raise typer.BadParameter(f"{option} {name}: CUDA is not available on this machine (use cpu)")
+    if index and int(index) >= torch.cuda.device_count():
+        raise typer.BadParameter(f"{option} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return name

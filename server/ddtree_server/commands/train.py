@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from ddtree_server.commands.options import int_list
+from ddtree_server.commands.options import check_device, int_list
 
 
 def train_drafter(
@@ -82,6 +82,7 @@ def train_drafter(
         prompt_shard=_shard(prompt_shard), extra_data=list(extra_data), generate_only=generate_only)
     if steps <= 0 and max_minutes <= 0 and not generate_only:
         raise typer.BadParameter("give --steps or --max-minutes")
+    opts.device = check_device(device)
     console = Console(stderr=True)
     try:
         with ProgressReport(console) as report:

@@ -158,6 +158,34 @@ def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str
     return sum(len(torch.load(p, weights_only=True)["response_ids"]) for p in folder.glob("shard_*.pt"))
 
 
+def check_extra_folder(folder: str | Path, own: str | Path, target_id: str | None = None,
+                       own_shard: tuple[int, int] | None = None) -> None:
+    """Check a folder given to train on besides this run's own `own` data folder (another worker's):
+    an existing directory, not `own` itself, and a data folder (`manifest.json`) made for the same
+    target (`target_id`, once known) and not for this run's own prompt shard. An existing EMPTY
+    directory passes (a worker that has not started yet; its shards are picked up when they come).
+    Raises ValueError naming the folder and what is wrong."""
+    folder, own = Path(folder), Path(own)
+    if not folder.is_dir():
+        raise ValueError(f"--extra-data {folder}: no such directory")
+    if folder.resolve() == own.resolve():
+        raise ValueError(f"--extra-data {folder}: that is this run's own data folder")
+    if not (folder / "manifest.json").is_file():
+        if (folder / "data" / "manifest.json").is_file():
+            raise ValueError(f"--extra-data {folder}: a work folder; its data folder is {folder / 'data'}")
+        if any(folder.iterdir()):
+            raise ValueError(f"--extra-data {folder}: not a data folder (no manifest.json)")
+        return  # empty: the other worker has not started yet
+    if target_id is None:
+        return
+    doc = json.loads((folder / "manifest.json").read_text())
+    if doc.get("target") != target_id:
+        raise ValueError(f"--extra-data {folder}: made for target {doc.get('target')!r}, not {target_id!r}")
+    if own_shard is not None and doc.get("shard") == list(own_shard):
+        raise ValueError(f"--extra-data {folder}: holds the same prompt shard {own_shard[0]}/{own_shard[1]} "
+                         "as this run (duplicate data)")
+
+
 def load_sequences(folder: str | Path, max_len: int, seen: set[str] | None = None) -> list[Sequence]:
     """All stored sequences (prompt + response, cut to max_len tokens), in shard order.
     Sequences whose prompt leaves no response token within max_len are skipped. With `seen`,

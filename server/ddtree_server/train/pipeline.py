@@ -119,9 +119,13 @@ def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind
     dev = _device(opts.device)
     torch.manual_seed(opts.train.seed)
     out, work = Path(opts.out_dir), Path(opts.work_dir)
+    for extra in opts.extra_data:  # before the slow steps; the target id is checked once known
+        data.check_extra_folder(extra, work / "data")
     out.mkdir(parents=True, exist_ok=True)
     report("stage", {"stage": "load target", "device": str(dev)})
     model, tok, tid = load_hf_target(opts, dev)
+    for extra in opts.extra_data:
+        data.check_extra_folder(extra, work / "data", tid, opts.prompt_shard)
     mask_id = pick_mask_token(tok, opts.mask_token_id)
     config = build.new_drafter_config(model.config, num_layers=opts.layers, layer_ids=opts.layer_ids,
                                       block_size=opts.block_size, mask_token_id=mask_id,

@@ -1,0 +1,80 @@
+"""Bad command lines of bench / exactness / train-drafter: a clear message and exit 2 (usage) or 1
+(bad files), never a traceback. Runs on a CPU-only machine (CUDA is then 'not available')."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import typer
+from typer.testing import CliRunner
+
+from ddtree_server.bench.exactness import main as exactness_main
+from ddtree_server.cli import app
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+
+
+def _exactness_app() -> typer.Typer:
+    one = typer.Typer(rich_markup_mode=None)
+    one.command()(exactness_main)
+    return one
+
+
+def _run(application, args):
+    res = CliRunner().invoke(application, args)
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    return res.exit_code, " ".join(res.output.split())  # rich wraps long lines
+
+
+@pytest.mark.parametrize("args,code,text", [
+    (["--device", "gpu"], 2, "use auto, cpu, cuda or cuda:N"),
+    (["--device", "cuda:x"], 2, "use auto, cpu, cuda or cuda:N"),
+    (["--budgets", "0"], 2, "budgets >= 1"),
+    (["--budgets", ","], 2, "budgets >= 1"),
+    (["--budgets", "x"], 2, "--budgets"),
+    (["--prompts", "0"], 2, "--prompts"),
+    (["--dtype", "fp16"], 2, "use fp32 or bf16"),
+])
+def test_exactness_usage_errors(args, code, text):
+    got, out = _run(_exactness_app(), ["--device", "cpu", *args] if "--device" not in args else args)
+    assert got == code and text in out, out
+
+
+@NO_CUDA
+def test_cuda_requested_without_cuda_is_a_usage_error(tmp_path):
+    assert _run(_exactness_app(), ["--device", "cuda"])[0] == 2
+    code, out = _run(app, ["bench", "--device", "cuda", "--out", str(tmp_path)])
+    assert code == 2 and "CUDA is not available" in out
+    code, out = _run(app, ["train-drafter", "--out", str(tmp_path / "d"), "--steps", "1", "--device", "cuda"])
+    assert code == 2 and "CUDA is not available" in out
+
+
+def test_exactness_missing_drafter_is_a_clean_failure(tmp_path):
+    code, out = _run(_exactness_app(), ["--device", "cpu", "--drafter", str(tmp_path / "nope")])
+    assert code == 1 and "exactness failed" in out
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--datasets", ","], "--datasets"),
+    (["--modes", "foo"], "--modes"),
+    (["--budgets", "0"], "budgets >= 1"),
+    (["--max-prompts", "-1"], "--max-prompts"),
+])
+def test_bench_usage_errors(tmp_path, args, text):
+    code, out = _run(app, ["bench", "--device", "cpu", "--out", str(tmp_path), *args])
+    assert code == 2 and text in out, out
+
+
+def test_bench_merge_refuses_bad_inputs(tmp_path):
+    code, out = _run(app, ["bench", "--merge", str(tmp_path / "missing.json"), "--out", str(tmp_path)])
+    assert code == 1 and "merge failed" in out
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"meta": {"settings": {"max_new_tokens": 8}}, "records": [], "stages": []}))
+    code, out = _run(app, ["bench", "--merge", str(a), "--merge", str(a), "--out", str(tmp_path)])
+    assert code == 1 and "given twice" in out
+    b = tmp_path / "b.json"
+    b.write_text(json.dumps({"meta": {"settings": {"max_new_tokens": 4}}, "records": [], "stages": []}))
+    code, out = _run(app, ["bench", "--merge", str(a), "--merge", str(b), "--out", str(tmp_path)])
+    assert code == 1 and "max_new_tokens" in out
