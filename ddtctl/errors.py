@@ -14,6 +14,7 @@ code  meaning                                                    raised as
 3     a host was unreachable: connect/auth/host-key failure      UnreachableError, HostKeyError
 4     readiness deadline passed                                  ReadinessTimeout
 5     smoke test failed                                          SmokeFailed
+130   interrupted by Ctrl-C (hosts stopped at a step boundary)   cancel.Interrupted
 ====  =========================================================  ==============================
 
 When several hosts fail differently, the CLI exits with the highest code seen.
@@ -35,6 +36,7 @@ class ExitCode(IntEnum):
     UNREACHABLE = 3
     READINESS_TIMEOUT = 4
     SMOKE_FAILED = 5
+    INTERRUPTED = 130
 
 
 class DdtctlError(Exception):

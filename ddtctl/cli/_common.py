@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import typer
 
-from ddtctl import report
+from ddtctl import cancel, report
 from ddtctl.errors import DdtctlError, UsageError, exit_code_for
 from ddtctl.inventory import Host, Inventory, ddtctl_home, load_inventory
 
@@ -128,8 +128,17 @@ def per_host(hosts: list[Host], fn: Callable[[Host, Any], Any], parallel: int) -
             if transport is not None:
                 transport.close()
 
+    cancel.reset()
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as pool:
-        return list(pool.map(one, hosts))
+        futures = [pool.submit(one, h) for h in hosts]
+        try:
+            return [f.result() for f in futures]
+        except KeyboardInterrupt:
+            # workers stop at their next step boundary (deploys roll back and release their lock)
+            cancel.request()
+            report.error("interrupted: stopping each host at its next step (Ctrl-C again to abort "
+                         "at once; a host lock may then be left behind: --break-lock)")
+            return [f.result() for f in futures]  # interrupted hosts carry cancel.Interrupted (exit 130)
 
 
 def finish(errors: list[BaseException]) -> None:

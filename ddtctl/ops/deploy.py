@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddtctl import cancel
 from ddtctl.errors import DdtctlError, RemoteError, UsageError
 from ddtctl.inventory import Host
 from ddtctl.ops import releases, weights
@@ -127,15 +128,19 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
     manager = manager_for(host, transport)
     old = res.previous_release = releases.read_link(transport, layout.current)
     old_previous = None if dry_run else releases.read_link(transport, layout.previous)
+    cancel.check("the release step")
     release_changed = _release(host, transport, layout, bundle, old, run, dry_run, progress_factory)
     try:
+        cancel.check("the weights")
         weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
+        cancel.check("the unit files")
         unit_changed = _unit_files(host, transport, manager, run, dry_run)
         res.changed = release_changed or unit_changed or weights_changed
         if dry_run:
             run.step("restart", "planned" if res.changed else "skipped",
                      "would restart" if res.changed else "nothing changed: no restart")
             return
+        cancel.check("the restart")
         _restart_and_check(host, transport, manager, run, smoke, timeout_s)
     except DdtctlError:
         if not dry_run and ((release_changed and old) or run.replaced):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from ddtctl import cancel
 from ddtctl.errors import ReadinessTimeout, RemoteError
 from ddtctl.inventory import Host
 
@@ -126,6 +127,7 @@ def wait_ready(host: Host, transport, manager, *, timeout_s: float | None = None
     with api_client(host, transport) as client:
         while True:
             rounds += 1
+            cancel.check("the next readiness poll")
             state = manager.state() if rounds > 1 else first
             if state.failed or state.restarts > base_restarts:
                 why = "failed" if state.failed else f"restarted {state.restarts - base_restarts}x"
@@ -147,4 +149,7 @@ def wait_ready(host: Host, transport, manager, *, timeout_s: float | None = None
                 raise ReadinessTimeout(
                     f"{host.name}: not ready after {timeout_s:.0f} s ({rounds} rounds); last: "
                     f"{probe.step}: {probe.detail}\n{manager.logs(20).rstrip()}".rstrip())
-            sleep(wait)
+            for _ in range(max(1, int(wait / 0.25))):  # short naps: a Ctrl-C is seen within 0.25 s
+                if cancel.requested():
+                    break
+                sleep(wait / max(1, int(wait / 0.25)))

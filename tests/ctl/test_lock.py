@@ -96,3 +96,24 @@ def test_automatic_rollback_restores_current_and_previous(tmp_path: Path, monkey
     assert releases.read_link(t, layout.current) == "0.1.0-a"
     assert releases.read_link(t, layout.previous) == "0.1.0-b"
     assert not Path(lock_path(host.root)).exists()
+
+
+def test_ctrl_c_stops_a_deploy_at_a_step_boundary_and_releases_the_lock(tmp_path: Path, monkeypatch) -> None:
+    import types
+
+    from ddtctl import cancel
+    from ddtctl.inventory import parse_inventory
+    from ddtctl.ops.deploy import deploy_host
+
+    monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "home"))
+    inv = parse_inventory("local:\n  local:\n    service:\n      kind: ddtree\n      port: 18997\n",
+                          tmp_path / "inventory.yaml")
+    host = inv.select(["local"])[0]
+    cancel.request()
+    try:
+        result = deploy_host(host, LocalTransport(), bundle=types.SimpleNamespace(version_id="0.1.0-z"))
+    finally:
+        cancel.reset()
+    assert isinstance(result.error, cancel.Interrupted) and result.to_dict()["exit_code"] == 130
+    assert "before the release step" in str(result.error)
+    assert [p.name for p in Path(host.root).iterdir()] == []  # nothing installed, lock released

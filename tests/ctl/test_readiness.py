@@ -139,3 +139,23 @@ vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="q"} 350.0
 ])
 def test_parse_metrics(text: str, expected: tuple) -> None:
     assert parse_metrics(text) == expected
+
+
+def test_ctrl_c_ends_a_readiness_wait_within_a_poll(tmp_path: Path) -> None:
+    """A service that never becomes ready; a Ctrl-C (cancel.request from another thread) ends the
+    wait within about a second, as Interrupted (exit 130), long before the deadline."""
+    import threading
+
+    from ddtctl import cancel
+
+    host, sup = _service(tmp_path, [sys.executable, "-c", "import time; time.sleep(600)"])
+    sup.start()
+    try:
+        threading.Timer(1.5, cancel.request).start()
+        started = time.monotonic()
+        with pytest.raises(cancel.Interrupted) as info:
+            wait_ready(host, LocalTransport(), sup, timeout_s=300)
+        assert time.monotonic() - started < 15 and info.value.exit_code == 130
+    finally:
+        cancel.reset()
+        sup.stop()
