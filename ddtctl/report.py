@@ -87,7 +87,8 @@ def deploy_table(results: Iterable[Any]) -> None:
         if r.rolled_back:
             result += " (rolled back)"
         table.add_row(r.host, _styled(result), str(r.changed).lower(), str(r.restarted).lower(),
-                      r.release or "-", f"{r.weights_bytes_sent} B", f"{r.url} ({r.model_id})")
+                      r.release or "-", f"{r.weights_bytes_sent} B",
+                      f"{r.url} ({r.model_id})" if r.ok or r.rolled_back else "-")
     err_console().print(table)
     for r in results:
         if r.ok and not r.dry_run:

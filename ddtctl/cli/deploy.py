@@ -48,6 +48,8 @@ def deploy_cmd(
     Example: ddtctl deploy local
     """
     selected = common.select(ctx, hosts, all_hosts, limit)
+    if dry_run and break_lock:
+        report.info("--break-lock is ignored with --dry-run (a dry run takes no lock and changes nothing)")
     bundle = None
     if any(h.service.kind == "ddtree" for h in selected):
         bundle = source_identity() if dry_run else build_wheel()

@@ -122,13 +122,16 @@ def test_result_check_and_quoting_bug_hint():
 
 
 def test_exit_code_table():
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 5]
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 5, 130]
     assert UsageError.exit_code == 2 and ArgvError.exit_code == 2
     assert HostKeyError.exit_code == UnreachableError.exit_code == 3
     assert TransferError("x").exit_code == 1
     assert issubclass(ArgvError, ValueError)
     assert exit_code_for([]) == 0
     assert exit_code_for([RemoteError("a"), HostKeyError("b"), KeyError()]) == 3
+    from ddtctl.cancel import Interrupted
+
+    assert Interrupted("x").exit_code == 130 and exit_code_for([RemoteError("a"), Interrupted("b")]) == 130
 
 
 def test_resume_decision():

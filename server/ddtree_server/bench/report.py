@@ -73,6 +73,10 @@ def markdown(agg: dict, meta: dict, stages: list[dict]) -> str:
     """The markdown report."""
     out = ["# DDTree benchmark", ""]
     out += [f"- {k}: {v}" for k, v in meta.items() if not isinstance(v, (dict, list))]
+    st = meta.get("settings") or {}
+    if st:
+        out.append(f"- settings: max_new_tokens {st.get('max_new_tokens')}, budgets {st.get('budgets')}, "
+                   f"T=1 budget {st.get('t1_budget')}, hf prompts {st.get('hf_prompts')}, modes {st.get('modes')}")
     out += ["", "## Targets (issue 4)", ""] + [f"- {v}" for v in verdicts(agg)]
     for ds, rows in agg.items():
         out += ["", f"## {ds}", "",

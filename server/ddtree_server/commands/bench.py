@@ -72,7 +72,8 @@ def bench(
         opts = SessionOptions(out_dir=out, datasets=names, settings=settings, max_prompts=max_prompts or None, target=target, gguf=gguf, drafter=drafter,
                               target_layer_ids=int_list(target_layer_ids) if target_layer_ids else None,
                               data_dir=data_dir, download=not no_download, device=device, dtype=dtype,
-                              commit=commit, stem=stem, drafter_graphs=drafter_graphs)
+                              commit=commit, stem=stem, drafter_graphs=drafter_graphs,
+                              stage_budget=64 if 64 in settings.budgets else settings.budgets[len(settings.budgets) // 2])
         try:
             paths = run_session(opts, log=console.log)
         except (DataFileError, DefaultModelError, TargetLoadError, KeyError, ValueError, OSError) as exc:
