@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,11 +111,9 @@ def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_
                           url=f"http://{host.address}:{svc.port}/v1")
     run = _Run(result, log)
     try:
-        if dry_run:
+        lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock)
+        with lock:
             _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory)
-        else:
-            with host_lock(transport, host.root, "deploy", break_lock=break_lock):
-                _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory)
     except DdtctlError as exc:
         result.error = exc
         if not any(s.status == "failed" for s in result.steps):

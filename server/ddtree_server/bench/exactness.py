@@ -13,7 +13,6 @@ and `all_equal`. Exit code 0 when every output equals ar's, 1 otherwise.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -29,26 +28,21 @@ PROMPTS = (
 
 
 def check(engine, prompts, methods, max_new_tokens: int) -> dict:
-    """Run every method on every prompt (greedy); returns the report dict (see module docstring)."""
-    from ddtree_server.engine.sampling import SamplingParams
+    """Run every method on every prompt (greedy, through the benchmark's `run_one`); returns the
+    report dict (see module docstring). Outputs are compared by the records' token digests."""
+    from ddtree_server.bench.runner import Method, run_one
 
     rows, all_equal = [], True
     for i, text in enumerate(prompts):
         ids = engine.encode(text)
         ref = None
         for mode, budget in methods:
-            t0 = time.perf_counter()
-            toks, stats = [], None
-            for ev in engine.generate(ids, SamplingParams(max_tokens=max_new_tokens, temperature=0.0),
-                                      mode=mode, tree_budget=budget):
-                toks += ev.token_ids
-                stats = ev.stats or stats
-            ref = toks if mode == "ar" else ref
-            same = ref is not None and toks == ref
+            rec = run_one(engine, ids, Method(mode, budget), max_new_tokens, seed=0)
+            ref = rec["output_digest"] if mode == "ar" else ref
+            same = ref is not None and rec["output_digest"] == ref
             all_equal &= same or mode == "ar"
-            rows.append({"prompt": i, "method": mode if budget is None else f"{mode}-{budget}",
-                         "tokens": len(toks), "tau": stats.mean_acceptance_length, "same_as_ar": same,
-                         "wall_s": round(time.perf_counter() - t0, 3)})
+            rows.append({"prompt": i, "method": rec["method"], "tokens": rec["tokens"], "tau": rec["tau"],
+                         "same_as_ar": same, "wall_s": round(rec["e2e_s"], 3)})
     graphs = getattr(engine.drafter, "enabled", None)
     return {"rows": rows, "all_equal": all_equal, "drafter_graphs_enabled": graphs,
             "target": type(engine.target).__name__, "drafter": type(engine.drafter).__name__}

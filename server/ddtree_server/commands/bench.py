@@ -47,6 +47,7 @@ def bench(
     from ddtree_server.bench.runner import BenchSettings
     from ddtree_server.bench.session import SessionOptions, merge_reports, run_session
     from ddtree_server.bench.wheels import DataFileError
+    from ddtree_server.engine.engine import MODES
     from ddtree_server.models.default import DefaultModelError
     from ddtree_server.models.load import TargetLoadError
 
@@ -62,8 +63,8 @@ def bench(
         mode_list = [m.strip() for m in modes.split(",") if m.strip()]
         if not names:
             raise typer.BadParameter("--datasets: name at least one of gsm8k, humaneval, mt-bench, math500")
-        if not mode_list or set(mode_list) - {"ar", "dflash", "ddtree"}:
-            raise typer.BadParameter(f"--modes {modes!r}: use a comma-separated subset of ar,dflash,ddtree")
+        if not mode_list or set(mode_list) - set(MODES):
+            raise typer.BadParameter(f"--modes {modes!r}: use a comma-separated subset of {','.join(MODES)}")
         device = check_device(device)
         settings = BenchSettings(budgets=tuple(budget_list(budgets)), max_new_tokens=max_new_tokens,
                                  t1_budget=t1_budget if t1_budget >= 0 else None, hf_prompts=hf_prompts, seed=seed,

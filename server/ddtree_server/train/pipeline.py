@@ -149,9 +149,11 @@ def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind
         report("stage", {"stage": "done", "sequences": stored, "gen_seconds": round(gen_s, 1)})
         return {"target": tid, "prompts": len(prompts), "sequences": stored, "gen_seconds": round(gen_s, 1)}
     seen: set[str] = set()
-    seqs = data.load_sequences(work / "data", opts.max_seq_len, seen)
-    for extra in opts.extra_data:
-        seqs += data.load_sequences(extra, opts.max_seq_len, seen)
+
+    def arrived() -> list[data.Sequence]:  # shards of the other workers not loaded yet
+        return [q for d in opts.extra_data for q in data.load_sequences(d, opts.max_seq_len, seen)]
+
+    seqs = data.load_sequences(work / "data", opts.max_seq_len, seen) + arrived()
     order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(opts.train.seed)).tolist()
     n_val = min(len(seqs) // 2, max(8, int(len(seqs) * opts.val_fraction)))
     val, train = [seqs[i] for i in order[:n_val]], [seqs[i] for i in order[n_val:]]
@@ -163,7 +165,7 @@ def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind
         settings = replace(settings, max_minutes=max(0.1, left))
     trainer = Trainer(drafter, model, train, settings)
     if opts.extra_data:
-        trainer.more = lambda: [q for d in opts.extra_data for q in data.load_sequences(d, opts.max_seq_len, seen)]
+        trainer.more = arrived
     if opts.resume and state_path.exists():
         checkpoint.load_checkpoint(trainer, state_path)
         report("stage", {"stage": "resumed", "step": trainer.step})
