@@ -4,6 +4,10 @@ Example (CPU smoke):  ddtree-server bench --datasets gsm8k --max-prompts 2 --max
     --budgets 16,64 --hf-prompts 1 --out /tmp/bench
 Writes bench.json, bench.md, bench.png and bench.records.jsonl under --out (default docs/benchmarks).
 `--merge A.json B.json` combines the reports of split runs without running anything.
+`--random-shape qwen3-8b` times the engine's stages at a published model shape with random weights
+instead (no download, no tokenizer; bench/random_shape.py):
+    ddtree-server bench --random-shape qwen3-8b --context-len 1024 --tau ddtree=3.3,dflash=2.1 --out OUT
+writes random-<shape>.json / .md / .png under --out.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ def bench(
     datasets: str = typer.Option("gsm8k,humaneval,mt-bench,math500", help="Comma-separated prompt sets."),
     max_prompts: int = typer.Option(32, min=0, help="Prompts per dataset (first N of the fixed order; 0: all)."),
     max_new_tokens: int = typer.Option(256, min=1, help="New tokens per request."),
-    budgets: str = typer.Option("16,32,64,128,256", help="DDTree budgets."),
+    budgets: Optional[str] = typer.Option(None, help="DDTree budgets (default 16,32,64,128,256; "
+                                                     "16,32,64 with --random-shape)."),
     t1_budget: int = typer.Option(64, help="Budget of the temperature-1 ddtree row (negative: skip)."),
     hf_prompts: int = typer.Option(8, min=0, help="Prompts per dataset for transformers' generate() (0: skip)."),
     modes: str = typer.Option("ar,dflash,ddtree", help="Methods to run."),
@@ -40,6 +45,13 @@ def bench(
     drafter_graphs: bool = typer.Option(False, "--drafter-graphs/--no-drafter-graphs",
                                         help="Kept for old command lines: on CUDA the engine replays the drafter from CUDA graphs anyway."),
     merge: Optional[List[Path]] = typer.Option(None, "--merge", help="Combine these bench.json files only."),
+    random_shape: Optional[str] = typer.Option(None, "--random-shape",
+                                               help="Time the stages at this shape with random weights: "
+                                                    "qwen3-8b, smollm2-135m, llama-3.1-8b (or tiny)."),
+    context_len: int = typer.Option(1024, min=1, help="--random-shape: cached tokens before the timed calls."),
+    iters: int = typer.Option(50, min=1, help="--random-shape: timed calls per stage (median)."),
+    tau: Optional[str] = typer.Option(None, help="--random-shape: acceptance lengths for the projected speedup, "
+                                                 "e.g. ddtree=3.3,dflash=2.1 (or ddtree-64=3.3)."),
 ) -> None:
     """Benchmark ar, dflash and ddtree (budgets) plus transformers' generate() on pinned prompt sets."""
     from rich.console import Console
@@ -52,6 +64,10 @@ def bench(
     from ddtree_server.models.load import TargetLoadError
 
     console = Console(stderr=True)
+    if random_shape is not None:
+        _random_shape(console, random_shape, out, budgets, context_len, iters, tau, device, dtype, stem)
+        return
+    budgets = budgets or "16,32,64,128,256"
     if merge:
         try:
             paths = merge_reports(list(merge), out, stem)
@@ -81,6 +97,33 @@ def bench(
             console.print(f"[red]bench failed:[/red] {exc}")
             raise typer.Exit(1) from None
     console.print((paths["md"]).read_text())
+    console.print("written: " + ", ".join(str(p) for p in paths.values()))
+
+
+def _random_shape(console, name: str, out: Path, budgets: Optional[str], context_len: int, iters: int,
+                  tau: Optional[str], device: str, dtype: Optional[str], stem: str) -> None:
+    """--random-shape: validate, run bench.random_shape, write and print the report."""
+    from ddtree_server.bench import random_report
+    from ddtree_server.bench.random_shape import StageOptions, parse_tau, run_random_shape
+    from ddtree_server.bench.shapes import SHAPE_NAMES, get_shape
+
+    if name not in SHAPE_NAMES:
+        raise typer.BadParameter(f"--random-shape {name!r}: use one of {', '.join(SHAPE_NAMES)}")
+    try:
+        taus = parse_tau(tau)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if dtype is not None and dtype not in ("fp32", "bf16", "fp16"):
+        raise typer.BadParameter(f"--dtype {dtype!r}: use fp32, bf16 or fp16")
+    opts = StageOptions(context=context_len, iters=iters, budgets=tuple(budget_list(budgets or "16,32,64")))
+    try:
+        doc = run_random_shape(get_shape(name), opts, device=check_device(device), dtype=dtype, tau=taus,
+                               log=console.log)
+    except (ValueError, RuntimeError) as exc:  # no room at this context, CUDA out of memory
+        console.print(f"[red]bench --random-shape failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    paths = random_report.write(doc, out, f"random-{name}" if stem == "bench" else stem)
+    console.print(paths["md"].read_text())
     console.print("written: " + ", ".join(str(p) for p in paths.values()))
 
 

@@ -197,6 +197,57 @@ def build_target(config, state: dict[str, torch.Tensor], dtype: torch.dtype, dev
     return model.eval().requires_grad_(False)
 
 
+def as_config(config):
+    """A transformers config from a raw ``config.json`` dict (``model_type`` required), or the
+    config itself. Raises ValueError for a dict without a known ``model_type``."""
+    if not isinstance(config, dict):
+        return config
+    from transformers import AutoConfig
+
+    raw = dict(config)
+    model_type = raw.pop("model_type", None)
+    if not model_type:
+        raise ValueError("config dict has no model_type")
+    return AutoConfig.for_model(model_type, **raw)
+
+
+def init_random_(module: torch.nn.Module, std: float = 0.02, seed: int = 0) -> torch.nn.Module:
+    """Fill a module's parameters in place: 1-D tensors (norm weights, biases) with ones / zeros,
+    matrices with N(0, std) from a generator seeded with ``seed`` on the parameter's device.
+    Small std keeps activations and logits finite through any depth (RMSNorm rescales)."""
+    gens: dict[torch.device, torch.Generator] = {}
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.dim() == 1:
+                p.fill_(0.0 if name.endswith("bias") else 1.0)
+                continue
+            g = gens.get(p.device)
+            if g is None:
+                g = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+            p.normal_(0.0, std, generator=g)
+    return module
+
+
+def target_from_config(config, *, device: str | torch.device = "cpu", dtype: str | torch.dtype = "bf16",
+                       seed: int = 0) -> TargetModel:
+    """A target with random weights built straight on ``device`` (no download, no CPU copy).
+
+    config: a transformers config or a raw ``config.json`` dict of a tree-capable family
+    (llama / mistral / qwen2 / qwen3). The module is created on the meta device, cast, then
+    materialised on ``device`` and filled by ``init_random_``. Raises ValueError for another family.
+    """
+    config = as_config(config)
+    tree_ok, message = detect_family(config)
+    if not tree_ok:
+        raise ValueError(f"target_from_config cannot build this family: {message}")
+    with torch.device("meta"):
+        model = TargetModel(config)
+    model = model.to(resolve_dtype(dtype)).to_empty(device=torch.device(device))
+    model.tie_weights()
+    init_random_(model, seed=seed)
+    return model.eval().requires_grad_(False)
+
+
 def _eos_ids(folder: Path, config, tokenizer) -> list[int]:
     ids: list[int] = []
 
