@@ -1,0 +1,1 @@
+"""Own GPU kernels (Triton), each with a pure-torch reference that the CPU tests compare against."""
