@@ -21,6 +21,7 @@ Imports nothing of the API server (no fastapi / pydantic / uvicorn needed).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -85,7 +86,8 @@ def _profile(engine, shape_name: str, context: int, budget: int) -> dict:
     return out
 
 
-def run_stages_and_profile(p: Probe, shapes: list[str], context: int, iters: int, parts: set[str]) -> None:
+def run_stages_and_profile(p: Probe, shapes: list[str], context: int, iters: int, parts: set[str],
+                           tau: dict[str, float]) -> None:
     from ddtree_server.bench import random_report
     from ddtree_server.bench.random_shape import StageOptions, build_engine, run_random_shape
     from ddtree_server.bench.shapes import get_shape
@@ -104,7 +106,7 @@ def run_stages_and_profile(p: Probe, shapes: list[str], context: int, iters: int
             engine = build_engine(shape, device=device, dtype="bf16" if device == "cuda" else "fp32",
                                   max_len=max_len, tree_budget=max(opts.budgets))
             if "stages" in parts:
-                doc = run_random_shape(shape, opts, device=device, engine=engine, log=p.log,
+                doc = run_random_shape(shape, opts, device=device, engine=engine, log=p.log, tau=tau,
                                        dtype="bf16" if device == "cuda" else "fp32")
                 random_report.write(doc, p.out, f"random-{name}")
                 p.doc["parts"].setdefault("stages", {})[name] = doc
@@ -116,6 +118,7 @@ def run_stages_and_profile(p: Probe, shapes: list[str], context: int, iters: int
             p.doc["errors"][f"stages/{name}"] = f"{type(exc).__name__}: {exc}"[:500]
             p.save()
         engine = None
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -179,7 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
     ap.add_argument("--context", type=int, default=1024, help="cached tokens of the stage timings")
     ap.add_argument("--iters", type=int, default=50, help="timed calls per stage")
+    ap.add_argument("--tau", default="ddtree=3.3,dflash=2.2",
+                    help="acceptance lengths for the projected speedups (bench --tau syntax)")
     a = ap.parse_args(argv)
+    from ddtree_server.bench.random_shape import parse_tau
+
+    try:
+        tau = parse_tau(a.tau)
+    except ValueError as exc:
+        ap.error(str(exc))
     parts = {x.strip() for x in a.parts.split(",") if x.strip()}
     if parts - set(PARTS):
         ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; use {','.join(PARTS)}")
@@ -192,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.doc["meta"].update(budget_s=a.budget_s, shapes=a.shapes, parts=sorted(parts), context=a.context)
     dev = torch.device("cuda" if cuda else "cpu")
     steps = [("copy", lambda: copy_bandwidth(dev)),
-             ("stages", lambda: run_stages_and_profile(p, a.shapes.split(","), a.context, a.iters, parts)),
+             ("stages", lambda: run_stages_and_profile(p, a.shapes.split(","), a.context, a.iters, parts, tau)),
              ("tree", lambda: run_tree(p, p.part_deadline("tree"), a.iters)),
              ("gemv", lambda: _gemv(p)),
              ("compile", lambda: run_compile(p) if cuda else {"skipped": "no CUDA"})]
@@ -214,8 +225,44 @@ def main(argv: list[str] | None = None) -> int:
         p.doc.setdefault("part_seconds", {})[name] = round(time.monotonic() - t, 1)
         p.save()
         p.log(f"part {name} done in {time.monotonic() - t:.1f} s ({p.left():.0f} s left)")
+    p.doc["summary"] = summary(p.doc)
+    p.save()
     print(json.dumps({k: v for k, v in p.doc.items() if k != "parts"}, indent=1))
     return 0
+
+
+def summary(doc: dict) -> dict:
+    """The decision numbers of a probe document, compact (also printed at the end)."""
+    parts, out = doc.get("parts", {}), {}
+    out["copy_gbps"] = (parts.get("copy") or {}).get("gbps_read_write")
+    for name, d in (parts.get("stages") or {}).items():
+        st = d.get("stages") or {}
+        ms = lambda k: (st.get(k) or {}).get("ms")  # noqa: E731
+        plain = ms("plain_step")
+        row = {k: ms(k) for k in ("plain_step", "round_ar", "verify_dflash", "verify_ddtree_64", "draft",
+                                  "tree_ddtree_64", "commit_ddtree_64", "round_dflash", "round_ddtree_64")}
+        row["plain_pct_of_copy"] = (st.get("forward_1") or {}).get("pct_of_copy")
+        if plain:
+            row["verify64_over_plain"] = round(ms("verify_ddtree_64") / plain, 3) if ms("verify_ddtree_64") else None
+            row["draft_over_plain"] = round(ms("draft") / plain, 3) if ms("draft") else None
+        row["break_even_tau"] = (d.get("derived") or {}).get("break_even_tau")
+        row["drafter_graphs_enabled"] = (d.get("meta") or {}).get("drafter_graphs_enabled")
+        out[f"stages/{name}"] = row
+    for name, d in (parts.get("profile") or {}).items():
+        out[f"profile/{name}"] = {k: {"kernels": v.get("kernels_per_call"), "kernel_us": v.get("kernel_us_per_call"),
+                                      "wall_us": v.get("wall_us_per_call"),
+                                      "top3": [t["name"][:60] for t in v.get("top", [])[:3]]}
+                                  for k, v in d.items()}
+    out["tree_ms"] = parts.get("tree")
+    gemv = parts.get("gemv")
+    if isinstance(gemv, list):
+        out["gemv_gbps"] = {f"{r['shape']}/M{r['m']}": [r.get("cublas_gbps"), r.get("triton_gbps"), r.get("triton_config")]
+                            for r in gemv if "skipped" not in r}
+    if isinstance(parts.get("compile"), list):
+        out["compile"] = [{k: r.get(k) for k in ("part", "shape", "mode", "us_per_layer", "step_ms", "compile_s",
+                                                 "first_call_s", "error", "skipped") if r.get(k) is not None}
+                          for r in parts["compile"]]
+    return out
 
 
 def _gemv(p: Probe):

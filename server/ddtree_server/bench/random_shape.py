@@ -271,6 +271,7 @@ def run_random_shape(shape: Shape, opts: StageOptions, *, device: str = "auto", 
     meta = {"shape": shape.name, "source": shape.source, **rr.env_meta(device, dtype), "context": opts.context,
             "iters": opts.iters, "budgets": list(opts.budgets), "draft_ctx_rows": opts.ctx_rows,
             "target": type(engine.target).__name__, "drafter": type(engine.drafter).__name__,
+            "drafter_graphs_enabled": getattr(engine.drafter, "enabled", None),
             "seconds": round(time.monotonic() - t0, 1)}
     derived = rr.derive(stages, sizes, copy["gbps_read_write"], tau or {})
     return {"meta": meta, "sizes": sizes, "copy_bandwidth": copy, "stages": stages, "derived": derived,

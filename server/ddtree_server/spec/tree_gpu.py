@@ -72,7 +72,10 @@ def build_ddtree_device(topk_logp: Tensor, topk_ids: Tensor, root: Tensor | int,
     new_index[chosen] = torch.arange(1, b + 1, device=dev)
     parent_flat = ((depth0 - 1).clamp(min=0) * b + parent_slot[depth0, slot])
     parents = torch.where(depth0 > 0, new_index[parent_flat], torch.zeros_like(depth0))
-    root_t = torch.as_tensor(root, dtype=torch.long, device=dev).reshape(1)
+    if isinstance(root, torch.Tensor):
+        root_t = root.to(device=dev, dtype=torch.long).reshape(1)
+    else:  # a fill kernel, not a host-to-device copy (allowed while a CUDA graph is captured)
+        root_t = torch.full((1,), int(root), dtype=torch.long, device=dev)
     tokens = torch.cat((root_t, topk_ids[depth0, rank[depth0, slot]].long()))
     depths = torch.cat((torch.zeros(1, dtype=torch.long, device=dev), depth0 + 1))
     parents = torch.cat((torch.full((1,), -1, dtype=torch.long, device=dev), parents))
