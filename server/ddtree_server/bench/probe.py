@@ -1,6 +1,6 @@
 """GPU probe for issue 10: the numbers that decide which optimisations to build, in one short run.
 
-``PYTHONPATH=server python -m ddtree_server.bench.probe --out DIR [--budget-s 225]``
+``PYTHONPATH=server python -m ddtree_server.bench.probe --out DIR [--budget-s 215]``
 
 Parts, in this order, each under its own share of the time budget (a part that runs out skips
 its remaining items and says so); ``DIR/probe.json`` is rewritten after every part, so a killed
@@ -177,7 +177,7 @@ def run_compile(p: Probe) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddtree_server.bench.probe", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="output folder (probe.json, random-*.md, ...)")
-    ap.add_argument("--budget-s", type=float, default=225.0, help="wall budget of the whole probe (s)")
+    ap.add_argument("--budget-s", type=float, default=215.0, help="wall budget of the whole probe (s)")
     ap.add_argument("--shapes", default="qwen3-8b,smollm2-135m", help="shapes for stages / profile")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
     ap.add_argument("--context", type=int, default=1024, help="cached tokens of the stage timings")

@@ -62,11 +62,11 @@ def stage_bytes(name: str, row: dict, sizes: dict[str, int]) -> tuple[int, int]:
 
 
 def copy_bandwidth(device: torch.device, mib: int | None = None, iters: int = 10) -> dict:
-    """Device-to-device copy of ``mib`` MiB (1024 on CUDA, 16 on CPU): median GB/s counting the
+    """Device-to-device copy of ``mib`` MiB (2048 on CUDA, 16 on CPU): median GB/s counting the
     bytes read plus the bytes written (10^9 bytes per GB)."""
     from ddtree_server.bench.random_shape import time_calls
 
-    mib = mib or (1024 if device.type == "cuda" else 16)
+    mib = mib or (2048 if device.type == "cuda" else 16)
     n = mib * 2**20
     src = torch.empty(n, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
