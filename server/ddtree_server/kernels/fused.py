@@ -1,0 +1,170 @@
+"""Fused small kernels of a decoder layer (Triton), each with a pure-torch reference.
+
+* ``qkv_prep``: per-head q / k RMSNorm (Qwen3; optional), RoPE in transformers' half-split layout
+  (``x * cos + rotate_half(x) * sin``), the queries written to a ``[n, hq, d]`` buffer and the
+  keys / values written straight into the static cache rows ``row0 + 0..n-1`` (``row0`` a device
+  scalar): one launch instead of cat + norm + roll + mul + addcmul + two index_copy.
+* ``silu_mul``: the SwiGLU product ``silu(gate) * up`` in one launch instead of two.
+
+Arithmetic in fp32 with a rounding to the tensor dtype where the eager ops round (after the
+norm, after the activation), so results match the eager path up to fp32 rounding order.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ddtree_server.kernels.runtime import HAVE_TRITON
+
+
+def rope_ref(x: Tensor, cos: Tensor, sin: Tensor, signed_sin: bool) -> Tensor:
+    """x ``[n, h, d]``, cos / sin ``[n, d]`` -> RoPE'd x (fp32 math, x's dtype). ``signed_sin``:
+    sin already carries rotate_half's sign (TargetModel), so out = x*cos + roll(x, d/2)*sin."""
+    xf, c, s = x.float(), cos.float()[:, None], sin.float()[:, None]
+    half = x.shape[-1] // 2
+    rot = xf.roll(half, dims=-1) if signed_sin else torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
+    return (xf * c + rot * s).to(x.dtype)
+
+
+def qkv_prep_ref(q: Tensor | None, k: Tensor, v: Tensor, q_weight: Tensor | None, k_weight: Tensor | None,
+                 eps: float, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, row0: int,
+                 signed_sin: bool = True) -> Tensor | None:
+    """Torch version of ``qkv_prep`` (same arguments; row0 an int). Returns the queries."""
+    def norm(x, w):
+        return x if w is None else F.rms_norm(x.float(), (x.shape[-1],), w.to(x.dtype).float(), eps).to(x.dtype)
+
+    n = k.shape[0]
+    k_cache[:, row0:row0 + n] = rope_ref(norm(k, k_weight), cos, sin, signed_sin).transpose(0, 1)
+    v_cache[:, row0:row0 + n] = v.transpose(0, 1)
+    return None if q is None else rope_ref(norm(q, q_weight), cos, sin, signed_sin)
+
+
+def silu_mul_ref(gate: Tensor, up: Tensor) -> Tensor:
+    """``silu(gate) * up`` with the activation rounded to the dtype first, as the eager ops do."""
+    return (F.silu(gate.float()).to(gate.dtype).float() * up.float()).to(gate.dtype)
+
+
+if HAVE_TRITON:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _norm_rope(src, w_ptr, c1, c2, s1, s2, eps, NORM: tl.constexpr, SIGNED: tl.constexpr, D: tl.constexpr):
+        half = tl.arange(0, D // 2)
+        x1 = tl.load(src + half)
+        x2 = tl.load(src + D // 2 + half)
+        dt = x1.dtype
+        a, b = x1.to(tl.float32), x2.to(tl.float32)
+        if NORM:
+            rstd = tl.rsqrt((tl.sum(a * a, 0) + tl.sum(b * b, 0)) / D + eps)
+            w1 = tl.load(w_ptr + half).to(dt).to(tl.float32)
+            w2 = tl.load(w_ptr + D // 2 + half).to(dt).to(tl.float32)
+            a = (a * rstd * w1).to(dt).to(tl.float32)
+            b = (b * rstd * w2).to(dt).to(tl.float32)
+        if SIGNED:  # sin = [-sin, sin] already
+            return (a * c1 + b * s1).to(dt), (b * c2 + a * s2).to(dt)
+        return (a * c1 - b * s1).to(dt), (b * c2 + a * s2).to(dt)
+
+    @triton.jit
+    def _prep_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, row0_ptr, qo_ptr, kc_ptr, vc_ptr,
+                     HQ, HKV, s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_cn, s_sn, s_on, s_oh, s_kch, s_kcr,
+                     s_vch, s_vcr, eps, NORM: tl.constexpr, SIGNED: tl.constexpr, D: tl.constexpr):
+        i, h = tl.program_id(0), tl.program_id(1)
+        half = tl.arange(0, D // 2)
+        c1 = tl.load(cos_ptr + i * s_cn + half).to(tl.float32)
+        c2 = tl.load(cos_ptr + i * s_cn + D // 2 + half).to(tl.float32)
+        s1 = tl.load(sin_ptr + i * s_sn + half).to(tl.float32)
+        s2 = tl.load(sin_ptr + i * s_sn + D // 2 + half).to(tl.float32)
+        row = tl.load(row0_ptr).to(tl.int32) + i
+        if h < HQ:
+            o1, o2 = _norm_rope(q_ptr + i * s_qn + h * s_qh, qw_ptr, c1, c2, s1, s2, eps, NORM, SIGNED, D)
+            dst = qo_ptr + i * s_on + h * s_oh
+            tl.store(dst + half, o1)
+            tl.store(dst + D // 2 + half, o2)
+        elif h < HQ + HKV:
+            hk = h - HQ
+            o1, o2 = _norm_rope(k_ptr + i * s_kn + hk * s_kh, kw_ptr, c1, c2, s1, s2, eps, NORM, SIGNED, D)
+            dst = kc_ptr + hk * s_kch + row * s_kcr
+            tl.store(dst + half, o1)
+            tl.store(dst + D // 2 + half, o2)
+        else:
+            hv = h - HQ - HKV
+            dd = tl.arange(0, D)
+            tl.store(vc_ptr + hv * s_vch + row * s_vcr + dd, tl.load(v_ptr + i * s_vn + hv * s_vh + dd))
+
+    @triton.jit
+    def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, width, s_gn, s_un, s_on, BLOCK: tl.constexpr):
+        i = tl.program_id(0)
+        c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = c < width
+        g = tl.load(g_ptr + i * s_gn + c, mask=ok, other=0.0)
+        u = tl.load(u_ptr + i * s_un + c, mask=ok, other=0.0).to(tl.float32)
+        gf = g.to(tl.float32)
+        act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
+        tl.store(o_ptr + i * s_on + c, (act * u).to(g.dtype), mask=ok)
+
+
+def _rows_ok(*tensors: Tensor | None) -> bool:
+    return all(t is None or t.stride(-1) == 1 for t in tensors)
+
+
+def qkv_prep(q: Tensor | None, k: Tensor, v: Tensor, q_weight: Tensor | None, k_weight: Tensor | None,
+             eps: float, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, row0: Tensor,
+             signed_sin: bool = True, q_out: Tensor | None = None) -> Tensor | None:
+    """Norm + RoPE the new queries and keys, write keys and values into the cache, in one launch.
+
+    Args:
+        q: ``[n, hq, d]`` or None (keys / values only); k, v: ``[n, hkv, d]`` (views of the fused
+            projection are fine: any strides with a contiguous last axis).
+        q_weight, k_weight: ``[d]`` per-head RMSNorm weights (both or neither; cast to the
+            input dtype first), eps: its epsilon.
+        cos, sin: ``[n, d]`` (token stride free) in the half-split layout; ``signed_sin``: sin is
+            ``[-sin, sin]`` already (TargetModel._rope) rather than plain (drafter tables).
+        k_cache, v_cache: ``[hkv, rows, d]`` one layer of the cache; row0: 0-d integer tensor on
+            the device, the cache row of token 0.
+        q_out: optional ``[n, hq, d]`` buffer for the queries.
+    Returns:
+        the queries ``[n, hq, d]`` (None when q is None).
+    Raises:
+        ValueError: mismatched shapes / devices, an odd or non-power-of-two head size.
+        RuntimeError: Triton is not installed.
+    """
+    if not HAVE_TRITON:
+        raise RuntimeError("Triton is not installed")
+    n, hkv, d = k.shape
+    hq = 0 if q is None else q.shape[1]
+    if (v.shape != k.shape or (q is not None and (q.shape[0] != n or q.shape[2] != d)) or d & (d - 1) or d < 4
+            or k_cache.shape[0] != hkv or k_cache.shape[2] != d or v_cache.shape != k_cache.shape
+            or cos.shape[-1] != d or sin.shape[-1] != d or (q_weight is None) != (k_weight is None)):
+        raise ValueError(f"qkv_prep: bad shapes q {None if q is None else tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}, cache {tuple(k_cache.shape)}, cos {tuple(cos.shape)}")
+    if not _rows_ok(q, k, v, cos, sin, k_cache, v_cache) or row0.dim() != 0 or row0.device != k.device:
+        raise ValueError("qkv_prep: last axes must be contiguous and row0 a 0-d tensor on k's device")
+    cos, sin = cos.reshape(n, d), sin.reshape(n, d)
+    if q is not None and q_out is None:
+        q_out = torch.empty((n, hq, d), dtype=q.dtype, device=q.device)
+    qq, qo = (q, q_out) if q is not None else (k, k)
+    qw, kw = (q_weight, k_weight) if k_weight is not None else (cos, cos)
+    _prep_kernel[(n, hq + 2 * hkv)](
+        qq, k, v, qw, kw, cos, sin, row0, qo, k_cache, v_cache, hq, hkv, qq.stride(0), qq.stride(1),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0), qo.stride(0),
+        qo.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), eps,
+        NORM=k_weight is not None, SIGNED=signed_sin, D=d, num_warps=1)
+    return q_out
+
+
+def silu_mul(gate: Tensor, up: Tensor, out: Tensor | None = None) -> Tensor:
+    """``silu(gate) * up`` for ``[n, width]`` inputs (views of one fused projection are fine)
+    -> ``[n, width]`` in gate's dtype. Raises ValueError for mismatched shapes."""
+    if not HAVE_TRITON:
+        raise RuntimeError("Triton is not installed")
+    if gate.dim() != 2 or gate.shape != up.shape or not _rows_ok(gate, up):
+        raise ValueError(f"silu_mul: need equal [n, width] inputs, got {tuple(gate.shape)} and {tuple(up.shape)}")
+    n, width = gate.shape
+    out = torch.empty_like(gate, memory_format=torch.contiguous_format) if out is None else out
+    block = 1024
+    _silu_mul_kernel[(n, triton.cdiv(width, block))](gate, up, out, width, gate.stride(0), up.stride(0),
+                                                     out.stride(0), BLOCK=block, num_warps=4)
+    return out
