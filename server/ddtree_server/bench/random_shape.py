@@ -94,16 +94,13 @@ def time_calls(fn: Callable[[], object], iters: int, warmup: int, device: torch.
 
 
 def kv_window(target, cache, s: int, n: int) -> int:
-    """Key rows attention reads for ``n`` new tokens after ``s`` cached ones: the CUDA-graph
-    window of ``GraphedTarget`` (a power of two >= s + padded n, at least 256), else s + n."""
-    from ddtree_server.models.graphs import MIN_KV, GraphedTarget
+    """Key rows attention reads for ``n`` new tokens after ``s`` cached ones: as
+    ``GraphedTarget.kv_rows`` on the graphed path (the live rows with the kernels, else a
+    power-of-two window), else s + n."""
+    from ddtree_server.models.graphs import GraphedTarget
 
-    if not isinstance(target, GraphedTarget):
-        return s + n
-    n_pad, limit = target._bucket(n), cache.k.shape[2] // 16 * 16
-    if n_pad is None or s + n_pad > limit:
-        return s + n
-    return min(max(MIN_KV, 1 << (s + n_pad - 1).bit_length()), limit)
+    rows = target.kv_rows(cache, s, n) if isinstance(target, GraphedTarget) else None
+    return s + n if rows is None else rows
 
 
 def _path_choices(tree, length: int = 4) -> tuple[list[int], list[int]]:

@@ -11,7 +11,9 @@ target (gpu.md). `GraphedDrafter` keeps the drafter contract (`config`, `new_cac
   a static `start` buffer, and RoPE comes from the drafter's table by index, so no position is
   frozen at capture time (ddtree.md §4.5);
 * attention reads a key window kv_len = the power of two >= start_pos + bs (at least 256) with a
-  mask hiding rows >= start_pos + bs.
+  mask hiding rows >= start_pos + bs; on the kernel path (models/fast.py, CUDA unless
+  ``DDTREE_KERNELS=0``) the attention kernel reads the live rows ``[0, start_pos + bs)`` instead,
+  the K/V writes are fused with norm and RoPE, and graphs are keyed by N alone (kv_len 0).
 
 Other calls (the prompt's first propose, n > 16 or n = 0) run eagerly. The first replay is checked
 against the eager path; a mismatch or a capture error turns the graphs off (eager from then on,
@@ -26,6 +28,7 @@ import logging
 import torch
 from torch import Tensor
 
+from ddtree_server.models import fast
 from ddtree_server.models.drafter import DFlashDrafter, DraftCache
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,8 @@ class GraphedDrafter:
         d, bs, kv = self.drafter, self.config.block_size, st.kv_len
         rows = st.c0 + self._arange[: st.n]  # real rows [c0, start), then padding rows
         pos = st.start + self._arange[:bs]
+        if kv == 0:
+            return self._run_kernels(st, cache, rows, pos)
         h = d.project_context(st.ctx)[None]
         cos_c, sin_c = st.cos.index_select(0, rows)[None], st.sin.index_select(0, rows)[None]
         for i, layer in enumerate(d.layers):
@@ -95,6 +100,18 @@ class GraphedDrafter:
             out = attn.attend(attn.q(xn, cos_b, sin_b), cache.k[i, None, :, :kv], cache.v[i, None, :, :kv], mask)
             x = layer.finish(x, out)
         return d.lm_head(d.norm(x[0, 1:]))
+
+    def _run_kernels(self, st: _Static, cache: DraftCache, rows: Tensor, pos: Tensor) -> Tensor:
+        d = self.drafter
+        h = d.project_context(st.ctx)
+        cos, sin = st.cos.index_select(0, rows), st.sin.index_select(0, rows)
+        for i, layer in enumerate(d.layers):
+            fast.drafter_context_kv(layer.self_attn, h, cos, sin, cache.k[i], cache.v[i], st.c0)
+        x = d.embed_tokens(st.ids).to(d.dtype)
+        cos, sin = st.cos.index_select(0, pos), st.sin.index_select(0, pos)
+        for i, layer in enumerate(d.layers):
+            x = fast.drafter_layer(layer, x, cos, sin, cache.k[i], cache.v[i], st.start)
+        return d.lm_head(d.norm(x[1:]))
 
     def _get(self, cache: DraftCache, n_pad: int, kv_len: int) -> _Static:
         if cache.k.data_ptr() != self._cache_ptr:  # graphs captured another cache's addresses
@@ -128,7 +145,7 @@ class GraphedDrafter:
                 or start_pos + bs > cache.max_len):
             return self.drafter.propose(cache, ctx, bonus_token, start_pos)
         kv_len = min(max(MIN_KV, 1 << (start_pos + bs - 1).bit_length()), cache.max_len)
-        st = self._get(cache, n_pad, kv_len)
+        st = self._get(cache, n_pad, 0 if fast.drafter_usable(self.drafter) else kv_len)
         st.ctx[:n].copy_(ctx)  # rows n.. keep stale features: their K/V land in block rows, rewritten
         st.c0.fill_(start_pos - n)
         st.start.fill_(start_pos)

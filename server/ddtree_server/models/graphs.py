@@ -13,6 +13,11 @@ and replays a graph captured for (N, kv_len) with static inputs:
   ``[s, s+N)``, everything past s+N hidden), so a replay needs only 5 small copies before it;
 * kv_len = the power of two >= s+N (at least 256), so attention reads a bounded key window.
 
+On the kernel path (models/fast.py: CUDA with Triton unless ``DDTREE_KERNELS=0``) the attention
+kernel reads the live rows ``[0, s+N)`` with s taken from the static buffer on the device and the
+``[N, N]`` block mask as is: no window mask is built and graphs are keyed by N alone (kv_len 0),
+so one graph per bucket serves every context length.
+
 Positions are written into the static buffer before every replay (ddtree.md §4.5: a graph that
 kept its captured positions would silently verify with sequential positions). Graphs are bound to
 one KVCache's storage; a new cache drops them. ``capture=False`` runs the identical static path
@@ -24,6 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ddtree_server.models import fast
 from ddtree_server.models.kv_cache import KVCache
 from ddtree_server.models.target import TargetModel
 
@@ -89,6 +95,18 @@ class GraphedTarget:
     def _bucket(self, n: int) -> int | None:
         return next((b for b in self.buckets if b >= n), None)
 
+    def _fast(self) -> bool:
+        return fast.usable(self.model.head_dim, self.model.embed_tokens.weight)
+
+    def kv_rows(self, cache: KVCache, s: int, n: int) -> int | None:
+        """Key rows attention reads for n new tokens after s cached ones on the graphed path:
+        s + the bucket on the kernel path, else the power-of-two window; None = eager forward."""
+        n_pad = self._bucket(n)
+        limit = cache.k.shape[2] // 16 * 16
+        if n_pad is None or s + n_pad > limit:
+            return None
+        return s + n_pad if self._fast() else min(max(MIN_KV, 1 << (s + n_pad - 1).bit_length()), limit)
+
     def _get(self, cache: KVCache, n_pad: int, kv_len: int) -> _Static:
         ptr = cache.k.data_ptr()
         if ptr != self._cache_ptr:  # graphs captured the old cache's addresses
@@ -108,6 +126,8 @@ class GraphedTarget:
 
     def _run(self, st: _Static, cache: KVCache):
         n, kv = st.n, st.kv_len
+        if kv == 0:  # kernel path: padding rows see only themselves through st.block
+            return self.model.run(cache, st.ids, st.pos, fast.FastBlock(st.s, "tree", st.block))
         rows = self._arange[:n] + st.s
         rel = self._arange_kv[:kv] - st.s  # key column relative to the block start
         in_block = st.block.gather(1, rel.clamp(0, n - 1).expand(n, kv)) & (rel >= 0) & (rel < n)
@@ -138,12 +158,11 @@ class GraphedTarget:
             raise ValueError(f"KV cache full: {s} + {n} rows > max_len {cache.max_len}")
         if tree_mask is not None and tuple(tree_mask.shape) != (n, n):
             raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}, expected ({n}, {n})")
-        n_pad = self._bucket(n)
-        limit = cache.k.shape[2] // 16 * 16
-        if n_pad is None or s + n_pad > limit:
+        kv_len = self.kv_rows(cache, s, n)
+        if kv_len is None:
             return self.model.forward(cache, input_ids, positions, tree_mask, last_only)
-        kv_len = min(max(MIN_KV, 1 << (s + n_pad - 1).bit_length()), limit)
-        st = self._get(cache, n_pad, kv_len)
+        n_pad = self._bucket(n)
+        st = self._get(cache, n_pad, 0 if self._fast() else kv_len)
         st.ids[:n].copy_(input_ids)
         st.pos[:n].copy_(positions)
         st.s.fill_(s)

@@ -18,34 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ddtree_server.models import fast
+from ddtree_server.models.fast import FastBlock
 from ddtree_server.models.kv_cache import KVCache
-
-
-def rope_inv_freq(config) -> tuple[Tensor, float]:
-    """Inverse RoPE frequencies ``[head_dim // 2]`` (fp32, CPU) and the attention scaling factor.
-
-    Reads ``config.rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling`` (4.x).
-    Non-default types go through ``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS``; dynamic
-    types are evaluated once at the configured length (no per-length re-scaling).
-    """
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    params = dict(getattr(config, "rope_parameters", None) or {})
-    if not params:
-        params = dict(getattr(config, "rope_scaling", None) or {})
-        params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    partial = getattr(config, "partial_rotary_factor", 1.0) or 1.0
-    dim = int(head_dim * partial)
-    if rope_type == "default":
-        base = float(params["rope_theta"])
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))
-        return inv_freq, 1.0
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    if rope_type not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"unsupported rope_type {rope_type!r}")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
-    return inv_freq.float().cpu(), float(scaling)
+from ddtree_server.models.rope import rope_inv_freq
 
 
 class RMSNorm(nn.Module):
@@ -104,13 +80,16 @@ class Attention(nn.Module):
         self.qk_norm = qk_norm
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int,
-                mask: Tensor | None, rows: Tensor | None = None, kv_len: int | None = None) -> Tensor:
+                mask: Tensor | FastBlock | None, rows: Tensor | None = None, kv_len: int | None = None) -> Tensor:
         """x ``[n, hidden]`` (normed) -> attention output ``[n, heads*head_dim]`` (before o_proj).
 
         Eager: K/V go to rows ``[cache.length, +n)`` and attention reads ``cache.length + n``
         rows. Static (CUDA graphs): K/V go to ``rows`` (long ``[n]``) and attention reads
-        ``kv_len`` rows; ``mask`` then decides visibility.
+        ``kv_len`` rows; ``mask`` then decides visibility. A FastBlock mask: the kernel path
+        (models/fast.py), rows / kv_len unused.
         """
+        if isinstance(mask, FastBlock):
+            return fast.target_attention(self, x, cos, sin, cache, layer, mask)
         n = x.shape[0]
         hq, hkv = self.n_heads, self.n_kv
         qkv = self.qkv_proj(x).view(n, hq + 2 * hkv, self.head_dim)
@@ -168,7 +147,9 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, cache, layer, mask, rows=None, kv_len=None):
         attn = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask, rows, kv_len)
         x = _linear_add(x, attn, self.self_attn.o_proj)
-        return _linear_add(x, self.mlp.hidden(self.post_attention_layernorm(x)), self.mlp.down_proj)
+        h = self.post_attention_layernorm(x)
+        h = fast.mlp_hidden(self.mlp, h) if isinstance(mask, FastBlock) else self.mlp.hidden(h)
+        return _linear_add(x, h, self.mlp.down_proj)
 
 
 TREE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -234,8 +215,6 @@ class TargetModel(nn.Module):
         if tree_mask is None:
             mask[:, s:] = torch.ones((n, n), dtype=torch.bool, device=device).tril_()
         else:
-            if tree_mask.shape != (n, n):
-                raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}, expected ({n}, {n})")
             mask[:, s:] = tree_mask
         rep = self.config.num_attention_heads // self.config.num_key_value_heads
         return mask.repeat(rep, 1)[None, None]
@@ -263,21 +242,28 @@ class TargetModel(nn.Module):
         s = cache.length
         if s + n > cache.max_len:
             raise ValueError(f"KV cache full: {s} + {n} rows > max_len {cache.max_len}")
-        mask = self._mask(s, n, tree_mask, input_ids.device)
+        if tree_mask is not None and tree_mask.shape != (n, n):
+            raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}, expected ({n}, {n})")
+        if fast.usable(self.head_dim, self.embed_tokens.weight):
+            mode = "causal" if tree_mask is None else "tree"
+            mask = FastBlock(fast.start_tensor(s, input_ids.device), mode, tree_mask)
+        else:
+            mask = self._mask(s, n, tree_mask, input_ids.device)
         logits, feats = self.run(cache, input_ids, positions, mask, last_only=last_only)
         cache.length = s + n
         return logits, feats
 
-    def run(self, cache: KVCache, input_ids: Tensor, positions: Tensor, mask: Tensor | None,
+    def run(self, cache: KVCache, input_ids: Tensor, positions: Tensor, mask: Tensor | FastBlock | None,
             rows: Tensor | None = None, kv_len: int | None = None, last_only: bool = False
             ) -> tuple[Tensor, Tensor | None]:
         """The layer stack without cache-length bookkeeping (``forward`` and CUDA graphs).
 
-        mask: bool ``[1, 1, rep*n, kv_len]`` or None; rows / kv_len: see ``Attention.forward``.
+        mask: bool ``[1, 1, rep*n, kv_len]``, None, or a FastBlock (kernel path); rows / kv_len:
+        see ``Attention.forward``.
         """
         x = self.embed_tokens(input_ids)
         cos, sin = self._rope(positions, x.dtype)
-        if mask is not None and mask.dtype == torch.bool:
+        if isinstance(mask, Tensor) and mask.dtype == torch.bool:
             # additive form once per forward; SDPA would otherwise convert the bool mask per layer
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         want = {layer: i for i, layer in enumerate(self.capture_layers)}

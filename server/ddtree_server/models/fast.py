@@ -1,0 +1,92 @@
+"""The Triton-kernel path of the target's and the drafter's layers (kernels/attention.py, fused.py).
+
+Per target layer it replaces q/k-norm + RoPE + cache write (cat, norms, mul, roll, addcmul, two
+index_copy) by ``qkv_prep``, the masked SDPA over a bucketed key window by ``decode_attention``
+over the live rows only, and ``silu(gate) * up`` by ``silu_mul``; the projections stay cuBLAS.
+Used when ``kernels.runtime.enabled`` says so (CUDA by default, ``DDTREE_KERNELS=0`` turns it off)
+and the shapes are supported; otherwise the eager-op / SDPA path of target.py runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ddtree_server.kernels import runtime
+from ddtree_server.kernels.attention import decode_attention, supported
+from ddtree_server.kernels.fused import qkv_prep, silu_mul
+
+
+@dataclass
+class FastBlock:
+    """What the kernel path of one forward needs besides the layer inputs.
+
+    start: 0-d long tensor on the device, cache rows before the new block (rows written are
+    ``start + 0..n-1``; attention reads ``[0, start + n)``); mode: ``causal`` or ``tree``;
+    block: bool ``[n, n]`` ancestor-or-self mask for ``tree``.
+    """
+
+    start: Tensor
+    mode: str = "causal"
+    block: Tensor | None = None
+
+
+def usable(head_dim: int, weight: Tensor) -> bool:
+    """True when forwards with this head size and weight dtype / device take the kernel path."""
+    return runtime.enabled(weight.device) and supported(head_dim, weight.dtype)
+
+
+def target_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, cache, layer: int, fb: FastBlock) -> Tensor:
+    """``Attention.forward`` on kernels: x ``[n, hidden]`` (normed) -> ``[n, heads * head_dim]``.
+    cos / sin: ``[n, 1, head_dim]`` with rotate_half's sign in sin (TargetModel._rope)."""
+    n, hq, hkv, d = x.shape[0], attn.n_heads, attn.n_kv, attn.head_dim
+    qkv = attn.qkv_proj(x).view(n, hq + 2 * hkv, d)
+    qw, kw, eps = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.qk_norm else (None, None, 0.0)
+    kc, vc = cache.k[layer], cache.v[layer]
+    q = qkv_prep(qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:], qw, kw, eps, cos, sin, kc, vc, fb.start)
+    return decode_attention(q, kc, vc, fb.start, fb.mode, fb.block).view(n, hq * d)
+
+
+def mlp_hidden(mlp, x: Tensor) -> Tensor:
+    """``MLP.hidden`` on kernels: ``silu(gate(x)) * up(x)`` ``[n, intermediate]``."""
+    gate, up = mlp.gate_up_proj(x).split(mlp.inter, dim=-1)
+    return silu_mul(gate, up)
+
+
+# ---------------------------------------------------------------- drafter (GraphedDrafter)
+def drafter_context_kv(attn, h: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                       row0: Tensor) -> None:
+    """Context K/V of one draft layer: h ``[n, hidden]`` (projected features), cos / sin
+    ``[n, head_dim]`` (plain sin); written to cache rows ``row0 + 0..n-1``."""
+    n, hkv, d = h.shape[0], attn.n_kv, attn.head_dim
+    qkv_prep(None, attn.k_proj(h).view(n, hkv, d), attn.v_proj(h).view(n, hkv, d), attn.q_norm.weight,
+             attn.k_norm.weight, attn.k_norm.eps, cos, sin, k_cache, v_cache, row0, signed_sin=False)
+
+
+def drafter_layer(layer, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                  start: Tensor) -> Tensor:
+    """One DFlash layer over the block x ``[bs, hidden]`` at rows ``start + 0..bs-1``: its K/V go
+    to the cache, its queries see every cached row and the whole block (non-causal)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    bs, hq, hkv, d = x.shape[0], attn.n_heads, attn.n_kv, attn.head_dim
+    xn = layer.input_layernorm(x)
+    q = qkv_prep(attn.q_proj(xn).view(bs, hq, d), attn.k_proj(xn).view(bs, hkv, d),
+                 attn.v_proj(xn).view(bs, hkv, d), attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps,
+                 cos, sin, k_cache, v_cache, start, signed_sin=False)
+    out = decode_attention(q, k_cache, v_cache, start, "full", scale=d ** -0.5)
+    x = x + attn.o_proj(out.view(bs, hq * d))
+    xn = layer.post_attention_layernorm(x)
+    return x + mlp.down_proj(silu_mul(mlp.gate_proj(xn), mlp.up_proj(xn)))
+
+
+def drafter_usable(drafter) -> bool:
+    """The drafter's layers can take the kernel path (silu MLP, supported head size)."""
+    cfg = drafter.config
+    return cfg.hidden_act in ("silu", "swish") and usable(cfg.head_dim, drafter.fc.weight)
+
+
+def start_tensor(s: int, device: torch.device) -> Tensor:
+    """A 0-d long tensor holding s on device, written by a fill kernel (no host synchronisation)."""
+    return torch.full((), s, dtype=torch.long, device=device)
