@@ -51,48 +51,57 @@ if HAVE_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _norm_rope(src, w_ptr, c1, c2, s1, s2, eps, NORM: tl.constexpr, SIGNED: tl.constexpr, D: tl.constexpr):
-        half = tl.arange(0, D // 2)
-        x1 = tl.load(src + half)
-        x2 = tl.load(src + D // 2 + half)
-        dt = x1.dtype
-        a, b = x1.to(tl.float32), x2.to(tl.float32)
-        if NORM:
-            rstd = tl.rsqrt((tl.sum(a * a, 0) + tl.sum(b * b, 0)) / D + eps)
-            w1 = tl.load(w_ptr + half).to(dt).to(tl.float32)
-            w2 = tl.load(w_ptr + D // 2 + half).to(dt).to(tl.float32)
-            a = (a * rstd * w1).to(dt).to(tl.float32)
-            b = (b * rstd * w2).to(dt).to(tl.float32)
-        if SIGNED:  # sin = [-sin, sin] already
-            return (a * c1 + b * s1).to(dt), (b * c2 + a * s2).to(dt)
-        return (a * c1 - b * s1).to(dt), (b * c2 + a * s2).to(dt)
-
-    @triton.jit
     def _prep_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, row0_ptr, qo_ptr, kc_ptr, vc_ptr,
                      HQ, HKV, s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_cn, s_sn, s_on, s_oh, s_kch, s_kcr,
-                     s_vch, s_vcr, eps, NORM: tl.constexpr, SIGNED: tl.constexpr, D: tl.constexpr):
-        i, h = tl.program_id(0), tl.program_id(1)
-        half = tl.arange(0, D // 2)
-        c1 = tl.load(cos_ptr + i * s_cn + half).to(tl.float32)
-        c2 = tl.load(cos_ptr + i * s_cn + D // 2 + half).to(tl.float32)
-        s1 = tl.load(sin_ptr + i * s_sn + half).to(tl.float32)
-        s2 = tl.load(sin_ptr + i * s_sn + D // 2 + half).to(tl.float32)
-        row = tl.load(row0_ptr).to(tl.int32) + i
-        if h < HQ:
-            o1, o2 = _norm_rope(q_ptr + i * s_qn + h * s_qh, qw_ptr, c1, c2, s1, s2, eps, NORM, SIGNED, D)
-            dst = qo_ptr + i * s_on + h * s_oh
-            tl.store(dst + half, o1)
-            tl.store(dst + D // 2 + half, o2)
-        elif h < HQ + HKV:
-            hk = h - HQ
-            o1, o2 = _norm_rope(k_ptr + i * s_kn + hk * s_kh, kw_ptr, c1, c2, s1, s2, eps, NORM, SIGNED, D)
-            dst = kc_ptr + hk * s_kch + row * s_kcr
-            tl.store(dst + half, o1)
-            tl.store(dst + D // 2 + half, o2)
+                     s_vch, s_vcr, eps, NORM: tl.constexpr, SIGNED: tl.constexpr, D: tl.constexpr,
+                     HB: tl.constexpr):
+        # program (token i, block of HB heads of the concatenation q | k | v); each row is one
+        # head: three masked loads / stores pick its source and destination (no pointer select)
+        i = tl.program_id(0)
+        hh = tl.program_id(1) * HB + tl.arange(0, HB)
+        is_q, is_k = hh < HQ, (hh >= HQ) & (hh < HQ + HKV)
+        is_v = (hh >= HQ + HKV) & (hh < HQ + 2 * HKV)
+        hk, hv = tl.where(is_k, hh - HQ, 0), tl.where(is_v, hh - HQ - HKV, 0)
+        hq = tl.where(is_q, hh, 0)
+        lo, hi = tl.arange(0, D // 2)[None, :], D // 2 + tl.arange(0, D // 2)[None, :]
+        q_src = q_ptr + i * s_qn + hq[:, None] * s_qh
+        k_src = k_ptr + i * s_kn + hk[:, None] * s_kh
+        v_src = v_ptr + i * s_vn + hv[:, None] * s_vh
+        mq, mk, mv = is_q[:, None], is_k[:, None], is_v[:, None]
+        dt = k_ptr.dtype.element_ty
+        a = tl.load(q_src + lo, mask=mq, other=0.0).to(tl.float32) \
+            + tl.load(k_src + lo, mask=mk, other=0.0).to(tl.float32) \
+            + tl.load(v_src + lo, mask=mv, other=0.0).to(tl.float32)  # exact: two of three are 0
+        b = tl.load(q_src + hi, mask=mq, other=0.0).to(tl.float32) \
+            + tl.load(k_src + hi, mask=mk, other=0.0).to(tl.float32) \
+            + tl.load(v_src + hi, mask=mv, other=0.0).to(tl.float32)
+        x1, x2 = a.to(dt), b.to(dt)
+        if NORM:
+            rstd = tl.rsqrt((tl.sum(a * a, 1) + tl.sum(b * b, 1)) / D + eps)[:, None]
+            w1 = tl.where(mq, tl.load(qw_ptr + lo), tl.load(kw_ptr + lo)).to(dt).to(tl.float32)
+            w2 = tl.where(mq, tl.load(qw_ptr + hi), tl.load(kw_ptr + hi)).to(dt).to(tl.float32)
+            a = (a * rstd * w1).to(dt).to(tl.float32)
+            b = (b * rstd * w2).to(dt).to(tl.float32)
+        c1 = tl.load(cos_ptr + i * s_cn + lo).to(tl.float32)
+        c2 = tl.load(cos_ptr + i * s_cn + hi).to(tl.float32)
+        s1 = tl.load(sin_ptr + i * s_sn + lo).to(tl.float32)
+        s2 = tl.load(sin_ptr + i * s_sn + hi).to(tl.float32)
+        if SIGNED:  # sin = [-sin, sin] already
+            o1 = a * c1 + b * s1
         else:
-            hv = h - HQ - HKV
-            dd = tl.arange(0, D)
-            tl.store(vc_ptr + hv * s_vch + row * s_vcr + dd, tl.load(v_ptr + i * s_vn + hv * s_vh + dd))
+            o1 = a * c1 - b * s1
+        o2 = b * c2 + a * s2
+        o1, o2 = tl.where(mv, x1, o1.to(dt)), tl.where(mv, x2, o2.to(dt))
+        row = tl.load(row0_ptr).to(tl.int32) + i
+        q_dst = qo_ptr + i * s_on + hq[:, None] * s_oh
+        k_dst = kc_ptr + hk[:, None] * s_kch + row * s_kcr
+        v_dst = vc_ptr + hv[:, None] * s_vch + row * s_vcr
+        tl.store(q_dst + lo, o1, mask=mq)
+        tl.store(q_dst + hi, o2, mask=mq)
+        tl.store(k_dst + lo, o1, mask=mk)
+        tl.store(k_dst + hi, o2, mask=mk)
+        tl.store(v_dst + lo, o1, mask=mv)
+        tl.store(v_dst + hi, o2, mask=mv)
 
     @triton.jit
     def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, width, s_gn, s_un, s_on, BLOCK: tl.constexpr):
@@ -147,11 +156,12 @@ def qkv_prep(q: Tensor | None, k: Tensor, v: Tensor, q_weight: Tensor | None, k_
         q_out = torch.empty((n, hq, d), dtype=q.dtype, device=q.device)
     qq, qo = (q, q_out) if q is not None else (k, k)
     qw, kw = (q_weight, k_weight) if k_weight is not None else (cos, cos)
-    _prep_kernel[(n, hq + 2 * hkv)](
+    hb = 8
+    _prep_kernel[(n, triton.cdiv(hq + 2 * hkv, hb))](
         qq, k, v, qw, kw, cos, sin, row0, qo, k_cache, v_cache, hq, hkv, qq.stride(0), qq.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0), qo.stride(0),
         qo.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), eps,
-        NORM=k_weight is not None, SIGNED=signed_sin, D=d, num_warps=1)
+        NORM=k_weight is not None, SIGNED=signed_sin, D=d, HB=hb, num_warps=2)
     return q_out
 
 

@@ -44,8 +44,8 @@ def enabled(device: torch.device | str) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def sm_count(device: torch.device | str) -> int:
-    """Streaming multiprocessors of a CUDA device (4 for CPU tensors under the interpreter)."""
+    """Streaming multiprocessors of a CUDA device (2 for CPU tensors under the interpreter)."""
     device = torch.device(device)
     if device.type != "cuda":
-        return 4
+        return 2
     return torch.cuda.get_device_properties(device).multi_processor_count

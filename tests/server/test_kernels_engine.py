@@ -1,0 +1,128 @@
+"""The kernel path of the engine (models/fast.py) against the SDPA path, on CPU under TRITON_INTERPRET=1
+with DDTREE_KERNELS=1 (fp32): the target's eager and graph-ready static forwards, the graphed
+drafter, and exactness (ar == dflash == ddtree token for token, equal to the SDPA path's ar).
+
+The Triton interpreter must be chosen before triton is imported: the checks run in a child process
+that prints a JSON report. ``DDTREE_KERNELS`` is read at every forward, so the child switches it
+between the reference (0) and the kernel path (1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddtree_server.kernels import runtime
+
+REPO = Path(__file__).resolve().parents[2]
+
+_CHILD = r"""
+import json, os, torch
+torch.set_num_threads(1)
+from ddtree_server.engine.engine import Engine
+from ddtree_server.engine.sampling import SamplingParams
+from ddtree_server.models.drafter_graphs import GraphedDrafter
+from ddtree_server.models.graphs import GraphedTarget
+from tests.server.test_drafter_graphs import _compare, _drafter
+from tests.server.test_graphs import _tree_mask
+from tests.server.tiny import EOS, VOCAB, ByteTokenizer, OracleDrafter, tiny_target
+
+def kernels(flag):
+    os.environ["DDTREE_KERNELS"] = flag
+
+out = {"target": []}
+model = tiny_target()
+model.capture_layers = [0, 2]
+graphed = GraphedTarget(model, capture=False)
+ref_c, graph_c, eager_c = model.new_cache(200), graphed.new_cache(200), model.new_cache(200)
+s = 12
+steps = [(s, None), (1, None), (5, 1), (10, 2), (3, None)]
+for step, (n, tree) in enumerate(steps):
+    pos0 = 0 if step == 0 else s
+    ids = (torch.arange(n) * 7 + step) % VOCAB
+    mask = _tree_mask(n, tree) if tree is not None else None
+    pos = (mask.sum(-1) - 1 if mask is not None else torch.arange(n)) + pos0
+    kernels("0")
+    want, fwant = model.forward(ref_c, ids, pos, mask)
+    kernels("1")
+    got, fgot = graphed.forward(graph_c, ids, pos, mask)
+    eag, feag = model.forward(eager_c, ids, pos, mask)
+    if step:
+        keep = [0] + [i for i in range(1, n) if i % 3 == 0]
+        for c in (ref_c, graph_c, eager_c):
+            c.keep(s, keep)
+        s += len(keep)
+    out["target"].append({"n": n, "graphed": (got - want).abs().max().item(), "eager": (eag - want).abs().max().item(),
+                          "feats": max((fgot - fwant).abs().max().item(), (feag - fwant).abs().max().item()),
+                          "cache": max((c.k[:, :, :s] - ref_c.k[:, :, :s]).abs().max().item() for c in (graph_c, eager_c))})
+out["graph_keys"] = sorted({k[:2] for k in graphed._static})
+
+tok, prompt, sp = ByteTokenizer(), list(b"kernel path"), SamplingParams(max_tokens=16, ignore_eos=True)
+model.capture_layers = []
+kernels("0")
+ref = [t for ev in Engine(model, tok, max_model_len=120, eos_token_ids=[EOS]).generate(prompt, sp) for t in ev.token_ids]
+kernels("1")
+out["tokens"] = {}
+for mode, budget in (("ar", None), ("dflash", None), ("ddtree", 3), ("ddtree", 12)):
+    drafter = OracleDrafter(len(prompt), ref, vocab=VOCAB, hidden=64, layer_ids=[1, 2], block_size=8)
+    eng = Engine(GraphedTarget(model, capture=False), tok, drafter, max_model_len=120, eos_token_ids=[EOS])
+    got = [t for ev in eng.generate(prompt, sp, mode=mode, tree_budget=budget) for t in ev.token_ids]
+    out["tokens"][f"{mode}/{budget}"] = got == ref
+
+d = _drafter()
+graphed_d = GraphedDrafter(d, capture=False)
+_compare(graphed_d, d, "cpu", 1e-5, 96)  # raises on a mismatch
+out["drafter"] = {"enabled": graphed_d.enabled, "keys": sorted(graphed_d._static)}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def report():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO / "server"), str(REPO)]))
+    run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=900,
+                         cwd=REPO)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_target_kernel_path_equals_sdpa(report):
+    rows = report["target"]
+    assert [r["n"] for r in rows] == [12, 1, 5, 10, 3]
+    for r in rows:
+        assert max(r["graphed"], r["eager"], r["feats"], r["cache"]) < 1e-4, r
+    # graphs keyed by the bucket alone: kv_len 0 (the kernel reads the live rows)
+    assert {kv for _, kv in report["graph_keys"]} == {0}
+
+
+def test_kernel_path_is_exact(report):
+    assert report["tokens"] == {"ar/None": True, "dflash/None": True, "ddtree/3": True, "ddtree/12": True}
+
+
+def test_drafter_kernel_path_equals_eager(report):
+    assert report["drafter"]["enabled"]
+    assert [n for n, kv in report["drafter"]["keys"]] == [1, 2, 4, 8, 16]
+    assert {kv for _, kv in report["drafter"]["keys"]} == {0}
+
+
+def test_switch(monkeypatch):
+    """DDTREE_KERNELS: CPU stays on SDPA unless asked under the interpreter; 0 turns CUDA off."""
+    monkeypatch.setattr(runtime, "HAVE_TRITON", True)
+    monkeypatch.delenv(runtime.ENV, raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not runtime.enabled("cpu") and runtime.enabled(torch.device("cuda", 0))
+    monkeypatch.setenv(runtime.ENV, "1")
+    assert runtime.enabled("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not runtime.enabled("cpu")
+    monkeypatch.setenv(runtime.ENV, "0")
+    assert not runtime.enabled("cuda")
+    monkeypatch.setattr(runtime, "HAVE_TRITON", False)
+    monkeypatch.delenv(runtime.ENV)
+    assert not runtime.enabled("cuda")
