@@ -15,6 +15,7 @@ run keeps what it measured:
 * ``gemv``: cuBLAS vs the Triton skinny GEMM at the 8B layer shapes for M = 1, 16, 80;
 * ``compile``: torch.compile vs our eager layer / forward (bench/probe_compile.py, own process,
   killed at the deadline; partial results kept).
+``--phase2``: the kernel-path probe instead (bench/probe_phase2.py, ``DIR/probe2.json``).
 Imports nothing of the API server (no fastapi / pydantic / uvicorn needed).
 """
 
@@ -40,20 +41,24 @@ SHARE = {"copy": 0.03, "stages": 0.3, "profile": 0.08, "tree": 0.06, "gemv": 0.1
 class Probe:
     """Holds the deadline and the result document; ``save`` rewrites probe.json."""
 
-    def __init__(self, out: Path, budget_s: float, log=print):
+    def __init__(self, out: Path, budget_s: float, log=print, name: str = "probe.json"):
         self.out, self.t0, self.budget = out, time.monotonic(), budget_s
-        self.log = log
+        self.log, self.name = log, name
         self.doc: dict = {"parts": {}, "errors": {}}
 
     def left(self) -> float:
         return self.budget - (time.monotonic() - self.t0)
 
     def part_deadline(self, part: str) -> float:
-        return time.monotonic() + min(self.left(), SHARE[part] * self.budget)
+        return self.deadline(SHARE[part])
+
+    def deadline(self, share: float) -> float:
+        """A monotonic deadline ``share`` of the whole budget from now (never past the end)."""
+        return time.monotonic() + min(self.left(), share * self.budget)
 
     def save(self) -> None:
         self.doc["elapsed_s"] = round(time.monotonic() - self.t0, 1)
-        (self.out / "probe.json").write_text(json.dumps(self.doc, indent=1) + "\n")
+        (self.out / self.name).write_text(json.dumps(self.doc, indent=1) + "\n")
 
 
 def _profile(engine, shape_name: str, context: int, budget: int) -> dict:
@@ -177,7 +182,10 @@ def run_compile(p: Probe) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ddtree_server.bench.probe", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="output folder (probe.json, random-*.md, ...)")
-    ap.add_argument("--budget-s", type=float, default=215.0, help="wall budget of the whole probe (s)")
+    ap.add_argument("--budget-s", type=float, default=None, help="wall budget of the whole probe (s; default "
+                    "215, 260 with --phase2)")
+    ap.add_argument("--phase2", action="store_true", help="the kernel-path probe instead (bench/probe_phase2.py; "
+                    "copy, attention, stages and profile on/off, exactness); writes probe2.json")
     ap.add_argument("--shapes", default="qwen3-8b,smollm2-135m", help="shapes for stages / profile")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"subset of {','.join(PARTS)}")
     ap.add_argument("--context", type=int, default=1024, help="cached tokens of the stage timings")
@@ -195,13 +203,18 @@ def main(argv: list[str] | None = None) -> int:
     if parts - set(PARTS):
         ap.error(f"--parts: unknown {sorted(parts - set(PARTS))}; use {','.join(PARTS)}")
     a.out.mkdir(parents=True, exist_ok=True)
-    p = Probe(a.out, a.budget_s, log=lambda s: print(s, flush=True))
+    a.budget_s = a.budget_s or (260.0 if a.phase2 else 215.0)
+    p = Probe(a.out, a.budget_s, log=lambda s: print(s, flush=True), name="probe2.json" if a.phase2 else "probe.json")
     from ddtree_server.bench.random_report import copy_bandwidth, env_meta
 
     cuda = torch.cuda.is_available()
     p.doc["meta"] = env_meta("cuda" if cuda else "cpu", "bf16" if cuda else "fp32")
     p.doc["meta"].update(budget_s=a.budget_s, shapes=a.shapes, parts=sorted(parts), context=a.context)
     dev = torch.device("cuda" if cuda else "cpu")
+    if a.phase2:
+        from ddtree_server.bench.probe_phase2 import run as run_phase2
+
+        return run_phase2(p, a.shapes.split(","), a.context, a.iters, tau)
     steps = [("copy", lambda: copy_bandwidth(dev)),
              ("stages", lambda: run_stages_and_profile(p, a.shapes.split(","), a.context, a.iters, parts, tau)),
              ("tree", lambda: run_tree(p, p.part_deadline("tree"), a.iters)),

@@ -73,9 +73,9 @@ def layer_step(path: str, shape_name: str, mode: str | None) -> None:
         model, layer, x, args = _layer_setup(shape_name)
         fn = layer
         if mode is not None:
-            import torch._dynamo
+            from torch import _dynamo
 
-            torch._dynamo.reset()
+            _dynamo.reset()
             fn = torch.compile(layer, mode=None if mode == "default" else mode, dynamic=False)
             t0 = time.monotonic()
             with torch.no_grad():
@@ -104,9 +104,9 @@ def forward_step(path: str, shape_name: str, mode: str | None, iters: int = 30) 
     try:
         model = target_from_config(get_shape(shape_name).target, device="cuda", dtype="bf16")
         if mode is not None:
-            import torch._dynamo
+            from torch import _dynamo
 
-            torch._dynamo.reset()
+            _dynamo.reset()
             model.run = torch.compile(model.run, mode=None if mode == "default" else mode, dynamic=False)
         target = GraphedTarget(model)
         cache = target.new_cache(2 * CONTEXT + 64)
