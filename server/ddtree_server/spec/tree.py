@@ -74,9 +74,15 @@ def chain_tree(root_token: int, draft_tokens: Sequence[int]) -> DraftTree:
     return _make(toks, list(range(len(toks))), list(range(-1, len(toks) - 1)))
 
 
-def _rows(table) -> list:
-    """Nested Python lists of a 2-D table; numpy arrays / tensors convert in one C call."""
-    return table.tolist() if hasattr(table, "tolist") else table
+def _rows(table, kind) -> list:
+    """Nested Python lists of ``kind`` (float / int) of a 2-D table; numpy arrays / tensors convert
+    in one C call (their ``tolist`` already yields Python floats / ints), other sequences item by item."""
+    if hasattr(table, "tolist"):
+        rows = table.tolist()
+        if not rows or not rows[0] or type(rows[0][0]) is kind:
+            return rows
+        table = rows
+    return [[kind(x) for x in row] for row in table]
 
 
 def build_ddtree(root_token: int, topk_logp: Sequence[Sequence[float]],
@@ -95,8 +101,7 @@ def build_ddtree(root_token: int, topk_logp: Sequence[Sequence[float]],
     Raises:
         ValueError: the two tables differ in shape.
     """
-    logp = [[float(x) for x in row] for row in _rows(topk_logp)]
-    ids = [[int(x) for x in row] for row in _rows(topk_ids)]
+    logp, ids = _rows(topk_logp, float), _rows(topk_ids, int)
     if [len(r) for r in logp] != [len(r) for r in ids]:
         raise ValueError("topk_logp and topk_ids must have the same shape")
     depth_max = len(logp)
