@@ -73,19 +73,51 @@ def dflash_builder(draft_logits: Tensor, root: int, budget: int) -> DraftTree:
     return chain_tree(root, tokens[: max(budget, 0)])
 
 
-def tree_inputs(tree: DraftTree, start: int, device) -> tuple[Tensor, Tensor, Tensor | None]:
+class Staging:
+    """A pinned host buffer for one kind of small host-to-device copy of a request's rounds, sent
+    with ``non_blocking=True`` so the host does not wait for it. Reused round after round: safe
+    because each round's copy is followed by a synchronisation (the target's choices come back to
+    the host, ``TokenChooser.choose``) before the buffer is written again."""
+
+    def __init__(self):
+        self.buf: Tensor | None = None
+
+    def take(self, nbytes: int) -> Tensor:
+        """A pinned uint8 tensor of ``nbytes`` (the buffer grows by doubling)."""
+        if self.buf is None or self.buf.numel() < nbytes:
+            self.buf = torch.empty(max(nbytes, 2 * (0 if self.buf is None else self.buf.numel()), 4096),
+                                   dtype=torch.uint8, pin_memory=True)
+        return self.buf[:nbytes]
+
+
+def tree_inputs(tree: DraftTree, start: int, device, staging: Staging | None = None
+                ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Verify inputs of a tree whose root sits at position ``start``: ids ``[n]``, positions
     ``[n]`` (start + depth) and the bool ancestor mask ``[n, n]`` (None for a chain), sent to the
-    device in ONE host-to-device copy (one int64 buffer), not three."""
+    device in ONE host-to-device copy of one byte buffer (int64 ids and positions, then one byte
+    per mask entry), not three; asynchronous from ``staging`` (pinned) when given."""
     n = tree.size
-    buf = np.empty(2 * n + (0 if tree.is_chain else n * n), dtype=np.int64)
-    buf[:n] = tree.tokens
-    buf[n:2 * n] = tree.depths
-    buf[n:2 * n] += start
+    nbytes = 16 * n + (0 if tree.is_chain else n * n)
+    host = staging.take(nbytes) if staging is not None else torch.empty(nbytes, dtype=torch.uint8)
+    buf = host.numpy()
+    idpos = buf[:16 * n].view(np.int64)
+    idpos[:n] = tree.tokens
+    idpos[n:] = tree.depths
+    idpos[n:] += start
     if not tree.is_chain:
-        buf[2 * n:] = tree.ancestors().reshape(-1)
-    dev = torch.from_numpy(buf).to(device)
-    return dev[:n], dev[n:2 * n], None if tree.is_chain else dev[2 * n:].view(n, n).bool()
+        buf[16 * n:] = tree.ancestors().reshape(-1).view(np.uint8)
+    dev = host.to(device, non_blocking=staging is not None)
+    idpos = dev[:16 * n].view(torch.int64)
+    return idpos[:n], idpos[n:], None if tree.is_chain else dev[16 * n:].view(n, n).view(torch.bool)
+
+
+def _path_rows(path: list[int], device, staging: Staging | None) -> Tensor:
+    """The accepted path's node indices as a long tensor on the device (asynchronous via staging)."""
+    if staging is None:
+        return torch.tensor(path, dtype=torch.long).to(device)
+    host = staging.take(8 * len(path))
+    host.numpy().view(np.int64)[:] = path
+    return host.to(device, non_blocking=True).view(torch.int64)
 
 
 def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], chooser: TokenChooser,
@@ -101,13 +133,15 @@ def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], ch
     bonus = chooser.choose(logits)[0]
     yield [bonus]
     s = len(prompt_ids)
+    cuda = torch.device(device).type == "cuda"
+    inputs_buf, rows_buf = (Staging(), Staging()) if cuda else (None, None)
     while True:
         room = cache.max_len - s - 1
         if room < 0:
             return
         draft_logits = drafter.propose(draft_cache, ctx, bonus, s)
         tree = build(draft_logits, bonus, min(budget, room))
-        ids, pos, mask = tree_inputs(tree, s, device)
+        ids, pos, mask = tree_inputs(tree, s, device, inputs_buf)
         logits, feats = target.forward(cache, ids, pos, tree_mask=mask)
         path, new_bonus = walk(tree, chooser.choose(logits))
         k = len(path)
@@ -115,7 +149,7 @@ def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], ch
             cache.keep(s, path)
             ctx = feats[:k]
         else:
-            rows = torch.tensor(path, dtype=torch.long).to(feats.device)
+            rows = _path_rows(path, feats.device, rows_buf)
             cache.keep(s, path, rows)
             ctx = feats.index_select(0, rows)
         out = accepted_tokens(tree, path, new_bonus)
