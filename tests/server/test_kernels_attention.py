@@ -55,7 +55,9 @@ k, v = torch.randn(2, 300, 64, generator=g), torch.randn(2, 300, 64, generator=g
 blk = tree_mask(7)
 ref = A.attention_ref(q, k, v, 33, "tree", blk)
 out = torch.empty(7, 8, 64)
-for name, cfg in {"one": A.AttnConfig(max_splits=1), "many": A.AttnConfig(ctas_per_sm=64, block_n=16)}.items():
+forced = {"one": A.AttnConfig(max_splits=1), "many": A.AttnConfig(ctas_per_sm=64, block_n=16),
+          "fused": A.AttnConfig(ctas_per_sm=64, block_n=16, fused_merge=True)}
+for name, cfg in forced.items():
     got = A.decode_attention(q, k, v, torch.tensor(33), "tree", blk, out=out, config=cfg)
     att[f"forced/{name}/splits{A.plan(7, 4, 2, 64, 300, 'cpu', cfg)[2]}"] = ["float32", list(got.shape), "float32", err(got, ref)]
 
@@ -94,7 +96,8 @@ for dt in ("float32", "float16"):
     gate_up = torch.randn(3, 2 * 1500, generator=g).to(dtype)
     gate, up = gate_up.split(1500, -1)
     fused[f"silu/{dt}"] = [dt, err(F.silu_mul(gate, up), F.silu_mul_ref(gate, up))]
-print(json.dumps({"attention": att, "errors": errors, "fused": fused}))
+counters = int(A._COUNTERS[torch.device("cpu")].abs().sum())  # the fused merge leaves them at 0
+print(json.dumps({"attention": att, "errors": errors, "fused": fused, "counters": counters}))
 """
 
 
@@ -112,12 +115,13 @@ def _tol(dtype: str) -> float:
 
 def test_attention_matches_reference(report):
     res = report["attention"]
-    assert len(res) == 36 + 3 + 2
+    assert len(res) == 36 + 3 + 3
     splits = {int(key.rsplit("splits", 1)[1]) for key in res}
     assert 1 in splits and max(splits) > 8  # both the direct store and the merge kernel ran
     for key, (dtype, shape, out_dtype, err) in res.items():
         assert out_dtype == dtype and len(shape) == 3, key
         assert err < _tol(dtype), (key, err)  # NaN rows past the live length would give NaN here
+    assert report["counters"] == 0
 
 
 def test_attention_bad_inputs(report):

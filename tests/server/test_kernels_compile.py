@@ -22,18 +22,20 @@ def _compile(fn, types: dict, consts: dict, **options):
                           options=options)
 
 
-@pytest.mark.parametrize("dtype,mode,splits,block_m,d", [("bf16", 1, 33, 64, 128), ("bf16", 2, 1, 16, 64),
-                                                         ("fp32", 0, 8, 16, 128)])
-def test_attention_compiles(dtype, mode, splits, block_m, d):
+@pytest.mark.parametrize("dtype,mode,splits,block_m,d,fused", [("bf16", 1, 33, 64, 128, False),
+                                                               ("bf16", 2, 1, 16, 64, False),
+                                                               ("fp32", 0, 8, 16, 128, False),
+                                                               ("bf16", 1, 17, 16, 64, True)])
+def test_attention_compiles(dtype, mode, splits, block_m, d, fused):
     part = "*fp32" if splits > 1 else f"*{dtype}"
     types = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "start_ptr": "*i64",
              "mask_ptr": "*u8" if mode == 1 else "*i64", "o_ptr": f"*{dtype}", "po_ptr": part, "pl_ptr": part,
-             "scale_log2": "fp32"}
+             "cnt_ptr": "*i32", "scale_log2": "fp32"}
     consts = {"MODE": mode, "SPLITS": splits, "BLOCK_M": block_m, "BLOCK_N": 64, "D": d,
-              "PREC": "ieee" if dtype == "fp32" else "tf32"}
+              "PREC": "ieee" if dtype == "fp32" else "tf32", "FUSED": fused}
     kernel = _compile(attention._split_kernel, types, consts, num_warps=4, num_stages=2)
     assert 0 < kernel.metadata.shared < 200 * 1024  # fits an SM's shared memory with room to spare
-    if splits > 1:
+    if splits > 1 and not fused:
         _compile(attention._merge_kernel, {"po_ptr": "*fp32", "pl_ptr": "*fp32", "o_ptr": f"*{dtype}",
                                            "start_ptr": "*i64"}, {"SPLITS": splits, "BLOCK_N": 64, "BLOCK_M": 16, "D": d})
 

@@ -27,8 +27,8 @@ SWEEP_POINTS = {"qwen3-8b": ((1024, 1), (1024, 80)), "smollm2-135m": ((1024, 1),
 def _sweep():
     from ddtree_server.kernels.attention import AttnConfig
 
-    return (AttnConfig(block_n=32), AttnConfig(block_n=128, num_warps=8), AttnConfig(ctas_per_sm=1),
-            AttnConfig(ctas_per_sm=4))
+    return (AttnConfig(fused_merge=True), AttnConfig(block_n=32), AttnConfig(block_n=128, num_warps=8),
+            AttnConfig(ctas_per_sm=1), AttnConfig(ctas_per_sm=4))
 
 
 class _Setup:
@@ -120,6 +120,8 @@ def attention_part(deadline: float, shapes=("qwen3-8b", "smollm2-135m"), log=pri
                     out.append({**row, "skipped": "time budget"})
                     continue
                 try:
+                    want = kernel(0).float()  # default config
+                    row["max_abs_diff_vs_default"] = round((kernel(0, cfg).float() - want).abs().max().item(), 5)
                     row["kernel_us"] = round(_time([lambda i=i, c=cfg: kernel(i, c) for i in range(st.layers)]), 2)
                     row["kernel_gbps"] = round(nbytes / row["kernel_us"] / 1e3, 1)
                 except Exception as exc:  # noqa: BLE001 - a config that fails is recorded, not fatal

@@ -12,6 +12,9 @@ over many programs instead and merges their partial softmaxes; this module does 
   all of them). The cache ``[kv_heads, rows, head_dim]`` is read in place and only up to the live
   length, which comes from the device scalar ``start`` (so one CUDA graph serves every length).
 * ``_merge_kernel``: combines the splits' (output, log-sum-exp) pairs; skipped with one split.
+  Opt-in (``AttnConfig.fused_merge``): no second launch; the split programs of one (KV head, row
+  block) count themselves on a device counter (acq_rel atomic) and the last one merges and resets
+  it, the "last block" reduction pattern of split-K / stream-K GEMMs.
 
 Visibility of key ``j`` for query token ``i`` (``s = start``): keys ``j < s`` always; inside the
 new block ``[s, s + n)``: ``causal`` j - s <= i, ``tree`` ``block[i, j - s]`` (ancestor-or-self
@@ -62,10 +65,11 @@ class AttnConfig:
     num_stages: int = 2
     ctas_per_sm: float = 2.0
     max_splits: int = 64
+    fused_merge: bool = False
 
     @property
     def name(self) -> str:
-        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}c{self.ctas_per_sm:g}"
+        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}c{self.ctas_per_sm:g}" + "f" * self.fused_merge
 
 
 DEFAULT = AttnConfig()
@@ -104,11 +108,33 @@ if HAVE_TRITON:
         return m_new, l_i, acc
 
     @triton.jit
-    def _split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr, N, rep,
+    def _merge_rows(po_ptr, pl_ptr, o_ptr, h, heads, rows, length, N, rep, stride_on, stride_oh, m_pad,
+                    SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, CG: tl.constexpr):
+        per = tl.cdiv(tl.cdiv(length, BLOCK_N), SPLITS)
+        used = tl.cdiv(tl.cdiv(length, BLOCK_N), per)  # splits that got keys
+        tok, head = rows // rep, h * rep + rows % rep
+        dd = tl.arange(0, D)
+        mx = tl.full(rows.shape, float("-inf"), tl.float32)
+        for sp in range(0, used):
+            mx = tl.maximum(mx, tl.load(pl_ptr + (sp * heads + h) * m_pad + rows, cache_modifier=CG))
+        m_sub = tl.where(mx == float("-inf"), 0.0, mx)
+        acc = tl.zeros([rows.shape[0], D], tl.float32)
+        wsum = tl.zeros(rows.shape, tl.float32)
+        for sp in range(0, used):
+            base = (sp * heads + h) * m_pad + rows
+            w = tl.exp2(tl.load(pl_ptr + base, cache_modifier=CG) - m_sub)
+            acc += w[:, None] * tl.load(po_ptr + base[:, None] * D + dd[None, :], cache_modifier=CG)
+            wsum += w
+        out = acc / tl.where(wsum == 0.0, 1.0, wsum)[:, None]
+        tl.store(o_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + dd[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=(tok < N)[:, None])
+
+    @triton.jit
+    def _split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr, cnt_ptr, N, rep,
                       stride_qn, stride_qh, stride_kh, stride_kr, stride_vh, stride_vr, stride_mn,
                       stride_on, stride_oh, m_pad, scale_log2,
                       MODE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
+                      BLOCK_N: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr):
         pid_s, h, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         s = tl.load(start_ptr).to(tl.int32)
         length = s + N
@@ -159,31 +185,33 @@ if HAVE_TRITON:
             base = (pid_s * tl.num_programs(1) + h) * m_pad + rows
             tl.store(po_ptr + base[:, None] * D + dd[None, :], out)
             tl.store(pl_ptr + base, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe)))
+            if FUSED:  # the last split of this (head, row block) to finish merges them all
+                tl.debug_barrier()  # every thread's partial stores precede the release below
+                slot = cnt_ptr + h * tl.num_programs(2) + pid_m
+                if tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
+                    tl.store(slot, 0)  # ready for the next launch (CUDA graph replays included)
+                    _merge_rows(po_ptr, pl_ptr, o_ptr, h, tl.num_programs(1), rows, length, N, rep, stride_on,
+                                stride_oh, m_pad, SPLITS, BLOCK_N, D, ".cg")
 
     @triton.jit
     def _merge_kernel(po_ptr, pl_ptr, o_ptr, start_ptr, N, rep, stride_on, stride_oh, m_pad,
                       SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr):
         pid_m, h = tl.program_id(0), tl.program_id(1)
-        length = tl.load(start_ptr).to(tl.int32) + N
-        per = tl.cdiv(tl.cdiv(length, BLOCK_N), SPLITS)
-        used = tl.cdiv(tl.cdiv(length, BLOCK_N), per)  # splits that got keys
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        tok, head = rows // rep, h * rep + rows % rep
-        dd = tl.arange(0, D)
-        mx = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        for sp in range(0, used):
-            mx = tl.maximum(mx, tl.load(pl_ptr + (sp * tl.num_programs(1) + h) * m_pad + rows))
-        m_sub = tl.where(mx == float("-inf"), 0.0, mx)
-        acc = tl.zeros([BLOCK_M, D], tl.float32)
-        wsum = tl.zeros([BLOCK_M], tl.float32)
-        for sp in range(0, used):
-            base = (sp * tl.num_programs(1) + h) * m_pad + rows
-            w = tl.exp2(tl.load(pl_ptr + base) - m_sub)
-            acc += w[:, None] * tl.load(po_ptr + base[:, None] * D + dd[None, :])
-            wsum += w
-        out = acc / tl.where(wsum == 0.0, 1.0, wsum)[:, None]
-        tl.store(o_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + dd[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=(tok < N)[:, None])
+        _merge_rows(po_ptr, pl_ptr, o_ptr, h, tl.num_programs(1), rows, tl.load(start_ptr).to(tl.int32) + N, N, rep,
+                    stride_on, stride_oh, m_pad, SPLITS, BLOCK_N, D, "")
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device: torch.device, count: int) -> Tensor:
+    """Zeroed int32 counters of the fused merge, one per (KV head, row block); shared by every call
+    on the device (launches on one stream run one after the other, and each leaves them at 0)."""
+    buf = _COUNTERS.get(device)
+    if buf is None or buf.numel() < count:
+        buf = _COUNTERS[device] = torch.zeros(max(count, 4096), dtype=torch.int32, device=device)
+    return buf
 
 
 def supported(head_dim: int, dtype: torch.dtype) -> bool:
@@ -242,12 +270,14 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, mode: str =
     mask = block if mode == "tree" else start
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     scale_log2 = (scale if scale is not None else d ** -0.5) * LOG2E
+    fused = config.fused_merge and splits > 1
+    cnt = _counters(q.device, hkv * m_tiles) if fused else start
     _split_kernel[(splits, hkv, m_tiles)](
-        q, k, v, start, mask, out, po, pl, n, rep, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        q, k, v, start, mask, out, po, pl, cnt, n, rep, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), mask.stride(0) if mode == "tree" else 0, out.stride(0), out.stride(1),
         m_pad, scale_log2, MODE=MODES[mode], SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n, D=d,
-        PREC=prec, num_warps=config.num_warps, num_stages=config.num_stages)
-    if splits > 1:
+        PREC=prec, FUSED=fused, num_warps=config.num_warps, num_stages=config.num_stages)
+    if splits > 1 and not fused:
         _merge_kernel[(m_pad // 16, hkv)](po, pl, out, start, n, rep, out.stride(0), out.stride(1), m_pad,
                                           SPLITS=splits, BLOCK_N=block_n, BLOCK_M=16, D=d, num_warps=4)
     return out
