@@ -38,6 +38,21 @@ def usable(head_dim: int, weight: Tensor) -> bool:
     return runtime.enabled(weight.device) and supported(head_dim, weight.dtype)
 
 
+def rope(model, positions: Tensor, rows: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``TargetModel._rope`` by one lookup: cos, signed sin ``[n, 1, head_dim]`` (views) of positions
+    ``[n]`` from a table of every position below ``max(max_position_embeddings, rows)``, built once
+    per device and dtype by ``_rope`` itself (so the values are the ones it computes), instead of
+    ~10 small kernels per forward. Positions must lie below that bound."""
+    key = (positions.device, dtype)
+    size = max(int(getattr(model.config, "max_position_embeddings", 0) or 0), rows)
+    tab = model._rope_tables.get(key)
+    if tab is None or tab.shape[0] < size:
+        cos, sin = model._rope(torch.arange(size, device=positions.device), dtype)
+        tab = model._rope_tables[key] = torch.cat((cos, sin), dim=1)  # [size, 2, head_dim]
+    both = tab.index_select(0, positions)
+    return both[:, :1], both[:, 1:]
+
+
 def target_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, cache, layer: int, fb: FastBlock) -> Tensor:
     """``Attention.forward`` on kernels: x ``[n, hidden]`` (normed) -> ``[n, heads * head_dim]``.
     cos / sin: ``[n, 1, head_dim]`` with rotate_half's sign in sin (TargetModel._rope)."""

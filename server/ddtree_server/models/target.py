@@ -180,6 +180,7 @@ class TargetModel(nn.Module):
         with torch.device("cpu"):
             inv_freq, self.rope_scaling = rope_inv_freq(config)
         self._inv_freq = {torch.device("cpu"): inv_freq}
+        self._rope_tables: dict = {}  # kernel path: cos / sin of every position (models/fast.py)
         self.capture_layers: list[int] = []
 
     def tie_weights(self) -> None:
@@ -262,7 +263,10 @@ class TargetModel(nn.Module):
         see ``Attention.forward``.
         """
         x = self.embed_tokens(input_ids)
-        cos, sin = self._rope(positions, x.dtype)
+        if isinstance(mask, FastBlock):
+            cos, sin = fast.rope(self, positions, cache.k.shape[2], x.dtype)
+        else:
+            cos, sin = self._rope(positions, x.dtype)
         if isinstance(mask, Tensor) and mask.dtype == torch.bool:
             # additive form once per forward; SDPA would otherwise convert the bool mask per layer
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
