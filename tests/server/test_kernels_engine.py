@@ -75,9 +75,15 @@ for mode, budget in (("ar", None), ("dflash", None), ("ddtree", 3), ("ddtree", 1
     out["tokens"][f"{mode}/{budget}"] = got == ref
 
 d = _drafter()
+before = {k: v.clone() for k, v in d.state_dict().items()}
 graphed_d = GraphedDrafter(d, capture=False)
 _compare(graphed_d, d, "cpu", 1e-5, 96)  # raises on a mismatch
-out["drafter"] = {"enabled": graphed_d.enabled, "keys": sorted(graphed_d._static)}
+after = d.state_dict()
+q0 = d.layers[0].self_attn.q_proj.weight
+out["drafter"] = {"enabled": graphed_d.enabled, "keys": sorted(graphed_d._static),
+                  "fused": [f is not None for f in graphed_d._fused],
+                  "weights_kept": all(torch.equal(before[k], after[k]) for k in before),
+                  "shared_storage": q0.data_ptr() == graphed_d._fused[0][0].data_ptr()}
 print(json.dumps(out))
 """
 
@@ -106,9 +112,13 @@ def test_kernel_path_is_exact(report):
 
 
 def test_drafter_kernel_path_equals_eager(report):
+    """GraphedDrafter on kernels (fused projections, split-K non-causal attention) == eager SDPA."""
     assert report["drafter"]["enabled"]
     assert [n for n, kv in report["drafter"]["keys"]] == [1, 2, 4, 8, 16]
     assert {kv for _, kv in report["drafter"]["keys"]} == {0}
+    # q|k|v and gate|up fused into one weight each, the layers' weights now views of them
+    d = report["drafter"]
+    assert all(d["fused"]) and d["weights_kept"] and d["shared_storage"]
 
 
 def test_switch(monkeypatch):

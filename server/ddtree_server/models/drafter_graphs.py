@@ -65,6 +65,7 @@ class GraphedDrafter:
         self._static: dict[tuple[int, int], _Static] = {}
         self._cache_ptr = None
         self._pool = None
+        self._fused: list | None = None  # fast.fuse_drafter weights, made on the kernel path's first use
         dev = drafter.fc.weight.device
         self._arange = torch.arange(max(self.buckets[-1], drafter.config.block_size), device=dev)
 
@@ -102,15 +103,15 @@ class GraphedDrafter:
         return d.lm_head(d.norm(x[0, 1:]))
 
     def _run_kernels(self, st: _Static, cache: DraftCache, rows: Tensor, pos: Tensor) -> Tensor:
-        d = self.drafter
+        d, fused = self.drafter, self._fused
         h = d.project_context(st.ctx)
         cos, sin = st.cos.index_select(0, rows), st.sin.index_select(0, rows)
         for i, layer in enumerate(d.layers):
-            fast.drafter_context_kv(layer.self_attn, h, cos, sin, cache.k[i], cache.v[i], st.c0)
+            fast.drafter_context_kv(layer.self_attn, h, cos, sin, cache.k[i], cache.v[i], st.c0, fused[i])
         x = d.embed_tokens(st.ids).to(d.dtype)
         cos, sin = st.cos.index_select(0, pos), st.sin.index_select(0, pos)
         for i, layer in enumerate(d.layers):
-            x = fast.drafter_layer(layer, x, cos, sin, cache.k[i], cache.v[i], st.start)
+            x = fast.drafter_layer(layer, x, cos, sin, cache.k[i], cache.v[i], st.start, fused[i])
         return d.lm_head(d.norm(x[1:]))
 
     def _get(self, cache: DraftCache, n_pad: int, kv_len: int) -> _Static:
@@ -145,7 +146,11 @@ class GraphedDrafter:
                 or start_pos + bs > cache.max_len):
             return self.drafter.propose(cache, ctx, bonus_token, start_pos)
         kv_len = min(max(MIN_KV, 1 << (start_pos + bs - 1).bit_length()), cache.max_len)
-        st = self._get(cache, n_pad, 0 if fast.drafter_usable(self.drafter) else kv_len)
+        if fast.drafter_usable(self.drafter):
+            kv_len = 0
+            if self._fused is None:  # q|k|v and gate|up as one weight each (same storage as the layers')
+                self._fused = fast.fuse_drafter(self.drafter)
+        st = self._get(cache, n_pad, kv_len)
         st.ctx[:n].copy_(ctx)  # rows n.. keep stale features: their K/V land in block rows, rewritten
         st.c0.fill_(start_pos - n)
         st.start.fill_(start_pos)
