@@ -31,7 +31,7 @@ import torch
 
 from ddtree_server.kernels.runtime import ENV
 
-SHARE = {"copy": 0.03, "attention": 0.22, "stages": 0.5, "exact": 1.0}
+SHARE = {"copy": 0.02, "attention": 0.2, "stages": 0.52, "exact": 1.0}
 EXACT_RUNS = (("smollm2-135m", "fp32", 48), ("qwen3-8b", "fp32", 24), ("smollm2-135m", "bf16", 48))
 
 
