@@ -37,7 +37,7 @@ def test_attention_compiles(dtype, mode, splits, block_m, d, fused):
     assert 0 < kernel.metadata.shared < 200 * 1024  # fits an SM's shared memory with room to spare
     if splits > 1 and not fused:
         _compile(attention._merge_kernel, {"po_ptr": "*fp32", "pl_ptr": "*fp32", "o_ptr": f"*{dtype}",
-                                           "start_ptr": "*i64"}, {"SPLITS": splits, "BLOCK_N": 64, "BLOCK_M": 16, "D": d})
+                                           "start_ptr": "*i64"}, {"SPLITS": splits, "SP2": 64, "BLOCK_N": 64, "D": d})
 
 
 def test_fused_compile():

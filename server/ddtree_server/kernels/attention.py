@@ -109,21 +109,22 @@ if HAVE_TRITON:
 
     @triton.jit
     def _merge_rows(po_ptr, pl_ptr, o_ptr, h, heads, rows, length, N, rep, stride_on, stride_oh, m_pad,
-                    SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr, CG: tl.constexpr):
+                    SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+        # the fused merge (last split program): partials written by other programs, read past L1
         per = tl.cdiv(tl.cdiv(length, BLOCK_N), SPLITS)
         used = tl.cdiv(tl.cdiv(length, BLOCK_N), per)  # splits that got keys
         tok, head = rows // rep, h * rep + rows % rep
         dd = tl.arange(0, D)
         mx = tl.full(rows.shape, float("-inf"), tl.float32)
         for sp in range(0, used):
-            mx = tl.maximum(mx, tl.load(pl_ptr + (sp * heads + h) * m_pad + rows, cache_modifier=CG))
+            mx = tl.maximum(mx, tl.load(pl_ptr + (sp * heads + h) * m_pad + rows, cache_modifier=".cg"))
         m_sub = tl.where(mx == float("-inf"), 0.0, mx)
         acc = tl.zeros([rows.shape[0], D], tl.float32)
         wsum = tl.zeros(rows.shape, tl.float32)
         for sp in range(0, used):
             base = (sp * heads + h) * m_pad + rows
-            w = tl.exp2(tl.load(pl_ptr + base, cache_modifier=CG) - m_sub)
-            acc += w[:, None] * tl.load(po_ptr + base[:, None] * D + dd[None, :], cache_modifier=CG)
+            w = tl.exp2(tl.load(pl_ptr + base, cache_modifier=".cg") - m_sub)
+            acc += w[:, None] * tl.load(po_ptr + base[:, None] * D + dd[None, :], cache_modifier=".cg")
             wsum += w
         out = acc / tl.where(wsum == 0.0, 1.0, wsum)[:, None]
         tl.store(o_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + dd[None, :],
@@ -191,15 +192,29 @@ if HAVE_TRITON:
                 if tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
                     tl.store(slot, 0)  # ready for the next launch (CUDA graph replays included)
                     _merge_rows(po_ptr, pl_ptr, o_ptr, h, tl.num_programs(1), rows, length, N, rep, stride_on,
-                                stride_oh, m_pad, SPLITS, BLOCK_N, D, ".cg")
+                                stride_oh, m_pad, SPLITS, BLOCK_N, D)
 
     @triton.jit
     def _merge_kernel(po_ptr, pl_ptr, o_ptr, start_ptr, N, rep, stride_on, stride_oh, m_pad,
-                      SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, D: tl.constexpr):
-        pid_m, h = tl.program_id(0), tl.program_id(1)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        _merge_rows(po_ptr, pl_ptr, o_ptr, h, tl.num_programs(1), rows, tl.load(start_ptr).to(tl.int32) + N, N, rep,
-                    stride_on, stride_oh, m_pad, SPLITS, BLOCK_N, D, "")
+                      SPLITS: tl.constexpr, SP2: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+        # one program per (query row, KV head): all splits' partials in ONE load each (no loop of
+        # dependent round trips to memory)
+        row, h = tl.program_id(0), tl.program_id(1)
+        length = tl.load(start_ptr).to(tl.int32) + N
+        per = tl.cdiv(tl.cdiv(length, BLOCK_N), SPLITS)
+        used = tl.cdiv(tl.cdiv(length, BLOCK_N), per)
+        sp = tl.arange(0, SP2)
+        base = (sp * tl.num_programs(1) + h) * m_pad + row
+        ok = sp < used
+        lse = tl.load(pl_ptr + base, mask=ok, other=float("-inf"))
+        mx = tl.max(lse, 0)
+        w = tl.exp2(lse - tl.where(mx == float("-inf"), 0.0, mx))
+        dd = tl.arange(0, D)
+        part = tl.load(po_ptr + base[:, None] * D + dd[None, :], mask=ok[:, None], other=0.0)
+        wsum = tl.sum(w, 0)
+        out = tl.sum(w[:, None] * part, 0) / tl.where(wsum == 0.0, 1.0, wsum)
+        tl.store(o_ptr + (row // rep) * stride_on + (h * rep + row % rep) * stride_oh + dd,
+                 out.to(o_ptr.dtype.element_ty))
 
 
 _COUNTERS: dict = {}
@@ -278,6 +293,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, mode: str =
         m_pad, scale_log2, MODE=MODES[mode], SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n, D=d,
         PREC=prec, FUSED=fused, num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1 and not fused:
-        _merge_kernel[(m_pad // 16, hkv)](po, pl, out, start, n, rep, out.stride(0), out.stride(1), m_pad,
-                                          SPLITS=splits, BLOCK_N=block_n, BLOCK_M=16, D=d, num_warps=4)
+        _merge_kernel[(n * rep, hkv)](po, pl, out, start, n, rep, out.stride(0), out.stride(1), m_pad,
+                                      SPLITS=splits, SP2=triton.next_power_of_2(splits), BLOCK_N=block_n, D=d,
+                                      num_warps=4)
     return out
