@@ -96,6 +96,11 @@ for dt in ("float32", "float16"):
     gate_up = torch.randn(3, 2 * 1500, generator=g).to(dtype)
     gate, up = gate_up.split(1500, -1)
     fused[f"silu/{dt}"] = [dt, err(F.silu_mul(gate, up), F.silu_mul_ref(gate, up))]
+    for width in (64, 576, 4096):  # one warp, 4 and 8 warps; a width that is not a power of two
+        x = torch.randn(3, 2, width, generator=g).to(dtype) * 3
+        w = (1 + 0.1 * torch.randn(width, generator=g)).to(dtype)
+        got = F.rms_norm(x, w, 1e-5)
+        fused[f"rms/{dt}/{width}"] = [dt, err(got, F.rms_norm_ref(x, w, 1e-5)), list(got.shape) == list(x.shape)]
 counters = int(A._COUNTERS[torch.device("cpu")].abs().sum())  # the fused merge leaves them at 0
 print(json.dumps({"attention": att, "errors": errors, "fused": fused, "counters": counters}))
 """
@@ -133,9 +138,9 @@ def test_attention_bad_inputs(report):
 
 def test_fused_match_reference(report):
     res = report["fused"]
-    assert len(res) == 2 * 4 + 2
+    assert len(res) == 2 * 4 + 2 + 2 * 3
     for key, (dtype, *errs) in res.items():
-        if key.startswith("prep/"):
-            assert errs[-1] is True, key  # no queries asked, none returned
+        if key.startswith(("prep/", "rms/")):
+            assert errs[-1] is True, key  # prep: no queries asked, none returned; rms: shape kept
             errs = errs[:-1]
         assert max(errs) < _tol(dtype), (key, errs)

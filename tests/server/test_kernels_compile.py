@@ -46,3 +46,5 @@ def test_fused_compile():
     types.update(row0_ptr="*i64", eps="fp32")
     _compile(fused._prep_kernel, types, {"NORM": True, "SIGNED": True, "D": 128, "HB": 8}, num_warps=2)
     _compile(fused._silu_mul_kernel, {"g_ptr": "*bf16", "u_ptr": "*bf16", "o_ptr": "*bf16"}, {"BLOCK": 1024})
+    _compile(fused._rms_norm_kernel, {"x_ptr": "*bf16", "w_ptr": "*bf16", "o_ptr": "*bf16", "eps": "fp32"},
+             {"BLOCK": 4096}, num_warps=8)

@@ -5,6 +5,7 @@
   keys / values written straight into the static cache rows ``row0 + 0..n-1`` (``row0`` a device
   scalar): one launch instead of cat + norm + roll + mul + addcmul + two index_copy.
 * ``silu_mul``: the SwiGLU product ``silu(gate) * up`` in one launch instead of two.
+* ``rms_norm``: RMSNorm of rows, one program per row in a single pass (the row stays in registers).
 
 Arithmetic in fp32 with a rounding to the tensor dtype where the eager ops round (after the
 norm, after the activation), so results match the eager path up to fp32 rounding order.
@@ -39,6 +40,11 @@ def qkv_prep_ref(q: Tensor | None, k: Tensor, v: Tensor, q_weight: Tensor | None
     k_cache[:, row0:row0 + n] = rope_ref(norm(k, k_weight), cos, sin, signed_sin).transpose(0, 1)
     v_cache[:, row0:row0 + n] = v.transpose(0, 1)
     return None if q is None else rope_ref(norm(q, q_weight), cos, sin, signed_sin)
+
+
+def rms_norm_ref(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """``F.rms_norm`` in fp32 with the weight cast to x's dtype first, rounded once to x's dtype."""
+    return F.rms_norm(x.float(), (x.shape[-1],), weight.to(x.dtype).float(), eps).to(x.dtype)
 
 
 def silu_mul_ref(gate: Tensor, up: Tensor) -> Tensor:
@@ -102,6 +108,17 @@ if HAVE_TRITON:
         tl.store(k_dst + hi, o2, mask=mk)
         tl.store(v_dst + lo, o1, mask=mv)
         tl.store(v_dst + hi, o2, mask=mv)
+
+    @triton.jit
+    def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, width, s_xn, s_on, eps, BLOCK: tl.constexpr):
+        i = tl.program_id(0)
+        c = tl.arange(0, BLOCK)
+        ok = c < width
+        x = tl.load(x_ptr + i * s_xn + c, mask=ok, other=0.0)
+        xf = x.to(tl.float32)
+        rstd = tl.rsqrt(tl.sum(xf * xf, 0) / width + eps)
+        w = tl.load(w_ptr + c, mask=ok, other=0.0).to(x.dtype).to(tl.float32)
+        tl.store(o_ptr + i * s_on + c, (xf * rstd * w).to(x.dtype), mask=ok)
 
     @triton.jit
     def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, width, s_gn, s_un, s_on, BLOCK: tl.constexpr):
@@ -178,3 +195,21 @@ def silu_mul(gate: Tensor, up: Tensor, out: Tensor | None = None) -> Tensor:
     _silu_mul_kernel[(n, triton.cdiv(width, block))](gate, up, out, width, gate.stride(0), up.stride(0),
                                                      out.stride(0), BLOCK=block, num_warps=4)
     return out
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMSNorm over the last axis of x ``[..., width]`` (contiguous last axis) with weight
+    ``[width]`` (cast to x's dtype), statistics in fp32, as ``F.rms_norm``; returns x's shape and
+    dtype. Raises ValueError for a weight of another width."""
+    if not HAVE_TRITON:
+        raise RuntimeError("Triton is not installed")
+    width = x.shape[-1]
+    if weight.shape != (width,) or x.stride(-1) != 1:
+        raise ValueError(f"rms_norm: weight {tuple(weight.shape)} for rows of {width} (contiguous last axis)")
+    rows = x.reshape(-1, width)
+    out = torch.empty(rows.shape, dtype=x.dtype, device=x.device)
+    block = triton.next_power_of_2(width)
+    warps = 1 if block <= 256 else 4 if block <= 2048 else 8 if block <= 8192 else 16
+    _rms_norm_kernel[(rows.shape[0],)](rows, weight, out, width, rows.stride(0), out.stride(0), eps, BLOCK=block,
+                                       num_warps=warps)
+    return out.view(x.shape)

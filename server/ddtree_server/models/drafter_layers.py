@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, rotate_half
 
+from ddtree_server.models import fast
 from ddtree_server.models.drafter_config import DrafterConfig
 
 
@@ -28,6 +29,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        if fast.norm_usable(x):  # kernel path (models/fast.py), never under autograd
+            return fast.rms_norm(x, w, self.eps)
         return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 
 

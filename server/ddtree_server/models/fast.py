@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ddtree_server.kernels import runtime
 from ddtree_server.kernels.attention import decode_attention, supported
-from ddtree_server.kernels.fused import qkv_prep, silu_mul
+from ddtree_server.kernels.fused import qkv_prep, rms_norm, silu_mul  # noqa: F401 (rms_norm: target.RMSNorm)
 
 
 @dataclass
@@ -31,6 +31,12 @@ class FastBlock:
     start: Tensor
     mode: str = "causal"
     block: Tensor | None = None
+
+
+def norm_usable(x: Tensor) -> bool:
+    """RMSNorm of x takes the Triton kernel (kernel path on, no autograd through it)."""
+    return (runtime.enabled(x.device) and x.dtype in (torch.float32, torch.float16, torch.bfloat16)
+            and not (x.requires_grad and torch.is_grad_enabled()))
 
 
 def usable(head_dim: int, weight: Tensor) -> bool:
