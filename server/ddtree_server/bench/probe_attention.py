@@ -27,8 +27,7 @@ SWEEP_POINTS = {"qwen3-8b": ((1024, 1), (1024, 80)), "smollm2-135m": ((1024, 1),
 def _sweep():
     from ddtree_server.kernels.attention import AttnConfig
 
-    return (AttnConfig(fused_merge=True), AttnConfig(block_n=32), AttnConfig(block_n=128, num_warps=8),
-            AttnConfig(ctas_per_sm=1), AttnConfig(ctas_per_sm=4))
+    return AttnConfig(fused_merge=True), AttnConfig(block_n=32), AttnConfig(ctas_per_sm=4)
 
 
 class _Setup:
