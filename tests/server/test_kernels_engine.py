@@ -124,6 +124,7 @@ def test_drafter_kernel_path_equals_eager(report):
 def test_switch(monkeypatch):
     """DDTREE_KERNELS: CPU stays on SDPA unless asked under the interpreter; 0 turns CUDA off."""
     monkeypatch.setattr(runtime, "HAVE_TRITON", True)
+    monkeypatch.setattr(runtime, "_capability", lambda device: (9, 0))
     monkeypatch.delenv(runtime.ENV, raising=False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert not runtime.enabled("cpu") and runtime.enabled(torch.device("cuda", 0))
@@ -133,6 +134,9 @@ def test_switch(monkeypatch):
     assert not runtime.enabled("cpu")
     monkeypatch.setenv(runtime.ENV, "0")
     assert not runtime.enabled("cuda")
-    monkeypatch.setattr(runtime, "HAVE_TRITON", False)
     monkeypatch.delenv(runtime.ENV)
+    monkeypatch.setattr(runtime, "_capability", lambda device: (7, 0))  # Volta: SDPA path
+    assert not runtime.enabled("cuda")
+    monkeypatch.setattr(runtime, "_capability", lambda device: (9, 0))
+    monkeypatch.setattr(runtime, "HAVE_TRITON", False)
     assert not runtime.enabled("cuda")

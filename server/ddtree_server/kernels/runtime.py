@@ -2,7 +2,8 @@
 
 ``DDTREE_KERNELS`` decides, read at every forward (CUDA graphs are keyed by the answer):
 
-* unset (default): on for CUDA tensors when Triton imports, off elsewhere (CPU keeps SDPA);
+* unset (default): on for CUDA tensors of an Ampere or newer GPU (compute capability >= 8.0)
+  when Triton imports, off elsewhere (CPU keeps SDPA);
 * ``0``: off everywhere (the SDPA / eager-op path of before, e.g. for an on/off comparison);
 * ``1``: on wherever Triton can run: CUDA, and CPU tensors under ``TRITON_INTERPRET=1`` (tests).
 """
@@ -36,10 +37,15 @@ def enabled(device: torch.device | str) -> bool:
     flag = os.environ.get(ENV, "").strip()
     if flag == "0":
         return False
-    kind = torch.device(device).type
-    if kind == "cuda":
-        return True
-    return flag == "1" and kind == "cpu" and interpreting()
+    device = torch.device(device)
+    if device.type == "cuda":
+        return _capability(device) >= (8, 0)
+    return flag == "1" and device.type == "cpu" and interpreting()
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
 
 
 @functools.lru_cache(maxsize=None)
