@@ -4,9 +4,11 @@ GGUF files are dequantised once by transformers (``gguf_file=``) and written as 
 (config.json, model.safetensors in fp32 with transformers' tensor names, tokenizer files) under
 ``$DDTREE_CACHE/<sha256[:16]>/`` (default ``~/.cache/ddtree-server``); later loads read that folder.
 
-Family detection: llama / mistral / qwen2 / qwen3 run on our TargetModel (tree mode available).
-Hybrid / recurrent architectures and any other model_type are served by ``HFRunner`` (plain
-decoding through transformers' model) with ``tree_mode_available=False``.
+Family detection: llama / mistral / qwen2 / qwen3 run on our TargetModel; Qwen3.5 / Qwen3.6
+hybrids (``qwen3_5``, ``qwen3_5_text``: Gated DeltaNet + gated attention, text-only or multimodal
+folder) run on our HybridTarget (models/hybrid/); both verify trees. Other hybrid / recurrent
+architectures (incl. the MoE ``qwen3_5_moe``) and any other model_type are served by ``HFRunner``
+(plain decoding through transformers' model) with ``tree_mode_available=False``.
 """
 
 from __future__ import annotations
@@ -62,10 +64,19 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; use fp32, bf16 or fp16") from None
 
 
+def _attr(config, key, default=None):
+    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+
+
 def detect_family(config) -> tuple[bool, str]:
-    """(tree_capable, start-up message) for a transformers config."""
-    mt = str(getattr(config, "model_type", "?"))
-    layer_types = set(getattr(config, "layer_types", None) or [])
+    """(tree_capable, start-up message) for a transformers config (or its config.json dict)."""
+    from ddtree_server.models.hybrid.config import hybrid_model_type
+
+    mt = str(_attr(config, "model_type", "?"))
+    if hybrid_model_type(config):
+        return True, (f"target {mt}: hybrid Gated DeltaNet + gated attention (our HybridTarget), "
+                      "tree mode available")
+    layer_types = set(_attr(config, "layer_types", None) or [])
     if mt.startswith(_HYBRID_TYPES) or (layer_types - _ATTENTION_LAYER_TYPES):
         return False, (f"target {mt} is a hybrid/recurrent architecture: tree mode unavailable, "
                        "serving with plain autoregressive decoding (transformers model)")
@@ -233,6 +244,14 @@ def load_target(folder: str | Path | None = None, *, gguf: str | Path | None = N
     src = gguf_to_folder(Path(gguf), gguf_sha256) if gguf is not None else Path(folder)
     if not (src / "config.json").is_file():
         raise TargetLoadError(f"{src} has no config.json")
+    try:
+        raw = json.loads((src / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TargetLoadError(f"{src / 'config.json'}: not readable JSON ({exc})") from None
+    from ddtree_server.models.hybrid.config import hybrid_model_type
+
+    if isinstance(raw, dict) and hybrid_model_type(raw):
+        return _load_hybrid(src, raw, torch_dtype, torch.device(device))
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(src)
@@ -249,3 +268,25 @@ def load_target(folder: str | Path | None = None, *, gguf: str | Path | None = N
     return LoadedTarget(model=model, tokenizer=tokenizer, config=config, tree_mode_available=tree_ok,
                         message=message, folder=src, eos_token_ids=_eos_ids(src, config, tokenizer),
                         max_position_embeddings=getattr(config, "max_position_embeddings", None))
+
+
+def _load_hybrid(src: Path, raw: dict, dtype: torch.dtype, device: torch.device) -> LoadedTarget:
+    """A Qwen3.5 / Qwen3.6 folder (text-only or multimodal) on our HybridTarget; the config is
+    parsed from config.json (no transformers class needed), only language-model tensors are read."""
+    from transformers import AutoTokenizer
+
+    from ddtree_server.models.hybrid.config import HybridConfig, HybridConfigError
+    from ddtree_server.models.hybrid.load import build_hybrid, count_layers, read_language_model
+
+    try:
+        cfg = HybridConfig.from_any(raw)
+        model = build_hybrid(cfg, read_language_model(src, cfg), dtype, device)
+    except (HybridConfigError, ValueError, FileNotFoundError) as exc:
+        raise TargetLoadError(f"{src}: {exc}") from None
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    _, line = detect_family(raw)
+    message = f"{line}; {count_layers(cfg)}, GDN tree method {model.method}"
+    log.info("%s", message)
+    return LoadedTarget(model=model, tokenizer=tokenizer, config=cfg, tree_mode_available=True,
+                        message=message, folder=src, eos_token_ids=_eos_ids(src, cfg, tokenizer),
+                        max_position_embeddings=cfg.max_position_embeddings)
