@@ -76,7 +76,7 @@ def ours(cfg, state, method: str = "chunk", dtype=torch.float32):
     return build_hybrid(HybridConfig.from_any(cfg.to_dict()), stripped, dtype, torch.device("cpu"), method)
 
 
-def tiny_hybrid(pattern: str = "3gdn+attn", seed: int = 0, method: str = "chunk", **kw):
+def tiny_hybrid(pattern: str = "3gdn+attn", seed: int = 0, method: str = "chunk", scale: float = 3.0, **kw):
     """Our HybridTarget (fp32, CPU) on a tiny random config."""
     cfg = tiny_config(pattern, **kw)
-    return ours(cfg, random_state(cfg, seed), method)
+    return ours(cfg, random_state(cfg, seed, scale=scale), method)

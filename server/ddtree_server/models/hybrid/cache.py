@@ -90,7 +90,7 @@ class HybridCache:
         start, n, tree = self.pending
         if tree:
             raise RuntimeError("a verified tree must be committed with keep(start, path) before the next forward")
-        self.keep(start, range(n))
+        self._commit(start, list(range(n)), None)
 
     def truncate(self, length: int) -> None:
         """Only the no-op truncation is possible (recurrent states cannot be rolled back further)."""
@@ -110,6 +110,9 @@ class HybridCache:
         p_start, n, _ = self.pending
         if start != p_start or (rows and (min(rows) < 0 or max(rows) >= n)):
             raise ValueError(f"rows {rows} at {start} outside the pending block [{p_start}, {p_start + n})")
+        self._commit(start, rows, rows_on_device)
+
+    def _commit(self, start: int, rows: list[int], rows_on_device: torch.Tensor | None) -> None:
         self.kv.keep(start, rows, rows_on_device)
         self.pending = None
         if not rows:
