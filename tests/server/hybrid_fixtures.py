@@ -16,6 +16,7 @@ VOCAB = 260
 PATTERNS = {
     "3gdn+attn": ["linear_attention"] * 3 + ["full_attention"],
     "attn-first": ["full_attention", "linear_attention", "linear_attention", "full_attention", "linear_attention"],
+    "qwen3.6x2": (["linear_attention"] * 3 + ["full_attention"]) * 2,  # the 27B pattern, 8 layers
     "mixed6": ["linear_attention", "full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
 }
 
