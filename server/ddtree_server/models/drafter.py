@@ -18,7 +18,8 @@ from torch import Tensor, nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ddtree_server.models.drafter_config import DrafterConfig
-from ddtree_server.models.drafter_layers import DFlashLayer, RMSNorm, hf_config, sdpa_backends, visibility
+from ddtree_server.models.drafter_attention import visibility
+from ddtree_server.models.drafter_layers import DFlashLayer, RMSNorm, hf_config, sdpa_backends
 
 
 class DraftCache:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddtree_server.models.drafter_attention import attention_layout
+
 ARCHITECTURE = "DFlashDraftModel"
 _OTHER_ARCHS = ("DFlash2", "DSpark", "Domino")
 _SPECULATORS_KEYS = ("speculators_config", "speculators_model_type", "aux_hidden_state_layer_ids",
@@ -140,7 +142,7 @@ class DrafterConfig:
             raise DrafterConfigError(source, "dflash_config.mask_token_id", f"{mask} >= vocab_size {vocab}")
 
         layer_ids = _layer_ids(dflash.get("target_layer_ids"), target_layer_ids, source, num_target, n_layers)
-        layer_types, window, causal = _attention_layout(raw, dflash, source, n_layers)
+        layer_types, window, causal = attention_layout(raw, dflash, source, n_layers)
         return cls(
             block_size=block, mask_token_id=mask, target_layer_ids=tuple(layer_ids),
             num_hidden_layers=n_layers, hidden_size=hidden,
@@ -184,34 +186,6 @@ class DrafterConfig:
             **({"sliding_window": self.sliding_window} if self.sliding_window else {}),
             **({"is_causal": self.is_causal} if self.is_causal is not None else {}),
         }
-
-
-def _attention_layout(raw: dict[str, Any], dflash: dict[str, Any], source: str, n_layers: int
-                      ) -> tuple[tuple[str, ...], int | None, bool | None]:
-    """(layer_types, sliding_window, is_causal) of a config; errors name the key."""
-    for key, neutral in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0), ("final_logit_softcapping", None)):
-        value = dflash.get(key, raw.get(key))
-        if value is not None and value != neutral and not (neutral is None and not value):
-            raise DrafterConfigError(source, f"dflash_config.{key}", f"{value!r} is not supported (DFlash v1 only)")
-    types = raw.get("layer_types")
-    if not types:
-        return (), None, None
-    if not isinstance(types, list) or len(types) != n_layers or \
-            any(t not in ("full_attention", "sliding_attention") for t in types):
-        raise DrafterConfigError(source, "layer_types", f"must list {n_layers} of full_attention / "
-                                 f"sliding_attention, got {types!r}")
-    window = raw.get("sliding_window")
-    if "sliding_attention" in types:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise DrafterConfigError(source, "sliding_window", f"sliding layers need a window >= 1, got {window!r}")
-    else:
-        window = None
-    causal = raw.get("is_causal")
-    if causal is not None and not isinstance(causal, bool):
-        raise DrafterConfigError(source, "is_causal", f"must be true or false, got {causal!r}")
-    if set(types) == {"full_attention"} and causal is None:
-        return (), None, None
-    return tuple(types), window, causal
 
 
 def _layer_ids(found: Any, given: list[int] | None, source: str, num_target: int | None,

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ddtree_server.models.drafter import DFlashDrafter, DraftCache
-from ddtree_server.models.drafter_layers import visibility
+from ddtree_server.models.drafter_attention import visibility
 
 log = logging.getLogger(__name__)
 CTX_BUCKETS = (1, 2, 4, 8, 16)

@@ -50,24 +50,6 @@ def hf_config(cfg: DrafterConfig) -> Qwen3Config:
         max_position_embeddings=cfg.max_position_embeddings, attention_bias=cfg.attention_bias)
 
 
-def visibility(q_pos: Tensor, k_pos: Tensor, kind: tuple[bool, int | None]) -> Tensor | None:
-    """Bool ``[..., Tq, Tk]`` (True = see) of a draft layer of ``kind`` = (causal, window) for
-    query / key positions ``[..., Tq]`` / ``[..., Tk]``; None when every key is visible (full,
-    non-causal layers). Rule of z-lab ``dflash/model.py`` ``_attention_mask``: causal hides
-    later keys; a window W hides keys W or more positions before the query (and, non-causal,
-    after it)."""
-    causal, window = kind
-    if not causal and window is None:
-        return None
-    d = q_pos[..., :, None] - k_pos[..., None, :]
-    see = d >= 0 if causal else torch.ones_like(d, dtype=torch.bool)
-    if window is not None:
-        see = see & (d < window)
-        if not causal:
-            see = see & (-d < window)
-    return see
-
-
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x: [B, heads, T, hd]; cos/sin: [B, T, hd]."""
     return x * cos[:, None] + rotate_half(x) * sin[:, None]

@@ -25,6 +25,7 @@ import torch
 
 from ddtree_server.models.default import sha256_file
 from ddtree_server.models.hf_runner import HFRunner
+from ddtree_server.models.random_init import target_from_config  # noqa: F401 (bench --random-shape)
 from ddtree_server.models.target import TREE_FAMILIES, TargetModel
 
 log = logging.getLogger(__name__)
@@ -251,7 +252,9 @@ def load_target(folder: str | Path | None = None, *, gguf: str | Path | None = N
     from ddtree_server.models.hybrid.config import hybrid_model_type
 
     if isinstance(raw, dict) and hybrid_model_type(raw):
-        return _load_hybrid(src, raw, torch_dtype, torch.device(device))
+        from ddtree_server.models.hybrid.load import load_hybrid_folder
+
+        return load_hybrid_folder(src, raw, torch_dtype, torch.device(device))
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(src)
@@ -269,24 +272,3 @@ def load_target(folder: str | Path | None = None, *, gguf: str | Path | None = N
                         message=message, folder=src, eos_token_ids=_eos_ids(src, config, tokenizer),
                         max_position_embeddings=getattr(config, "max_position_embeddings", None))
 
-
-def _load_hybrid(src: Path, raw: dict, dtype: torch.dtype, device: torch.device) -> LoadedTarget:
-    """A Qwen3.5 / Qwen3.6 folder (text-only or multimodal) on our HybridTarget; the config is
-    parsed from config.json (no transformers class needed), only language-model tensors are read."""
-    from transformers import AutoTokenizer
-
-    from ddtree_server.models.hybrid.config import HybridConfig, HybridConfigError
-    from ddtree_server.models.hybrid.load import build_hybrid, count_layers, read_language_model
-
-    try:
-        cfg = HybridConfig.from_any(raw)
-        model = build_hybrid(cfg, read_language_model(src, cfg), dtype, device)
-    except (HybridConfigError, ValueError, FileNotFoundError) as exc:
-        raise TargetLoadError(f"{src}: {exc}") from None
-    tokenizer = AutoTokenizer.from_pretrained(src)
-    _, line = detect_family(raw)
-    message = f"{line}; {count_layers(cfg)}, GDN tree method {model.method}"
-    log.info("%s", message)
-    return LoadedTarget(model=model, tokenizer=tokenizer, config=cfg, tree_mode_available=True,
-                        message=message, folder=src, eos_token_ids=_eos_ids(src, cfg, tokenizer),
-                        max_position_embeddings=cfg.max_position_embeddings)

@@ -112,3 +112,25 @@ def build_hybrid(cfg: HybridConfig, state: dict[str, torch.Tensor], dtype: torch
 def count_layers(cfg: HybridConfig) -> str:
     gdn = sum(t == GDN for t in cfg.layer_types)
     return f"{gdn} Gated DeltaNet + {cfg.num_hidden_layers - gdn} gated attention layers"
+
+
+def load_hybrid_folder(src: Path, raw: dict, dtype: torch.dtype, device: torch.device):
+    """``models.load.load_target`` for a Qwen3.5 / Qwen3.6 folder (text-only or multimodal): our
+    HybridTarget, the config parsed from config.json (no transformers class needed), only the
+    language model's tensors read. Returns a LoadedTarget; raises TargetLoadError."""
+    from transformers import AutoTokenizer
+
+    from ddtree_server.models.hybrid.config import HybridConfigError
+    from ddtree_server.models.load import LoadedTarget, TargetLoadError, _eos_ids, detect_family, log
+
+    try:
+        cfg = HybridConfig.from_any(raw)
+        model = build_hybrid(cfg, read_language_model(src, cfg), dtype, device)
+    except (HybridConfigError, ValueError, FileNotFoundError) as exc:
+        raise TargetLoadError(f"{src}: {exc}") from None
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    message = f"{detect_family(raw)[1]}; {count_layers(cfg)}, GDN tree method {model.method}"
+    log.info("%s", message)
+    return LoadedTarget(model=model, tokenizer=tokenizer, config=cfg, tree_mode_available=True,
+                        message=message, folder=src, eos_token_ids=_eos_ids(src, cfg, tokenizer),
+                        max_position_embeddings=cfg.max_position_embeddings)
