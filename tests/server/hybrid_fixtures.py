@@ -81,3 +81,38 @@ def tiny_hybrid(pattern: str = "3gdn+attn", seed: int = 0, method: str = "chunk"
     """Our HybridTarget (fp32, CPU) on a tiny random config."""
     cfg = tiny_config(pattern, **kw)
     return ours(cfg, random_state(cfg, seed, scale=scale), method)
+
+
+def tiny_hybrid_ours(pattern: str = "3gdn+attn", seed: int = 0, method: str = "chunk", device: str = "cpu",
+                     scale: float = 3.0, gain: float = 0.3):
+    """As ``tiny_hybrid`` but without transformers' Qwen3.5 classes (the GPU machine's
+    transformers 5.17 may lack them): our config dict, ``target_from_config`` and the same
+    initialisation rules applied to our (fused) parameter names. fp32."""
+    from ddtree_server.models.random_init import target_from_config
+
+    types = PATTERNS[pattern]
+    raw = dict(model_type="qwen3_5_text", vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+               num_hidden_layers=len(types), layer_types=types, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+               linear_value_head_dim=12, linear_conv_kernel_dim=4, max_position_embeddings=1024,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+               eos_token_id=256)
+    model = target_from_config(raw, device=device, dtype="fp32", method=method)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if name.endswith("linear_attn.norm.weight"):
+                new = 1.0 + 0.1 * r
+            elif name.endswith("norm.weight"):
+                new = 0.1 * r
+            elif name.endswith("A_log"):
+                new = torch.empty(p.shape).uniform_(0.5, 8.0, generator=g).log()
+            elif name.endswith("dt_bias"):
+                new = 0.5 * r
+            elif name.endswith("conv1d.weight"):
+                new = 0.2 * r
+            else:
+                new = gain * r / p.shape[-1] ** 0.5 * (scale / gain if name == "lm_head.weight" else 1.0)
+            p.copy_(new)
+    return model
