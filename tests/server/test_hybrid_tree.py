@@ -167,7 +167,15 @@ def test_keep_rules():
         cache.keep(7, [0])  # keeping it in full is fine
         with pytest.raises(ValueError, match="no rollback"):
             cache.keep(7, [])
-        with pytest.raises(ValueError, match="tree scratch"):
-            model.forward(cache, torch.arange(90), torch.arange(90), tree_mask=ancestors(list(range(-1, 89))))
+        seq = [0, 1, 2, 3, 4, 1, 3, 3]
+        parents = [-1] + [max(0, i - 2) for i in range(1, 90)]  # 90 nodes > the 80-row scratch: it grows
+        tokens = [(7 * i) % 256 for i in range(90)]
+        logits, _ = verify(model, cache, tokens, parents, 8)
+        assert cache.cap == 96
+        path = root_path(parents, 89)
+        assert (logits[89] - chain_logits(model, seq + [tokens[j] for j in path])[0]).abs().max() <= TOL
+        cache.keep(8, path)
+        nxt, _ = model.forward(cache, torch.tensor([5]), torch.tensor([cache.length]))
+        assert (nxt[0] - chain_logits(model, seq + [tokens[j] for j in path] + [5])[0]).abs().max() <= TOL
         cache.reset()
         assert cache.length == 0 and float(cache.state.abs().sum()) == 0.0

@@ -14,8 +14,8 @@ K/V are written, the recurrent and conv states are not. ``keep(start, path)`` co
 accepted root path (attention: move its K/V rows; GDN: fold the path / copy the accepted node's
 state, and the accepted node's conv window becomes the conv state), all GDN layers in one
 batched op. ``settle()`` commits a pending CHAIN in full (a forward not followed by keep);
-a pending TREE must be resolved by keep. Single tokens and chains longer than ``cap`` (long
-prompts) are committed by the forward itself (no rollback then).
+a pending TREE must be resolved by keep. Single tokens, prompts (``last_only`` forwards) and
+chains longer than ``cap`` are committed by the forward itself (no rollback then).
 """
 
 from __future__ import annotations
@@ -32,24 +32,38 @@ class HybridCache:
     """See the module docstring. ``length``: committed + pending rows; ``max_len``: capacity."""
 
     def __init__(self, cfg, method: str, max_len: int, cap: int, dtype, device, spare_rows: int = 0):
+        if method not in ("chunk", "node"):
+            raise ValueError(f"unknown GDN tree method {method!r}; use chunk or node")
         n_gdn, n_attn = len(cfg.gdn_layers), len(cfg.attn_layers)
         self.kv = KVCache(n_attn, cfg.num_key_value_heads, max_len, cfg.head_dim, dtype, device, spare_rows)
-        self.method, self.cap, self.kernel = method, cap, cfg.linear_conv_kernel_dim
-        hv, dk, dv = cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        f32 = dict(dtype=torch.float32, device=device)
-        self.conv = torch.zeros((n_gdn, self.kernel - 1 + cap, cfg.conv_dim), dtype=dtype, device=device)
-        self.state = torch.zeros((n_gdn, hv, dk, dv), **f32)
-        self.win = torch.zeros((cap, self.kernel), dtype=torch.long, device=device)
-        if method == "chunk":
-            self.kk = torch.zeros((n_gdn, cap, hv, dk), **f32)
-            self.uu = torch.zeros((n_gdn, cap, hv, dv), **f32)
-            self.GG = torch.zeros((n_gdn, cap, hv), **f32)
-        elif method == "node":
-            self.nodes = torch.zeros((n_gdn, cap + 1, hv, dk, dv), **f32)
-        else:
-            raise ValueError(f"unknown GDN tree method {method!r}; use chunk or node")
+        self.method, self.kernel, self._cfg = method, cfg.linear_conv_kernel_dim, cfg
+        self.state = torch.zeros((n_gdn, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                  cfg.linear_value_head_dim), dtype=torch.float32, device=device)
+        self.conv = torch.zeros((n_gdn, self.kernel - 1, cfg.conv_dim), dtype=dtype, device=device)
+        self.cap = 0
+        self.grow(cap)
         self.max_len = max_len
         self.pending: tuple[int, int, bool] | None = None  # (start, rows, is_tree)
+
+    def grow(self, rows: int) -> None:
+        """(Re)allocate the verify scratch for ``rows`` nodes (keeps the committed conv state).
+        Called once at creation; again only for a tree larger than the scratch (new storage:
+        CUDA graphs bound to the old buffers are dropped by their wrapper)."""
+        if rows <= self.cap:
+            return
+        cfg, dev, k1 = self._cfg, self.state.device, self.kernel - 1
+        n_gdn, (hv, dk, dv) = self.state.shape[0], self.state.shape[1:]
+        f32 = dict(dtype=torch.float32, device=dev)
+        conv = torch.zeros((n_gdn, k1 + rows, cfg.conv_dim), dtype=self.conv.dtype, device=dev)
+        conv[:, :k1] = self.conv[:, :k1]
+        self.conv, self.cap = conv, rows
+        self.win = torch.zeros((rows, self.kernel), dtype=torch.long, device=dev)
+        if self.method == "chunk":
+            self.kk = torch.zeros((n_gdn, rows, hv, dk), **f32)
+            self.uu = torch.zeros((n_gdn, rows, hv, dv), **f32)
+            self.GG = torch.zeros((n_gdn, rows, hv), **f32)
+        else:
+            self.nodes = torch.zeros((n_gdn, rows + 1, hv, dk, dv), **f32)
 
     # the attention KV tensors (CUDA-graph wrappers key on their storage and row count)
     k = property(lambda self: self.kv.k)

@@ -10,6 +10,7 @@ the attention KV rows, the committed conv / recurrent states and the verify scra
 ``HybridCache`` are allocated once (``new_cache``; scratch for ``max(buckets)`` nodes) and the
 graphs are bound to their storage.
 
+Prompts (``last_only`` forwards) run eagerly: the chunked prefill, committed at once.
 Bookkeeping stays outside the graph: a pending chain is settled before the replay, the block is
 recorded as pending afterwards, and ``cache.keep`` commits the accepted path eagerly (a handful
 of batched kernels over all GDN layers). A 1-row bucket commits in place inside the graph (plain
@@ -42,10 +43,11 @@ class GraphedHybrid(GraphedTarget):
         return self.model.new_cache(max_len, spare_rows=self.spare_rows, tree_rows=self.buckets[-1])
 
     def _get(self, cache, n_pad: int, kv_len: int):
-        if cache.state.data_ptr() != getattr(self, "_state_ptr", None):
+        ptrs = (cache.state.data_ptr(), cache.conv.data_ptr())  # a new cache, or grown scratch
+        if ptrs != getattr(self, "_state_ptrs", None):
             self._static.clear()
             self._cache_ptr = None
-            self._state_ptr = cache.state.data_ptr()
+            self._state_ptrs = ptrs
         return super()._get(cache, n_pad, kv_len)
 
     def _run(self, st, cache):
@@ -73,7 +75,8 @@ class GraphedHybrid(GraphedTarget):
             raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}, expected ({n}, {n})")
         n_pad = self._bucket(n)
         limit = cache.k.shape[2] // 16 * 16
-        if n_pad is None or n_pad > cache.cap or cache.length + n_pad > limit:
+        prefill = last_only and tree_mask is None and n > 1  # eager: chunked and committed at once
+        if n_pad is None or n_pad > cache.cap or cache.length + n_pad > limit or prefill:
             return self.model.forward(cache, input_ids, positions, tree_mask, last_only)
         cache.settle()
         s = cache.length

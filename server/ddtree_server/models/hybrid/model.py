@@ -103,10 +103,10 @@ class HybridTarget(nn.Module):
                 tree_mask: Tensor | None = None, last_only: bool = False) -> tuple[Tensor, Tensor | None]:
         """Run n new rows after ``cache.length`` (see TargetModel.forward for the arguments).
 
-        A causal block of 1 row, or of more rows than the cache's tree scratch, is committed at
-        once; other blocks stay pending until ``cache.keep`` (or the next forward commits a
-        pending chain in full). Raises ValueError (cache full, bad mask shape) or RuntimeError
-        (the previous tree was not committed)."""
+        A causal block of 1 row, a prefill (``last_only``: chunked form) or a causal block of
+        more rows than the cache's tree scratch is committed at once; other blocks stay pending until ``cache.keep`` (or the next forward commits a
+        pending chain in full); a tree larger than the scratch grows it. Raises ValueError
+        (cache full, bad mask shape) or RuntimeError (the previous tree was not committed)."""
         n, s = input_ids.shape[0], cache.length
         if s + n > cache.max_len:
             raise ValueError(f"KV cache full: {s} + {n} rows > max_len {cache.max_len}")
@@ -114,9 +114,9 @@ class HybridTarget(nn.Module):
             raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}, expected ({n}, {n})")
         cache.settle()
         s = cache.length
-        commit = tree_mask is None and (n == 1 or n > cache.cap)
+        commit = tree_mask is None and (n == 1 or n > cache.cap or last_only)
         if tree_mask is not None and n > cache.cap:
-            raise ValueError(f"tree of {n} nodes > the cache's tree scratch ({cache.cap} rows)")
+            cache.grow(-(-n // 16) * 16)  # a larger tree than the static scratch: grow it once
         mask = self._attn_mask(s, n, tree_mask, input_ids.device)
         out = self.run(cache, input_ids, positions, mask, tree_mask, last_only=last_only, commit=commit,
                        chain=tree_mask is None)
