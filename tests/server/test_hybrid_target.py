@@ -127,3 +127,22 @@ def test_config_errors_name_the_key():
         HybridConfig.from_any({**raw, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}})
     cfg = HybridConfig.from_any({"model_type": "qwen3_5", "text_config": {**raw, "layer_types": None}})
     assert cfg.multimodal and cfg.layer_types == tuple(PATTERNS["3gdn+attn"])
+
+
+def test_moe_hybrid_falls_back_to_plain_decoding(tmp_path):
+    """qwen3_5_moe is not run by our HybridTarget: transformers' model, ar only, said at start-up."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    from ddtree_server.models.hf_runner import HFRunner
+    from tests.server.hybrid_folders import write_tokenizer
+
+    cfg = Qwen3_5MoeTextConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                               num_key_value_heads=1, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                               linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4, num_experts_per_tok=2,
+                               moe_intermediate_size=16, shared_expert_intermediate_size=16,
+                               layer_types=["linear_attention", "full_attention"])
+    Qwen3_5MoeForCausalLM(cfg).save_pretrained(tmp_path)
+    write_tokenizer(tmp_path)
+    loaded = load_target(tmp_path)
+    assert isinstance(loaded.model, HFRunner) and not loaded.tree_mode_available
+    assert "qwen3_5_moe" in loaded.message and "plain autoregressive decoding" in loaded.message

@@ -76,7 +76,8 @@ class Engine:
     """Decoding engine over a TargetModel (or HFRunner) and an optional DFlash drafter.
 
     Args:
-        target: TargetModel / HFRunner (``new_cache``, ``forward``, ``capture_layers``).
+        target: TargetModel / HybridTarget / HFRunner (``new_cache``, ``forward``, ``capture_layers``);
+            on CUDA wrapped in GraphedTarget / GraphedHybrid.
         tokenizer: HF tokenizer (with chat template).
         drafter: DFlashDrafter-like (``config.block_size``, ``config.target_layer_ids``,
             ``new_cache``, ``propose``) or None.

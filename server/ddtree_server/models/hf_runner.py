@@ -2,8 +2,8 @@
 
 Used for targets neither TargetModel nor HybridTarget (Qwen3.5 / Qwen3.6 dense hybrids) runs:
 other hybrid / recurrent / linear-attention architectures such as Qwen3.5-MoE, Qwen3-Next, Mamba,
-Jamba, and any other model_type we do not implement. It offers the TargetModel calling convention for the ``ar`` loop only:
-no tree masks, no compaction, no captured features.
+Jamba, and any other model_type we do not implement. It offers the TargetModel calling
+convention for the ``ar`` loop only: no tree masks, no compaction, no captured features.
 """
 
 from __future__ import annotations

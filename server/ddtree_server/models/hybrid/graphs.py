@@ -15,10 +15,13 @@ Bookkeeping stays outside the graph: a pending chain is settled before the repla
 recorded as pending afterwards, and ``cache.keep`` commits the accepted path eagerly (a handful
 of batched kernels over all GDN layers). A 1-row bucket commits in place inside the graph (plain
 decoding); its capture restores the committed states that the warm-up runs advanced.
-``capture=False`` runs the identical static path eagerly (CPU tests).
+``capture=False`` runs the identical static path eagerly (CPU tests); a failed capture switches
+to it with a warning.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import Tensor
@@ -27,6 +30,7 @@ from ddtree_server.models.graphs import GraphedTarget
 from ddtree_server.models.hybrid.cache import HybridCache
 from ddtree_server.models.hybrid.model import HybridTarget
 
+log = logging.getLogger(__name__)
 HYBRID_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80)
 MIN_KV = 256
 
@@ -61,9 +65,15 @@ class GraphedHybrid(GraphedTarget):
     def _capture(self, st, cache) -> None:
         k1 = cache.kernel - 1
         saved = (cache.state.clone(), cache.conv[:, :k1].clone())
-        super()._capture(st, cache)
-        cache.state.copy_(saved[0])
-        cache.conv[:, :k1] = saved[1]
+        try:
+            super()._capture(st, cache)
+        except RuntimeError as exc:  # an op that cannot be captured: same static path, eagerly
+            log.warning("hybrid target CUDA graphs disabled (capture failed: %s)", exc)
+            self.capture, st.graph = False, None
+            torch.cuda.synchronize()
+        finally:
+            cache.state.copy_(saved[0])
+            cache.conv[:, :k1] = saved[1]
 
     def forward(self, cache: HybridCache, input_ids: Tensor, positions: Tensor,
                 tree_mask: Tensor | None = None, last_only: bool = False) -> tuple[Tensor, Tensor | None]:
