@@ -76,3 +76,11 @@ def test_graphed_logits_equal_eager():
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         a.keep(30, [0, 5, 6]), b.keep(30, [0, 5, 6])
         torch.testing.assert_close(a.state, b.state, rtol=1e-4, atol=1e-4)
+
+
+if __name__ == "__main__":  # without pytest: python tests/server/test_hybrid_gpu.py (from the repo root)
+    for method in ("chunk", "node"):
+        test_cuda_graphs_fp32_speculative_equals_ar(method)
+    test_cuda_graphs_real_drafter_sliding_layers()
+    test_graphed_logits_equal_eager()
+    print("hybrid GPU exactness: all equal")
