@@ -42,3 +42,14 @@ def test_random_targets_run_with_finite_logits(kind):
 def test_unknown_family_refused():
     with pytest.raises(ValueError, match="gpt2"):
         target_from_config({"model_type": "gpt2"})
+
+
+def test_random_drafter_of_a_published_shape_scaled_down():
+    from ddtree_server.models.random_init import drafter_from_config
+    from tests.server.drafter_fixtures import qwen36_drafter_config
+
+    target = target_from_config(tiny_config("qwen3.6x2"), device="cpu", dtype="fp32")
+    drafter = drafter_from_config(qwen36_drafter_config(), target, dtype="fp32", seed=2)
+    assert drafter.config.layer_types[0] == "sliding_attention" and not any(p.is_meta for p in drafter.parameters())
+    logits = drafter.propose(drafter.new_cache(64), torch.randn(20, 5 * 64), 3, 20)
+    assert logits.shape == (15, 260) and torch.isfinite(logits).all()

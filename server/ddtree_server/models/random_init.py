@@ -83,3 +83,21 @@ def _init(model: nn.Module, seed: int, device: torch.device) -> None:
             p.zero_()
         else:
             p.normal_(0.0, STD, generator=gen)
+
+
+def drafter_from_config(config, target: nn.Module, *, device: str | torch.device = "cpu",
+                        dtype: str | torch.dtype = "bf16", seed: int = 0) -> nn.Module:
+    """A DFlashDrafter of a z-lab config (dict, e.g. ``hybrid.shapes.published(name)[1]``, or a
+    DrafterConfig) bound to ``target``'s embedding and LM head, random weights on ``device``
+    (N(0, 0.02^2), norms 1). Raises DrafterConfigError for a bad config."""
+    from ddtree_server.models.drafter import DFlashDrafter
+    from ddtree_server.models.drafter_config import DrafterConfig
+    from ddtree_server.models.load import resolve_dtype
+
+    cfg = config if isinstance(config, DrafterConfig) else DrafterConfig.from_dict(dict(config), source="random drafter")
+    dtype, device = resolve_dtype(dtype), torch.device(device)
+    with torch.device("meta"), _default_dtype(dtype):
+        drafter = DFlashDrafter(cfg, target.embed_tokens, target.lm_head)
+    drafter = drafter.to_empty(device=device)
+    _init(drafter, seed, device)
+    return drafter.eval().requires_grad_(False)
