@@ -29,7 +29,11 @@ def decoder_of(model: nn.Module) -> nn.Module:
 def capture_features(model: nn.Module, input_ids: Tensor, layer_ids: list[int] | tuple[int, ...]) -> Tensor:
     """Run the decoder on input_ids [B, T] (causal, right padding only) and return the outputs of
     `layer_ids` concatenated: [B, T, len(layer_ids) * hidden]. The LM head is not run.
-    Raises IndexError for a layer id beyond the decoder depth."""
+    Raises IndexError for a layer id beyond the decoder depth. A target that brings its own
+    feature path (``target_features``, e.g. train/own_target.py for hybrids) uses it."""
+    own = getattr(model, "target_features", None)
+    if callable(own):
+        return own(input_ids, list(layer_ids))
     dec = decoder_of(model)
     n = len(dec.layers)
     if max(layer_ids) >= n:

@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 
 from ddtree_server.train import build, checkpoint, data
+from ddtree_server.train.own_target import OwnTarget, is_own_target_folder
 from ddtree_server.train.prompts import load_prompts
 from ddtree_server.train.trainer import Trainer, TrainSettings, evaluate
 
@@ -86,6 +87,11 @@ def load_hf_target(opts: PipelineOptions, device: torch.device):
         src, tid = g.parent, f"{g.name}:{g.stat().st_size}"
     elif opts.target_dir is not None:
         kw, src, tid = {}, Path(opts.target_dir), str(Path(opts.target_dir).resolve())
+        if is_own_target_folder(src):  # Qwen3.5 / Qwen3.6 hybrids: our own forward (train/own_target.py)
+            from ddtree_server.models.load import load_target
+
+            loaded = load_target(src, device=str(device), dtype=dtype)
+            return OwnTarget(loaded.model, loaded.eos_token_ids), loaded.tokenizer, tid
     else:
         raise ValueError("give --target DIR or --gguf FILE")
     tok = AutoTokenizer.from_pretrained(src, **kw)
