@@ -32,6 +32,34 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 )
 
 
+def check_api_key(value: str | None) -> str | None:
+    """The API key as the server uses it: None (authentication off) for None or "".
+
+    A key must be visible ASCII (0x21-0x7E): clients send it in an `Authorization: Bearer` header,
+    whose value is ASCII (RFC 9110 §5.5; RFC 6750 §2.1 allows no spaces in the token). Raises
+    ValueError for a blank key (only whitespace), a non-ASCII character, a control character or
+    whitespace; the message names the position, never the key.
+    """
+    if not value:
+        return None
+    where = "(the key comes from --api-key or $DDTREE_API_KEY)"
+    if not value.strip():
+        raise ValueError(f"the API key is blank (only whitespace) {where}: give a key of visible ASCII "
+                         "characters, or an empty value to turn authentication off")
+    for i, ch in enumerate(value):
+        if ord(ch) > 0x7E:
+            kind = "a non-ASCII character" if ord(ch) > 0x7F else "a control character (DEL)"
+        elif ch in " \t\n\r\v\f":
+            kind = "whitespace"
+        elif ord(ch) < 0x20:
+            kind = f"a control character (0x{ord(ch):02x})"
+        else:
+            continue
+        raise ValueError(f"the API key contains {kind} at position {i} {where}: clients send the key in "
+                         "an Authorization header, so it must be visible ASCII (0x21-0x7E) without spaces")
+    return value
+
+
 def _cuda_available() -> bool:
     import torch  # local import: only resolving the default device needs torch
 
@@ -59,7 +87,8 @@ class ServerConfig(BaseModel):
     port: int = Field(8000, ge=0, le=65535, description="Listen port (0: any free port).")
     device: Device = Field(None, validate_default=False, description="cuda | cpu (default: cuda if available).")
     dtype: DType = Field(None, validate_default=False, description="bf16 | fp32 (default: bf16 on cuda, fp32 on cpu).")
-    api_key: str | None = Field(None, repr=False, description="Bearer token required on /v1/* when set.")
+    api_key: str | None = Field(None, repr=False, description=(
+        "Bearer token required on /v1/* when set: visible ASCII, no spaces; None or '' turns authentication off."))
     served_model_name: str | None = Field(None, description="Model id shown in /v1/models and responses.")
     max_model_len: int | None = Field(None, ge=16, description="Context window in tokens (default: the model's).")
     max_queue: int = Field(64, ge=0, description="Requests waiting for the worker before 429 (requests).")
@@ -80,6 +109,11 @@ class ServerConfig(BaseModel):
             if data.get("dtype") is None:
                 data["dtype"] = "bf16" if data["device"] == "cuda" else "fp32"
         return data
+
+    @field_validator("api_key")
+    @classmethod
+    def _usable_api_key(cls, value: str | None) -> str | None:
+        return check_api_key(value)
 
     @field_validator("target_layer_ids", mode="before")
     @classmethod

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
-import secrets
 import time
 from typing import Any
 
@@ -60,7 +60,8 @@ class _Middleware:
     """Pure ASGI middleware: API-key check on /v1/* and per-request metrics (status by endpoint)."""
 
     def __init__(self, app: Any, *, api_key: str | None, metrics: Metrics) -> None:
-        self.app, self.api_key, self.metrics = app, api_key, metrics
+        self.app, self.metrics = app, metrics
+        self.api_key = api_key.encode("utf-8") if api_key else None   # compared as bytes
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -84,10 +85,12 @@ class _Middleware:
             self.metrics.count_request(path, status[0])
 
     def _authorised(self, scope: dict) -> bool:
+        """`Authorization: Bearer <key>` (scheme case-insensitive, RFC 6750 §2.1), compared in
+        constant time as raw bytes: any header value, ASCII or not, is simply a wrong key."""
         for name, value in scope.get("headers", []):
             if name == b"authorization":
-                scheme, _, token = value.decode("latin-1").partition(" ")
-                return scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), self.api_key)
+                scheme, _, token = value.strip().partition(b" ")
+                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key)
         return False
 
 

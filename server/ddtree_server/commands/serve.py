@@ -72,6 +72,15 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+def log_auth(config: Any) -> None:
+    """One line saying whether /v1/* needs the API key (never the key itself)."""
+    if config.api_key:
+        log.info("authentication on: /v1/* needs Authorization: Bearer <the --api-key / $DDTREE_API_KEY key>")
+    else:
+        log.warning("authentication off: no API key (--api-key / $DDTREE_API_KEY unset or empty); /v1/* "
+                    "answers every client that reaches %s:%d", config.host, config.port)
+
+
 def run_server(config: Any) -> int:
     """Serve until SIGTERM/SIGINT. Returns the process exit status (0 drained, 1 load or bind failure)."""
     if config.device == "cuda":
@@ -96,6 +105,7 @@ def run_server(config: Any) -> int:
 
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_auth(config)
     metrics = Metrics()
     outcome = {"status": 0}
     server: Any = None
@@ -186,7 +196,7 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: cuda if available)."),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 (default: bf16 cuda, fp32 cpu)."),
         api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DDTREE_API_KEY",
-                                              help="Require this Bearer token on /v1/* (env DDTREE_API_KEY)."),
+                                              help="Require this Bearer token on /v1/* (env DDTREE_API_KEY): visible ASCII without spaces; empty: no authentication."),
         served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model id for clients."),
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context window (tokens)."),
         max_queue: int = typer.Option(64, "--max-queue", help="Waiting requests before 429."),
@@ -211,6 +221,6 @@ def register(app: typer.Typer) -> None:
         except ValidationError as exc:
             for err in exc.errors():
                 where = "--" + "-".join(str(p) for p in err["loc"]).replace("_", "-") if err["loc"] else "config"
-                typer.echo(f"error: {where}: {err['msg']}", err=True)
+                typer.echo(f"error: {where}: {err['msg'].removeprefix('Value error, ')}", err=True)
             raise typer.Exit(2) from None
         raise typer.Exit(run_server(config))
