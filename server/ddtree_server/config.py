@@ -10,6 +10,8 @@ Model files are only *named* here; `ddtree_server.models` locates and verifies t
 * `mode` `None` -> the engine picks ddtree when a drafter is loaded and the target supports tree
   attention, else ar (targets that cannot verify trees, e.g. hybrids, are served with plain decoding).
 * `device` / `dtype` are resolved here: cuda when available, else cpu; bf16 on cuda, fp32 on cpu.
+* `max_tree_budget` `None` -> `DEFAULT_MAX_TREE_BUDGET[device]`, raised to `tree_budget` when that
+  is larger (`tree_budget_limit`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
      "padding", "truncation", "max_length", "tools", "documents", "chat_template",
      "continue_final_message", "return_assistant_tokens_mask", "tokenizer_kwargs"}
 )
+
+
+# Largest per-request DDTree budget by default (nodes). CUDA: 256, the largest budget the benchmark
+# measured (docs/benchmarks/RESULTS.md: speed falls past 64-128 nodes as the verify forward grows);
+# a tree of up to 511 nodes still replays from the target's CUDA graphs (buckets up to 512 tokens,
+# models/graphs.py), larger trees run eagerly and a 4096-node round was ~18x slower. CPU: 64, four
+# times the default budget (block_size - 1 = 15), because on the CPU the verify forward costs about
+# linearly in the node count.
+DEFAULT_MAX_TREE_BUDGET = {"cuda": 256, "cpu": 64}
 
 
 def check_api_key(value: str | None) -> str | None:
@@ -83,6 +94,13 @@ class ServerConfig(BaseModel):
     )
     mode: Mode | None = Field(None, description="Default decoding mode; requests may override it.")
     tree_budget: int | None = Field(None, ge=1, le=4096, description="Default DDTree node budget (nodes).")
+    max_tree_budget: int | None = Field(
+        None, ge=1, le=4096,
+        description="Largest decoding.tree_budget a request may ask for (nodes; larger: 400). "
+                    "Default: 256 on cuda, 64 on cpu, or --tree-budget when that is larger.")
+    stall_seconds: float = Field(
+        300.0, gt=0, allow_inf_nan=False,
+        description="An engine round running this long makes /health 503 (stuck, not busy) (s).")
     host: str = Field("127.0.0.1", min_length=1, description="Listen address.")
     port: int = Field(8000, ge=0, le=65535, description="Listen port (0: any free port).")
     device: Device = Field(None, validate_default=False, description="cuda | cpu (default: cuda if available).")
@@ -166,7 +184,18 @@ class ServerConfig(BaseModel):
             raise ValueError(f"--gguf {self.gguf}: no such file")
         if self.drafter is not None and not self.drafter.is_dir():
             raise ValueError(f"--drafter {self.drafter}: not a directory")
+        if (self.tree_budget is not None and self.max_tree_budget is not None
+                and self.tree_budget > self.max_tree_budget):
+            raise ValueError(f"--tree-budget {self.tree_budget} is above --max-tree-budget {self.max_tree_budget}")
         return self
+
+    @property
+    def tree_budget_limit(self) -> int:
+        """The largest tree budget a request may use (nodes): `max_tree_budget`, else the device
+        default (`DEFAULT_MAX_TREE_BUDGET`) or `tree_budget` when that is larger."""
+        if self.max_tree_budget is not None:
+            return self.max_tree_budget
+        return max(DEFAULT_MAX_TREE_BUDGET[self.device], self.tree_budget or 0)
 
     @property
     def torch_dtype(self):

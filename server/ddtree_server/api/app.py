@@ -1,7 +1,8 @@
 """FastAPI app factory: the routes of the OpenAI-compatible server, its error shapes and auth.
 
 Routes: GET /health, /ready, /metrics, /v1/models[/{id}]; POST /v1/chat/completions,
-/v1/completions. Every error is `{"error": {message, type, param, code}}`; request validation
+/v1/completions. /health and /ready report how old the engine round in progress and the oldest
+queued request are (busy vs stuck); /health is 503 while a round is older than --stall-seconds. Every error is `{"error": {message, type, param, code}}`; request validation
 errors are 400 (not FastAPI's 422); everything a client can get wrong is decided before the
 first byte of a stream. With an API key, /v1/* needs `Authorization: Bearer <key>` (401);
 /health, /ready and /metrics stay open.
@@ -154,21 +155,33 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {engine.model_id!r}",
                            param="model", code="model_not_found")
 
+    def load() -> dict[str, Any]:
+        """The worker's load: ages in seconds (None when nothing runs / waits), counts."""
+        def seconds(value: float | None) -> float | None:
+            return None if value is None else round(value, 3)
+
+        return {"round_age_s": seconds(worker.round_age()), "oldest_queued_age_s": seconds(worker.oldest_queued_age()),
+                "running": worker.running, "queued": worker.queued, "stall_seconds": worker.stall_seconds,
+                "stalled": worker.stalled()}
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        alive = worker.alive()
-        return JSONResponse({"status": "ok" if alive else "unhealthy", "state": worker.state},
-                            status_code=200 if alive else 503)
+        reason = worker.unhealthy_reason()
+        body = {"status": "ok" if reason is None else "unhealthy", "state": worker.state, "reason": reason, **load()}
+        return JSONResponse(body, status_code=200 if reason is None else 503)
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        body = {"state": worker.state, "detail": worker.detail, "elapsed_s": round(worker.elapsed(), 3)}
+        body = {"state": worker.state, "detail": worker.detail, "elapsed_s": round(worker.elapsed(), 3), **load()}
         return JSONResponse(body, status_code=200 if worker.state == "ready" else 503)
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
         metrics.queue_depth.set(worker.queued)
         metrics.running.set(worker.running)
+        metrics.round_age.set(worker.round_age() or 0.0)
+        metrics.oldest_queued_age.set(worker.oldest_queued_age() or 0.0)
+        metrics.stalled.set(1 if worker.stalled() else 0)
         return Response(metrics.render(), media_type=metrics.content_type)
 
     def card(engine: Any) -> dict[str, Any]:
@@ -181,6 +194,7 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         extra = {"target": target, "drafter": drafter,
                  "decoding": {"default_mode": engine.default_mode, "modes": sorted(available_modes(engine)),
                               "tree_budget": getattr(engine, "tree_budget", None),
+                              "max_tree_budget": config.tree_budget_limit,
                               "block_size": getattr(engine, "block_size", None)}}
         return model_card(model_id=engine.model_id, created=int(time.time() - worker.elapsed()),
                           max_model_len=engine.max_model_len, extra=extra)
@@ -211,7 +225,10 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         return await _generate(request, engine, body, ids, "completion")
 
     async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str) -> Response:
-        mode, budget = prompts.check_decoding(body, available_modes(engine))
+        limit = config.tree_budget_limit
+        mode, budget = prompts.check_decoding(body, available_modes(engine), limit)
+        if budget is None and (getattr(engine, "tree_budget", None) or 0) > limit:
+            budget = limit   # the engine's default never exceeds --max-tree-budget either
         from ddtree_server.engine.sampling import SamplingParams
 
         params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams)

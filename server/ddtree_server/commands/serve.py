@@ -35,7 +35,12 @@ def load_engine(config: Any, status: Any) -> Any:
 
     target = config.target or config.gguf or "the embedded SmolLM2 GGUF"
     status(f"loading {target} on {config.device} ({config.dtype})")
-    return engine_from_config(config)
+    engine = engine_from_config(config)
+    limit = config.tree_budget_limit
+    if engine.tree_budget is not None and engine.tree_budget > limit:
+        log.warning("default tree budget %d lowered to --max-tree-budget %d", engine.tree_budget, limit)
+        engine.tree_budget = limit
+    return engine
 
 
 def warmup(engine: Any) -> None:
@@ -124,7 +129,8 @@ def run_server(config: Any) -> int:
                                  cancelled=job.cancel.is_set() or getattr(event, "finish_reason", None) == "cancelled")
 
     worker = Worker(load=lambda status: load_engine(config, status), warmup=warmup, max_queue=config.max_queue,
-                    max_concurrency=config.max_concurrency, on_state=on_state, on_finished=on_finished)
+                    max_concurrency=config.max_concurrency, stall_seconds=config.stall_seconds,
+                    on_state=on_state, on_finished=on_finished)
     app = create_app(config, worker, metrics)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
                                log_level=config.log_level, timeout_graceful_shutdown=30)
@@ -191,6 +197,11 @@ def register(app: typer.Typer) -> None:
                                                        help="Override the drafter's target layers, e.g. 1,9,17."),
         mode: Optional[str] = typer.Option(None, "--mode", help="ar | dflash | ddtree (default: best available)."),
         tree_budget: Optional[int] = typer.Option(None, "--tree-budget", help="DDTree node budget (nodes)."),
+        max_tree_budget: Optional[int] = typer.Option(
+            None, "--max-tree-budget",
+            help="Largest decoding.tree_budget a request may ask for (nodes; above it: 400). Default 256 on "
+                 "cuda (larger trees leave the CUDA graphs and slow every round), 64 on cpu (cost grows with "
+                 "the node count), or --tree-budget when larger."),
         host: str = typer.Option("127.0.0.1", "--host", help="Listen address."),
         port: int = typer.Option(8000, "--port", help="Listen port."),
         device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: cuda if available)."),
@@ -204,6 +215,9 @@ def register(app: typer.Typer) -> None:
         chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
                                                            help='Default template kwargs as JSON, e.g. \'{"enable_thinking": false}\'.'),
         drain_timeout: float = typer.Option(120.0, "--drain-timeout", help="Longest drain on SIGTERM (s)."),
+        stall_seconds: float = typer.Option(
+            300.0, "--stall-seconds",
+            help="/health answers 503 while one engine round has run this long (s): stuck, not busy."),
         log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
     ) -> None:
         """Serve the OpenAI-compatible API (chat, completions, streaming) with speculative decoding."""
@@ -212,10 +226,10 @@ def register(app: typer.Typer) -> None:
         from ddtree_server.config import ServerConfig
 
         values = dict(target=target, gguf=gguf, drafter=drafter, target_layer_ids=target_layer_ids, mode=mode,
-                      tree_budget=tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
+                      tree_budget=tree_budget, max_tree_budget=max_tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
                       served_model_name=served_model_name, max_model_len=max_model_len, max_queue=max_queue,
                       max_concurrency=max_concurrency, chat_template_kwargs=chat_template_kwargs,
-                      drain_timeout_s=drain_timeout, log_level=log_level)
+                      drain_timeout_s=drain_timeout, stall_seconds=stall_seconds, log_level=log_level)
         try:
             config = ServerConfig(**values)
         except ValidationError as exc:
