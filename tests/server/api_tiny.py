@@ -71,19 +71,24 @@ def tiny_engine(drafter: Any = None, *, tree_budget: int | None = None) -> Any:
 class TinyApp:
     """A started worker + app; `request()` runs one request (raises on a hang), `stop()` ends it."""
 
-    def __init__(self, engine: Any = None, *, stall_seconds: float | None = None, **config: Any) -> None:
+    def __init__(self, engine: Any = None, *, stall_seconds: float | None = None, start: bool = True,
+                 **config: Any) -> None:
         self.engine = engine or tiny_engine()
         self.config = ServerConfig(device="cpu", **config)
         self.metrics = Metrics()
         extra = {} if stall_seconds is None else {"stall_seconds": stall_seconds}
         self.worker = Worker(load=lambda status: self.engine, warmup=lambda engine: None,
                              max_queue=self.config.max_queue, **extra)
-        self.worker.start()
-        deadline = time.monotonic() + 30
+        self.app = create_app(self.config, self.worker, self.metrics)
+        if start:   # else the app's lifespan starts the worker
+            self.worker.start()
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
         while self.worker.state != "ready":
             assert time.monotonic() < deadline, f"worker not ready: {self.worker.state} {self.worker.detail}"
             time.sleep(0.01)
-        self.app = create_app(self.config, self.worker, self.metrics)
 
     def client(self) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}

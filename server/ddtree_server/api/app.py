@@ -1,18 +1,19 @@
-"""FastAPI app factory: the routes of the OpenAI-compatible server, its error shapes and auth.
+"""FastAPI app factory: the routes of the OpenAI-compatible server and its error shapes.
 
-Routes: GET /health, /ready, /metrics, /v1/models[/{id}]; POST /v1/chat/completions,
-/v1/completions. /health and /ready report how old the engine round in progress and the oldest
-queued request are (busy vs stuck); /health is 503 while a round is older than --stall-seconds. Every error is `{"error": {message, type, param, code}}`; request validation
-errors are 400 (not FastAPI's 422); everything a client can get wrong is decided before the
-first byte of a stream. With an API key, /v1/* needs `Authorization: Bearer <key>` (401);
-/health, /ready and /metrics stay open.
+Routes: GET /health, /ready, /metrics, /openapi.json, /v1/models[/{id}]; POST
+/v1/chat/completions, /v1/completions. /health and /ready report how old the engine round in
+progress and the oldest queued request are (busy vs stuck); /health is 503 while a round is
+older than --stall-seconds. Every error is `{"error": {message, type, param, code}}`; request
+validation errors are 400 (not FastAPI's 422); everything a client can get wrong is decided
+before the first byte of a stream. With an API key, /v1/* needs `Authorization: Bearer <key>` (401);
+/health, /ready, /metrics and /openapi.json (api/openapi.py) stay open. A request body over
+MAX_BODY_BYTES (api/middleware.py) is a 413 before it is parsed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from typing import Any
@@ -23,8 +24,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ddtree_server.api import prompts
+from ddtree_server.api import openapi, prompts
 from ddtree_server.api.metrics import Metrics
+from ddtree_server.api.middleware import Middleware
 from ddtree_server.api.responses import (ApiError, chat_response, completion_response, error_body, model_card,
                                          new_id, now)
 from ddtree_server.api.schemas import ChatCompletionRequest, CompletionRequest
@@ -55,44 +57,6 @@ def vocab_size(engine: Any) -> int:
     if model_vocab:
         sizes.append(int(model_vocab))
     return min(sizes)
-
-
-class _Middleware:
-    """Pure ASGI middleware: API-key check on /v1/* and per-request metrics (status by endpoint)."""
-
-    def __init__(self, app: Any, *, api_key: str | None, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
-        self.api_key = api_key.encode("utf-8") if api_key else None   # compared as bytes
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path, status = scope.get("path", ""), [500]
-
-        async def send_wrapper(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            if self.api_key and path.startswith("/v1/") and not self._authorised(scope):
-                status[0] = 401
-                body = error_body("invalid or missing API key (send Authorization: Bearer <key>)",
-                                  code="invalid_api_key")
-                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                return await response(scope, receive, send)
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            self.metrics.count_request(path, status[0])
-
-    def _authorised(self, scope: dict) -> bool:
-        """`Authorization: Bearer <key>` (scheme case-insensitive, RFC 6750 §2.1), compared in
-        constant time as raw bytes: any header value, ASCII or not, is simply a wrong key."""
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                scheme, _, token = value.strip().partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.api_key)
-        return False
 
 
 _BRANCH_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}
@@ -135,8 +99,9 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else None
-        return JSONResponse(error_body(str(exc.detail), code=code), status_code=exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        return JSONResponse(error_body(str(exc.detail), code=code), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))   # e.g. Allow on a 405
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
@@ -163,6 +128,12 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         return {"round_age_s": seconds(worker.round_age()), "oldest_queued_age_s": seconds(worker.oldest_queued_age()),
                 "running": worker.running, "queued": worker.queued, "stall_seconds": worker.stall_seconds,
                 "stalled": worker.stalled()}
+
+    app.openapi = lambda: openapi.document(app, api_key=bool(config.api_key))
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_route() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -296,5 +267,5 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             if event is not _PENDING:
                 return event
 
-    app.add_middleware(_Middleware, api_key=config.api_key, metrics=metrics)
+    app.add_middleware(Middleware, api_key=config.api_key, metrics=metrics)
     return app

@@ -26,7 +26,8 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                Histogram, generate_latest)
 
 STATES = ["loading", "warming", "ready", "draining", "stopped", "failed"]
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics",
+             "/openapi.json")
 
 
 class Metrics:
