@@ -130,7 +130,7 @@ def test_health_tells_busy_from_stuck():
             assert f"--stall-seconds {STALL_S:g}" in body["reason"]
             assert body["round_age_s"] >= STALL_S and body["oldest_queued_age_s"] >= STALL_S
             ready = await client.get("/ready")
-            assert ready.json()["round_age_s"] >= STALL_S and ready.json()["stalled"] is True
+            assert ready.status_code == 200 and ready.json()["round_age_s"] >= STALL_S and ready.json()["stalled"] is True
             metrics = (await client.get("/metrics")).text
             assert "ddtree_worker_stalled 1.0" in metrics
             assert _gauge(metrics, "ddtree_round_age_seconds") >= STALL_S

@@ -259,3 +259,16 @@ def test_server_still_serves_and_counted_no_5xx(tiny):
     assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] in ("stop", "length")
     metrics = tiny.request("GET", "/metrics").text
     assert 'status="5' not in metrics, [line for line in metrics.splitlines() if 'status="5' in line]
+
+
+@pytest.mark.parametrize("raw, text", [
+    (b'{"prompt": "\xff"}', "invalid UTF-8 at byte 12"), (b'{"prompt": "a\xc3"}', "invalid UTF-8 at byte 13"),
+    (b"[" * 100_000, "nested too deeply"),
+    (b'{"prompt": "x", "max_tokens": ' + b"1" * 5000 + b"}", "4300 digits"),
+])
+def test_unparsable_bodies_say_why(tiny, raw, text):
+    response = post(tiny, COMPLETIONS, raw)
+    check(response)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == f"the request body is not valid JSON: {text}" or (
+        text in response.json()["error"]["message"] and "not valid JSON" in response.json()["error"]["message"])

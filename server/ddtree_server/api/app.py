@@ -76,6 +76,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return (f"{param}: {msg}" if param else msg), param
 
 
+def _parse_failure(exc: BaseException) -> str:
+    """Why json.loads refused a body, in one short clause."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"invalid {exc.encoding.upper()} at byte {exc.start} ({exc.reason})"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc).split(";")[0] or type(exc).__name__
+
+
 def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAPI:
     """The ASGI app; its lifespan starts the worker (model load in the background) and stops it."""
     @contextlib.asynccontextmanager
@@ -100,7 +109,10 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
-        return JSONResponse(error_body(str(exc.detail), code=code), status_code=exc.status_code,
+        message = str(exc.detail)
+        if exc.status_code == 400 and exc.__cause__ is not None:   # FastAPI could not decode the body
+            message = f"the request body is not valid JSON: {_parse_failure(exc.__cause__)}"
+        return JSONResponse(error_body(message, code=code), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))   # e.g. Allow on a 405
 
     @app.exception_handler(Exception)
