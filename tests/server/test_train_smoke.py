@@ -46,9 +46,21 @@ def tiny_target(tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def eval_wheels():
+    """The four evaluation wheels in the wheel cache (the CLI's contamination check reads them)."""
+    from ddtree_server.bench.wheels import DataFileError
+    from ddtree_server.train.contamination import load_index
+
+    try:
+        return load_index()
+    except DataFileError as exc:
+        pytest.skip(f"evaluation wheels unavailable here: {exc}")
+
+
 def _opts(tiny_target, tmp_path, **kw):
     base = dict(out_dir=tmp_path / "out", work_dir=tmp_path / "work", target_dir=tiny_target,
-                prompts_source=tiny_target / "prompts.jsonl", num_prompts=6,
+                prompts_source=tiny_target / "prompts.jsonl", num_prompts=6, check_contamination=False,
                 gen=GenSettings(max_new_tokens=12, batch_size=4, sampled_fraction=0.5),
                 layers=2, layer_ids=[1, 2], block_size=4, mask_token_id=2, device="cpu",
                 train=TrainSettings(steps=3, batch_size=2, anchors=4, log_every=1, warmup_steps=1))
@@ -70,7 +82,7 @@ def test_three_steps_then_load(tiny_target, tmp_path):
     assert drafter.fc.weight.dtype == torch.bfloat16 and tuple(drafter.fc.weight.shape) == (64, 128)
 
 
-def test_cli_resume_continues(tiny_target, tmp_path):
+def test_cli_resume_continues(tiny_target, tmp_path, eval_wheels):
     run(_opts(tiny_target, tmp_path))
     args = ["train-drafter", "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work"),
             "--target", str(tiny_target), "--prompts", str(tiny_target / "prompts.jsonl"),
