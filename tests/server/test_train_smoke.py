@@ -14,36 +14,12 @@ from ddtree_server.models.drafter_load import load_drafter
 from ddtree_server.train.data import GenSettings
 from ddtree_server.train.pipeline import PipelineOptions, run
 from ddtree_server.train.trainer import TrainSettings
-
-WORDS = "the a cat dog sat on mat ran fast slow why how what is are you me we it to and".split()
-CHAT = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} <eos> {% endfor %}"
-        "{% if add_generation_prompt %}<s> assistant {% endif %}")
+from tests.server.train_fixtures import make_tiny_target
 
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("target")
-    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", "<mask>", "<s>", "user", "assistant"] + WORDS)}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
-    tok.chat_template = CHAT
-    tok.save_pretrained(folder)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, eos_token_id=1, pad_token_id=1, bos_token_id=3)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    prompts = folder / "prompts.jsonl"
-    rng = torch.Generator().manual_seed(1)
-    with open(prompts, "w") as fh:
-        for _ in range(8):
-            words = [WORDS[int(i)] for i in torch.randint(0, len(WORDS), (6,), generator=rng)]
-            fh.write(json.dumps({"prompt": " ".join(words)}) + "\n")
-    return folder
+    return make_tiny_target(tmp_path_factory.mktemp("target"))
 
 
 @pytest.fixture(scope="module")
