@@ -3,7 +3,7 @@
 Jobs: job j answers prompt `j mod N` of the prompt pool (N prompts) in pass `j // N`. In pass 0 a
 seeded per-prompt draw picks greedy or temperature sampling (`sampled_fraction` sampled); every
 later pass samples, so each pass adds new answers to the same prompts. A run answers the jobs
-[start_job, ...) in order until its deadline; the first job it did not answer is the cursor the
+[start_job, ...) in order until its deadline; one past the last job it answered is the cursor the
 next run (on a fresh machine) starts from (train/resume.py keeps it).
 
 Answers come from `StaticGenerator` (train/generate.py, batched static KV cache), checked once
@@ -55,7 +55,7 @@ class GenResult:
     """What one `generate_shards` call did (counts, seconds, tokens/s of new tokens)."""
 
     sequences: int = 0          # sequences stored in the folder
-    next_job: int = 0           # first job not answered (the resume cursor)
+    next_job: int = 0           # the resume cursor: one past the last job answered
     jobs_done: int = 0          # jobs answered by this call
     new_tokens: int = 0         # response tokens produced by this call (up to the stop token)
     seconds: float = 0.0
@@ -99,11 +99,15 @@ def job_flags(n_prompts: int, s: GenSettings) -> list[bool]:
     return [rng.random() < s.sampled_fraction for _ in range(n_prompts)]
 
 
-def _done(folder: Path) -> set[int]:
+def _done(folder: Path) -> tuple[set[int], int]:
+    """(job ids already answered in `folder`, sequences stored there)."""
     done: set[int] = set()
+    stored = 0
     for shard in sorted(folder.glob("shard_*.pt")):
-        done.update(torch.load(shard, weights_only=True)["index"])
-    return done
+        rec = torch.load(shard, weights_only=True)
+        done.update(rec["index"])
+        stored += len(rec["response_ids"])
+    return done, stored
 
 
 def _check_manifest(folder: Path, doc: dict) -> None:
@@ -200,7 +204,8 @@ def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str
     """Answer the jobs [start_job, start_job + max_jobs) (default: one pass over `prompts`) into
     shard files under `folder`; already-stored jobs are skipped (resume). Stops starting new
     batches after `deadline` (time.monotonic()) or once should_stop() is true. Responses
-    containing `mask_token_id` are dropped. shard (i, n): answer only the jobs j = i mod n
+    containing `mask_token_id` are dropped (the first batch runs even past the deadline, so a
+    run always has data to train on). shard (i, n): answer only the jobs j = i mod n
     (several workers, disjoint data; the folder is bound to its shard). progress: optional
     callable(done, total); report(kind, record) receives "gen" records with tokens/s.
     encoded: the (prompt index, ids) pairs of `prompts` if already encoded (else encoded here).
@@ -220,7 +225,7 @@ def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str
     n = len(pool)
     flags0 = job_flags(len(prompts), s)
     end = start_job + (n if max_jobs is None else max_jobs)
-    done = _done(folder)
+    done, kept = _done(folder)
     jobs = [j for j in range(start_job, end) if j not in done and (shard is None or j % shard[1] == shard[0])]
     flag = {j: (j >= n or flags0[pool[j % n][0]]) for j in jobs}
     todo = _batch_order([(j, pool[j % n][1]) for j in jobs], flag, s.batch_size)
@@ -231,7 +236,8 @@ def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str
     answer = _Answerer(model, s, pad_id, eos_ids, report)
     t0 = time.monotonic()
     for start in range(0, len(todo), s.batch_size):
-        if (deadline is not None and time.monotonic() > deadline) or (should_stop and should_stop()):
+        late = deadline is not None and time.monotonic() > deadline and start > 0  # one batch at least
+        if late or (should_stop and should_stop()):
             break
         chunk = todo[start:start + s.batch_size]
         tb = time.monotonic()
@@ -245,6 +251,7 @@ def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str
             rec["prompt_ids"].append(p)
             rec["response_ids"].append(resp)
             rec["sampled"].append(flag[j])
+            kept += 1
         tmp = folder / f".shard_{shard_no:05d}.pt.tmp"
         torch.save(rec, tmp)
         os.replace(tmp, folder / f"shard_{shard_no:05d}.pt")
@@ -260,9 +267,11 @@ def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str
             progress(stored, total)
     res.seconds = time.monotonic() - t0
     res.engine = answer.engine
-    res.next_job = next((j for j in range(start_job, end) if j not in done
-                         and (shard is None or j % shard[1] == shard[0])), end)
-    res.sequences = sum(len(torch.load(p, weights_only=True)["response_ids"]) for p in folder.glob("shard_*.pt"))
+    # the cursor moves past the last job answered: the jobs of a window cut by the deadline that
+    # were not answered (the window's longest prompts) are skipped, not redone by the next piece
+    answered = [j for j, _ in todo[:res.jobs_done]]
+    res.next_job = max(answered) + 1 if answered else (end if not todo else start_job)
+    res.sequences = kept
     return res
 
 

@@ -10,7 +10,8 @@ modules and weights) with:
     into the query axis ([B, kv_heads, group, head_dim], exact for one query token), so the
     grouped K/V are never repeated; a boolean key mask hides the left padding;
   * the prefill in row chunks (bounded activation memory), pad rows attending to themselves only
-    (so no fully-masked row produces NaN K/V).
+    (so no fully-masked row produces NaN K/V);
+  * SDPA kept off cuDNN, which would plan anew at every step (the key length grows by one).
 Row r of a batch is answered greedily or, if `sampled[r]`, by sampling softmax(logits / T) (no
 top-k / top-p), like `generate(do_sample=True, top_k=0, top_p=1.0)`.
 
@@ -26,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ddtree_server.models.drafter_layers import sdpa_backends
 from ddtree_server.train.features import decoder_of
 
 
@@ -132,7 +134,6 @@ class StaticGenerator:
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return self.model.lm_head(self.dec.norm(x))[:, 0].float()
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampled: list[bool], *, max_new_tokens: int,
                  temperature: float = 1.0, seed: int = 0, pad_id: int = 0) -> tuple[list[list[int]], int]:
         """Answer every prompt; returns (responses cut after the first stop token, decode steps run).
@@ -142,6 +143,10 @@ class StaticGenerator:
         prompt or mismatched lengths."""
         if len(prompts) != len(sampled) or any(not p for p in prompts):
             raise ValueError("need one sampled flag per prompt and non-empty prompts")
+        with torch.no_grad(), sdpa_backends(self.device):
+            return self._generate(prompts, sampled, max_new_tokens, temperature, seed, pad_id)
+
+    def _generate(self, prompts, sampled, max_new_tokens, temperature, seed, pad_id):
         dev = self.device
         b, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((b, width), pad_id, dtype=torch.long)

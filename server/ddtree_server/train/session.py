@@ -211,7 +211,7 @@ class Session:
             "drafter_config": config.to_dict(), "drafter_bytes_bf16": size, "init": self.progress.get("init"),
             "prompts": n_prompts, "sequences": len(trainer.seqs), "val_sequences": len(val),
             "tokens": int(sum(len(s.ids) for s in trainer.seqs)), "gen_seconds": round(res.seconds, 1),
-            "gen_tokens_per_s": round(res.tokens_per_s, 1), "gen_engine": res.engine, "jobs": [res.next_job - res.jobs_done, res.next_job],
+            "gen_tokens_per_s": round(res.tokens_per_s, 1), "gen_engine": res.engine, "jobs": self.run_rec["jobs"],
             "contaminated_dropped": len(dropped), "extra_data": [str(d) for d in o.extra_data],
             "train_seconds": round(train_s, 1), "steps": trainer.step, "last_log": last, **metrics,
             "stopped_early": stopped, "runs": self.progress.get("runs_before", []) + [self.run_rec],

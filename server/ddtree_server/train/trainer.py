@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ddtree_server.models.drafter import DFlashDrafter
+from ddtree_server.models.drafter_layers import sdpa_backends
 from ddtree_server.train.data import Sequence
 from ddtree_server.train.features import capture_features
 from ddtree_server.train.objective import block_loss, position_weights, sample_anchors, stats_to_host
@@ -74,7 +75,7 @@ def step_loss(drafter: DFlashDrafter, target: nn.Module, seqs: list[Sequence], a
     ids, seq_lens, lens, plens = collate(seqs, dev)
     anchors, valid = sample_anchors(plens, lens, anchors_per_seq, gen)
     anchors, valid = anchors.to(dev), valid.to(dev)
-    with _autocast(dev):
+    with _autocast(dev), sdpa_backends(dev):  # off cuDNN: it plans anew for every batch length
         feats = capture_features(target, ids, drafter.config.target_layer_ids)
         hidden = drafter.forward_train(feats, ids, anchors, valid)
         return block_loss(hidden, ids, seq_lens, anchors, valid, weights, drafter.lm_head,
@@ -138,7 +139,11 @@ class Trainer:
         n, b = len(self.seqs), min(self.s.batch_size, len(self.seqs))
         per_epoch = max(1, n // b)
         epoch, k = divmod(step, per_epoch)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.s.seed * 100_003 + epoch)).tolist()
+        cached = getattr(self, "_perm", None)
+        if cached is None or cached[:2] != (epoch, n):
+            gen = torch.Generator().manual_seed(self.s.seed * 100_003 + epoch)
+            self._perm = cached = (epoch, n, torch.randperm(n, generator=gen).tolist())
+        perm = cached[2]
         w = max(1, self.s.bucket)
         first = (k // w) * w
         count = min(first + w, per_epoch) - first
