@@ -122,7 +122,7 @@ class Session:
             raise ValueError(f"drafter would be {size / 1e6:.1f} MB in bf16 > --max-mb {o.max_mb}")
 
         prompts, dropped, refs = clean_prompts(o)
-        n_val = min(o.val_prompts, len(prompts) // 5) if not o.generate_only else 0
+        n_val = min(o.val_prompts, len(prompts) // 5)  # reserved even by a data-only worker (same pool)
         val_texts, pool = prompts[len(prompts) - n_val:], prompts[:len(prompts) - n_val][:o.num_prompts]
         self.report("stage", {"stage": "prompts", "pool": len(pool), "val": len(val_texts),
                               "contaminated_dropped": len(dropped), "reference_texts": refs})
@@ -131,7 +131,7 @@ class Session:
         encoded = data.encode_prompts(tok, pool, o.gen.max_prompt_tokens)
         settings = o.train
         val: list[data.Sequence] = []
-        if n_val:
+        if n_val and not o.generate_only:
             vs = replace(o.gen, sampled_fraction=0.0)
             self._generate(tok, val_texts, self.work / "val", vs, 0, None, None)
             val = data.load_sequences(self.work / "val", o.max_seq_len)
@@ -159,7 +159,7 @@ class Session:
             self.report("stage", {"stage": "done", "sequences": res.sequences, "gen_seconds": round(res.seconds, 1)})
             return {"target": self.tid, "prompts": len(pool), "sequences": res.sequences,
                     "gen_seconds": round(res.seconds, 1), "next_job": res.next_job}
-        if n_val:
+        if val:
             self._save(None, self.progress["step"])
         return self._train(tok, val, config, size, len(pool), res, dropped)
 
