@@ -185,3 +185,15 @@ def test_extra_data_folders_are_checked(tiny_target, tmp_path):
         check_extra_folder(tmp_path / "wb" / "data", own, doc["target"], (1, 2))
     with pytest.raises(ValueError, match="no such directory"):  # the pipeline checks before loading
         run(_opts(tiny_target, tmp_path, work_dir=tmp_path / "wa", extra_data=[tmp_path / "typo"]))
+
+
+@pytest.mark.parametrize("extra,text", [
+    (["--gen-engine", "vllm"], "--gen-engine"),
+    (["--passes", "0"], "--passes"),
+    (["--bucket", "0"], "--bucket"),
+    (["--resume-from", "."], "not a state folder"),
+])
+def test_cli_rejects_bad_piece_options(tiny_target, tmp_path, extra, text):
+    result = CliRunner().invoke(app, ["train-drafter", "--out", str(tmp_path / "o"), "--target", str(tiny_target),
+                                      "--steps", "1", *extra])
+    assert result.exit_code == 2 and text in result.output, result.output

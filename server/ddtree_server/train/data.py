@@ -175,8 +175,8 @@ class _Answerer:
                                                     [out[k] for k in greedy])
                 self.report("stage", {"stage": "static generator check", "greedy_agreement": round(score, 4)})
                 self.checked = True
-                if score < 0.9:
-                    self._fall_back(f"greedy agreement {score:.3f} < 0.9")
+                if score < 0.85:  # bf16 near-ties flip a few percent; a broken cache or mask scores far lower
+                    self._fall_back(f"greedy agreement {score:.3f} < 0.85")
                     return self(prompts, sampled, seed)
             return out
         out: list[list[int] | None] = [None] * len(prompts)

@@ -186,8 +186,8 @@ class StaticGenerator:
 @torch.no_grad()
 def greedy_agreement(model: nn.Module, prompts: list[list[int]], responses: list[list[int]]) -> float:
     """Share of response tokens that equal the model's own argmax under teacher forcing (one
-    forward per row). Greedy answers of a correct generator score ~1.0 (bf16 near-ties may flip a
-    few); a broken cache or mask scores near 0. Returns 1.0 when there is nothing to check."""
+    forward per row). Greedy answers of a correct generator score ~1.0 (fp32) or ~0.97 (bf16 on CPU,
+    SmolLM2: near-ties flip); a broken cache or mask scores far lower. Returns 1.0 when there is nothing to check."""
     dev = next(model.parameters()).device
     hit = total = 0
     for p, r in zip(prompts, responses):

@@ -88,14 +88,17 @@ def _device(name: str) -> torch.device:
 
 
 def load_hf_target(opts: PipelineOptions, device: torch.device):
-    """(model, tokenizer, target id) of the frozen target (bf16 on CUDA, fp32 on CPU)."""
+    """(model, tokenizer, target id) of the frozen target (bf16 on CUDA, fp32 on CPU). The id is
+    the GGUF's sha256 prefix or the HF folder's path; a carried state must name the same."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if opts.gguf is not None:
         g = Path(opts.gguf)
-        kw = {"gguf_file": g.name}
-        src, tid = g.parent, f"{g.name}:{g.stat().st_size}"
+        from ddtree_server.models.default import sha256_file
+
+        kw = {"gguf_file": g.name}  # the id names the content, not the file name (pieces may differ)
+        src, tid = g.parent, f"gguf-sha256:{sha256_file(g)[:16]}"
     elif opts.target_dir is not None:
         kw, src, tid = {}, Path(opts.target_dir), str(Path(opts.target_dir).resolve())
     else:
