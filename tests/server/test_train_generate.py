@@ -85,3 +85,38 @@ def test_unsupported_model_is_refused():
     assert not supports(model)
     with pytest.raises(ValueError, match="not supported"):
         StaticGenerator(model, [1])
+
+
+@pytest.mark.parametrize("fault", ["wrong", "raises"])
+def test_answerer_falls_back_to_generate(fault, monkeypatch):
+    from ddtree_server.train import generate as gen_mod
+    from ddtree_server.train.answer import Answerer
+    from ddtree_server.train.data import GenSettings
+
+    model = _model("llama")
+    prompts = _prompts()
+    real = gen_mod.StaticGenerator.generate
+
+    def broken(self, ps, sampled, **kw):
+        if fault == "raises":
+            raise RuntimeError("no kernel for this device")
+        out, steps = real(self, ps, sampled, **kw)
+        return [[(t + 1) % 96 for t in row] for row in out], steps
+
+    monkeypatch.setattr(gen_mod.StaticGenerator, "generate", broken)
+    events = []
+    answer = Answerer(model, GenSettings(max_new_tokens=16), 0, [1], lambda kind, rec: events.append(rec))
+    out = answer(prompts, [False] * 4, seed=0)
+    assert answer.engine == "hf" and out == _hf_greedy(model, prompts, 16)
+    assert any(e.get("stage") == "generate() fallback" for e in events)
+
+
+def test_answerer_checks_greedy_even_when_the_batch_samples(monkeypatch):
+    from ddtree_server.train.answer import Answerer
+    from ddtree_server.train.data import GenSettings
+
+    events = []
+    answer = Answerer(_model("llama"), GenSettings(max_new_tokens=8), 0, [1], lambda kind, rec: events.append(rec))
+    answer(_prompts(), [True] * 4, seed=0)
+    assert answer.engine == "static"
+    assert [e["greedy_agreement"] for e in events if e.get("stage") == "static generator check"] == [1.0]

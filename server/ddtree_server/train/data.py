@@ -6,9 +6,8 @@ later pass samples, so each pass adds new answers to the same prompts. A run ans
 [start_job, ...) in order until its deadline; one past the last job it answered is the cursor the
 next run (on a fresh machine) starts from (train/resume.py keeps it).
 
-Answers come from `StaticGenerator` (train/generate.py, batched static KV cache), checked once
-against the target's own argmax; if that check fails or the model is not supported, from
-transformers' batched `generate()` (left padding). Every batch becomes one shard file
+Answers come from train/answer.py (the batched static-cache generator, checked once, or
+transformers' `generate()`). Every batch becomes one shard file
 `shard_XXXXX.pt` ({"index": job ids, "prompt_ids", "response_ids", "sampled"}) written
 atomically, so an interrupted run resumes where it stopped on the same machine;
 `manifest.json` pins the settings of the folder.
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ddtree_server.train import generate as static_gen
+from ddtree_server.train.answer import Answerer
 
 
 @dataclass(frozen=True)
@@ -120,26 +119,6 @@ def _check_manifest(folder: Path, doc: dict) -> None:
         path.write_text(json.dumps(doc, indent=2))
 
 
-@torch.no_grad()
-def _hf_generate(model: nn.Module, batch: list[list[int]], sampled: bool, s: GenSettings, pad_id: int,
-                 eos_ids: list[int]) -> list[list[int]]:
-    dev = next(model.parameters()).device
-    width = max(len(x) for x in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for r, x in enumerate(batch):
-        ids[r, width - len(x):] = torch.tensor(x)
-        mask[r, width - len(x):] = 1
-    kw = dict(do_sample=True, temperature=s.temperature, top_k=0, top_p=1.0) if sampled else dict(do_sample=False)
-    out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=s.max_new_tokens,
-                         pad_token_id=pad_id, eos_token_id=eos_ids, **kw)
-    responses = []
-    for row in out[:, width:].tolist():
-        cut = next((j + 1 for j, t in enumerate(row) if t in eos_ids), len(row))
-        responses.append(row[:cut])
-    return responses
-
-
 def _batch_order(todo: list[tuple[int, list[int]]], flags: list[bool], batch_size: int) -> list[tuple[int, list[int]]]:
     """Job order of a run: the given order, sorted by prompt length only inside windows of 4
     batches (similar lengths share a batch: less padding), so a run cut short by its deadline
@@ -150,50 +129,6 @@ def _batch_order(todo: list[tuple[int, list[int]]], flags: list[bool], batch_siz
     for start in range(0, len(todo), window):
         out += sorted(todo[start:start + window], key=lambda x: (flags[x[0]], len(x[1])))
     return out
-
-
-class _Answerer:
-    """Answers batches with the static generator (checked on its first batch) or generate()."""
-
-    def __init__(self, model, s: GenSettings, pad_id: int, eos_ids: list[int], report) -> None:
-        self.model, self.s, self.pad_id, self.eos_ids, self.report = model, s, pad_id, eos_ids, report
-        self.engine = s.engine if s.engine == "hf" or static_gen.supports(model) else "hf"
-        self.checked = False
-        self.gen = static_gen.StaticGenerator(model, eos_ids) if self.engine == "static" else None
-
-    def __call__(self, prompts: list[list[int]], sampled: list[bool], seed: int) -> list[list[int]]:
-        if self.engine == "static":
-            try:
-                out, _ = self.gen.generate(prompts, sampled, max_new_tokens=self.s.max_new_tokens,
-                                           temperature=self.s.temperature, seed=seed, pad_id=self.pad_id)
-            except (RuntimeError, ValueError) as exc:  # e.g. an attention kernel this device lacks
-                self._fall_back(f"static generator failed: {exc}")
-                return self(prompts, sampled, seed)
-            if not self.checked:
-                greedy = [k for k, f in enumerate(sampled) if not f][:8]
-                score = static_gen.greedy_agreement(self.model, [prompts[k] for k in greedy],
-                                                    [out[k] for k in greedy])
-                self.report("stage", {"stage": "static generator check", "greedy_agreement": round(score, 4)})
-                self.checked = True
-                if score < 0.85:  # bf16 near-ties flip a few percent; a broken cache or mask scores far lower
-                    self._fall_back(f"greedy agreement {score:.3f} < 0.85")
-                    return self(prompts, sampled, seed)
-            return out
-        out: list[list[int] | None] = [None] * len(prompts)
-        for flag in (False, True):
-            rows = [k for k, f in enumerate(sampled) if f == flag]
-            if rows:
-                torch.manual_seed(seed + int(flag))
-                for k, resp in zip(rows, _hf_generate(self.model, [prompts[k] for k in rows], flag, self.s,
-                                                      self.pad_id, self.eos_ids)):
-                    out[k] = resp
-        return out  # type: ignore[return-value]
-
-    def _fall_back(self, why: str) -> None:
-        self.report("stage", {"stage": "generate() fallback", "why": why[:300]})
-        self.engine, self.gen = "hf", None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
 
 
 def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str | Path, s: GenSettings, *,
@@ -233,7 +168,7 @@ def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str
     res = GenResult(next_job=start_job)
     stored, total = len(done), len(done) + len(todo)
     shard_no = len(list(folder.glob("shard_*.pt")))
-    answer = _Answerer(model, s, pad_id, eos_ids, report)
+    answer = Answerer(model, s, pad_id, eos_ids, report)
     t0 = time.monotonic()
     for start in range(0, len(todo), s.batch_size):
         late = deadline is not None and time.monotonic() > deadline and start > 0  # one batch at least

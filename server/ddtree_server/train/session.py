@@ -159,8 +159,7 @@ class Session:
             self.report("stage", {"stage": "done", "sequences": res.sequences, "gen_seconds": round(res.seconds, 1)})
             return {"target": self.tid, "prompts": len(pool), "sequences": res.sequences,
                     "gen_seconds": round(res.seconds, 1), "next_job": res.next_job}
-        if val:
-            self._save(None, self.progress["step"])
+        self._save(None, self.progress["step"])  # the cursor has moved
         return self._train(tok, val, config, size, len(pool), res, dropped)
 
     def _train(self, tok, val, config, size, n_prompts, res, dropped) -> dict:
