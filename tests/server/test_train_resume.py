@@ -128,6 +128,9 @@ def test_second_run_on_a_fresh_machine_continues_from_the_carried_state(tiny_tar
     state2 = resume.read_progress(tmp_path / "s2")
     assert second["steps"] == 6 and state2["step"] == 6
     assert state2["next_job"] == 15  # jobs 10..14: the second pass samples new answers
+    recs = [torch.load(p, weights_only=True) for p in sorted((tmp_path / "w2" / "data").glob("shard_*.pt"))]
+    assert sorted(j for r in recs for j in r["index"]) == list(range(10, 15))
+    assert all(all(r["sampled"]) for r in recs)
     assert [r["run"] for r in state2["runs"]] == [0, 1]
     assert state2["runs"][1]["jobs"] == [10, 15] and state2["runs"][1]["start_step"] == 3
     log = [json.loads(x) for x in (tmp_path / "s2" / "train_log.jsonl").read_text().splitlines()]

@@ -28,6 +28,9 @@ from torch import nn
 from ddtree_server.train.answer import Answerer
 
 
+HF_BATCH_ROWS = 1024  # batch cap when answering with transformers' generate()
+
+
 @dataclass(frozen=True)
 class GenSettings:
     """Data generation settings (tokens / seconds)."""
@@ -170,11 +173,15 @@ def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str
     shard_no = len(list(folder.glob("shard_*.pt")))
     answer = Answerer(model, s, pad_id, eos_ids, report)
     t0 = time.monotonic()
-    for start in range(0, len(todo), s.batch_size):
+    start = 0
+    while start < len(todo):
         late = deadline is not None and time.monotonic() > deadline and start > 0  # one batch at least
         if late or (should_stop and should_stop()):
             break
-        chunk = todo[start:start + s.batch_size]
+        # generate() is ~10x slower per row: smaller batches keep the deadline checks frequent
+        size = s.batch_size if answer.engine == "static" else min(s.batch_size, HF_BATCH_ROWS)
+        chunk = todo[start:start + size]
+        start += len(chunk)
         tb = time.monotonic()
         responses = answer([p for _, p in chunk], [flag[j] for j, _ in chunk], seed=s.seed * 1_000_003 + chunk[0][0])
         rec = {"index": [], "prompt_ids": [], "response_ids": [], "sampled": []}
