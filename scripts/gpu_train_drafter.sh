@@ -59,17 +59,19 @@ SRC=(--data-dir "$INPUTS")
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader || true
 LEFT=$(python -c "print(round(float('$MINUTES') - ($SECONDS - $T0) / 60 - 0.15, 2))")
 echo "piece budget ${MINUTES} min, python gets ${LEFT} min; resume: ${RESUME:-shipped drafter}"
-# Choices (docs/benchmarks/drafter/README.md): answers from the batched static-cache generator
-# (4096 rows: ~48 GB of KV cache; its decode step is bound by launches, so rows are nearly free), 2 passes over the ~50 K clean ShareGPT prompts (the 2nd samples new answers), generation until
-# GEN_MINUTES after the start; 3-layer drafter fed by layers 1,10,19,27; 32 sequences x 64 anchors
-# per step, LM head on importance-sampled rows, length-bucketed batches; validation every minute on
-# 160 held-out prompts (greedy answers); a save every 1.5 minutes.
+# Choices (docs/benchmarks/drafter/README.md): answers from the batched static-cache generator,
+# 4096 rows x (384 + 256) columns (~60 GB of KV cache; a decode step is bound by launches, so rows
+# are nearly free); prompts up to 384 tokens (the long code prompts too); 2 passes over the ~50 K
+# clean ShareGPT prompts (the 2nd samples new answers), until GEN_MINUTES after the start; the
+# 3-layer drafter fed by layers 1,10,19,27; 32 sequences x 64 anchors per step, LM head on
+# importance-sampled rows, length-bucketed batches; validation every minute on 160 held-out prompts
+# (greedy answers); a save every 1.5 minutes.
 python -m ddtree_server.train --gguf "$GGUF" --out "$WORK/drafter" --work-dir "$WORK/train" \
   --state-out "$OUT" --eval-data-dir "$INPUTS" "${SRC[@]}" "${START[@]}" \
   --max-minutes "$LEFT" --gen-minutes "$GEN_MINUTES" --num-prompts 50000 --passes 2 --val-prompts 160 \
-  --gen-batch-size 4096 --max-new-tokens 256 --max-prompt-tokens 256 --sampled-fraction 0.25 --temperature 0.8 \
+  --gen-batch-size 4096 --max-new-tokens 256 --max-prompt-tokens 384 --sampled-fraction 0.25 --temperature 0.8 \
   --layers 3 --target-layer-ids 1,10,19,27 --block-size 16 \
-  --batch-size 32 --anchors 64 --max-seq-len 512 --lr 6e-4 --warmup-steps 50 --gamma 7 --row-sample --bucket 8 \
+  --batch-size 32 --anchors 64 --max-seq-len 640 --lr 6e-4 --warmup-steps 50 --gamma 7 --row-sample --bucket 8 \
   --save-every-minutes 1.5 --val-every-minutes 1 --device cuda "${EXTRA[@]}" &
 PID=$!
 trap 'kill -TERM $PID 2>/dev/null || true' TERM INT  # forwarded: python stops at the next step and saves
