@@ -120,3 +120,26 @@ def test_answerer_checks_greedy_even_when_the_batch_samples(monkeypatch):
     answer(_prompts(), [True] * 4, seed=0)
     assert answer.engine == "static"
     assert [e["greedy_agreement"] for e in events if e.get("stage") == "static generator check"] == [1.0]
+
+
+def test_answerer_halves_a_batch_that_runs_out_of_memory(monkeypatch):
+    from ddtree_server.train import generate as gen_mod
+    from ddtree_server.train.answer import Answerer
+    from ddtree_server.train.data import GenSettings
+
+    model = _model("llama")
+    prompts = _prompts()
+    real = gen_mod.StaticGenerator.generate
+    sizes = []
+
+    def small_memory(self, ps, sampled, **kw):
+        sizes.append(len(ps))
+        if len(ps) > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (emulated)")
+        return real(self, ps, sampled, **kw)
+
+    monkeypatch.setattr(gen_mod.StaticGenerator, "generate", small_memory)
+    answer = Answerer(model, GenSettings(max_new_tokens=16), 0, [1], lambda kind, rec: None)
+    out = answer(prompts, [False] * 4, seed=0)
+    assert answer.engine == "static" and out == _hf_greedy(model, prompts, 16)
+    assert sizes[:3] == [4, 2, 2]

@@ -45,7 +45,7 @@ class Answerer:
     against the target's own argmax) or "hf" (transformers' `generate()`, greedy and sampled rows
     in separate calls). Falls back from static to hf, for the rest of the run, when the model is
     not supported, the generator raises, or its greedy agreement is below 0.85; every switch is
-    reported as a "stage" event."""
+    reported as a "stage" event. A batch that runs out of GPU memory is answered in halves."""
 
     def __init__(self, model, s: GenSettings, pad_id: int, eos_ids: list[int], report) -> None:
         self.model, self.s, self.pad_id, self.eos_ids, self.report = model, s, pad_id, eos_ids, report
@@ -58,6 +58,14 @@ class Answerer:
             try:
                 out, _ = self.gen.generate(prompts, sampled, max_new_tokens=self.s.max_new_tokens,
                                            temperature=self.s.temperature, seed=seed, pad_id=self.pad_id)
+            except torch.cuda.OutOfMemoryError:
+                if len(prompts) < 2:
+                    raise
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                half = len(prompts) // 2  # the KV cache grows with the rows: answer the halves apart
+                self.report("stage", {"stage": "static generator out of memory", "rows": len(prompts)})
+                return self(prompts[:half], sampled[:half], seed) + self(prompts[half:], sampled[half:], seed + 1)
             except (RuntimeError, ValueError) as exc:  # e.g. an attention kernel this device lacks
                 self._fall_back(f"static generator failed: {exc}")
                 return self(prompts, sampled, seed)
