@@ -143,3 +143,29 @@ def test_answerer_halves_a_batch_that_runs_out_of_memory(monkeypatch):
     out = answer(prompts, [False] * 4, seed=0)
     assert answer.engine == "static" and out == _hf_greedy(model, prompts, 16)
     assert sizes[:3] == [4, 2, 2]
+
+
+@pytest.mark.slow
+def test_real_smollm2_answers_equal_generate(smollm2, smollm2_hf):
+    """The default target (fp32 CPU): two chat prompts of different lengths, greedy, 24 tokens."""
+    tok = smollm2.tokenizer
+    texts = ["What is 2+2?", "Write a haiku about autumn leaves falling in a quiet forest at dusk."]
+    prompts = []
+    for t in texts:
+        ids = tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True)
+        prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    eos = [tok.eos_token_id]
+    width = max(map(len, prompts))
+    ids = torch.full((2, width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, p in enumerate(prompts):
+        ids[r, width - len(p):] = torch.tensor(p)
+        mask[r, width - len(p):] = 1
+    ref = smollm2_hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=24, do_sample=False,
+                              pad_token_id=tok.pad_token_id, eos_token_id=eos)
+    want = []
+    for row in ref[:, width:].tolist():
+        want.append(row[:next((j + 1 for j, t in enumerate(row) if t in eos), len(row))])
+    got, _ = StaticGenerator(smollm2_hf, eos).generate(prompts, [False, False], max_new_tokens=24,
+                                                      pad_id=tok.pad_token_id)
+    assert got == want and len(got[1]) == 24
