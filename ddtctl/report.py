@@ -78,23 +78,37 @@ def progress_bars(enabled: bool = True) -> Iterator[Callable[[str, int], Callabl
         yield factory
 
 
+def _release_cell(r: Any) -> str:
+    """The release `current` points at when the deploy ended (a dry run: the one it would install);
+    after a rollback, also the release that was rolled back."""
+    current = getattr(r, "current_release", None)
+    if r.dry_run or current is None:
+        return r.release or "-"
+    if r.rolled_back and r.release and r.release != current:
+        return f"{current} ({r.release} rolled back)"
+    return current
+
+
 def deploy_table(results: Iterable[Any]) -> None:
     table = Table(title="deploy", title_justify="left")
     for col in ("host", "result", "changed", "restarted", "release", "weights sent", "serving"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("host", "result", "release"))
     for r in results:
         result = "planned" if r.dry_run and r.ok else ("ok" if r.ok else "failed")
+        rollback_failed = any(s.name == "rollback" and s.status == "failed" for s in r.steps)
         if r.rolled_back:
-            result += " (rolled back)"
+            result += " (rollback failed)" if rollback_failed else " (rolled back)"
         table.add_row(r.host, _styled(result), str(r.changed).lower(), str(r.restarted).lower(),
-                      r.release or "-", f"{r.weights_bytes_sent} B",
-                      f"{r.url} ({r.model_id})" if r.ok or r.rolled_back else "-")
+                      escape(_release_cell(r)), f"{r.weights_bytes_sent} B",
+                      f"{r.url} ({r.model_id})" if r.ok or (r.rolled_back and not rollback_failed) else "-")
     err_console().print(table)
     for r in results:
         if r.ok and not r.dry_run:
             info(f"{r.host}: serving {r.model_id} at {r.url}")
         elif r.error is not None:
             error(f"{r.host}: {r.error}")
+            if getattr(r, "service", ""):
+                info(f"{r.host}: service now {r.service} (current release: {r.current_release or '-'})")
 
 
 def diffs(results: Iterable[Any]) -> None:
