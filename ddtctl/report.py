@@ -185,7 +185,12 @@ def status_table(statuses: Iterable[Any]) -> None:
             release = f"[yellow]{escape(release)} (checkout: {escape(st.expected_release)})[/yellow]"
         word, cause = ready_word(st), getattr(st, "cause", "")
         ready = _styled(word) + (f": {escape(cause)}" if cause and word in CAUSE_SHOWN else "")
-        table.add_row(st.host, st.kind, _styled(unit.get("active", "-")), str(unit.get("restarts", "-")),
+        unit_cell = _styled(unit.get("active", "-"))
+        if unit.get("active") == "failed" and unit.get("result") not in (None, "", "success"):
+            unit_cell += f" ({escape(unit['result'])})"
+        if unit.get("start_limit_hit"):
+            unit_cell += ", start limit hit"
+        table.add_row(st.host, st.kind, unit_cell, str(unit.get("restarts", "-")),
                       ready, ", ".join(st.models) or "-", escape(gpu_cell(st.gpus, st.gpu_error)),
                       _num(st.acceptance_length), _num(st.tokens_per_second, "{:.1f}"), release)
     err_console().print(table)

@@ -206,7 +206,7 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
                 _container_problem(st, found)
 
     def unit() -> None:
-        state = manager.state()
+        state = manager.diagnose()                      # a failed unit: also whether its start limit hit
         st.unit = state.to_dict()
         if state.active == "unknown":
             st.errors.append(f"unit: the state of {host.unit} could not be read")

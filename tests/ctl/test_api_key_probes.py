@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ddtctl.ops.local_supervisor import LocalSupervisor
+from ddtctl.ops.supervisor import LocalSupervisor
 from ddtctl.ops.units import ServiceSpec, render_local
 
 pytestmark = pytest.mark.slow

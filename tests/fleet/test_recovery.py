@@ -134,6 +134,10 @@ def refuse_by_start_limit(fleet: Fleet) -> None:
 def test_start_recovers_a_unit_refused_by_its_start_limit(healthy):
     fleet = healthy
     refuse_by_start_limit(fleet)
+    res = ddtctl(fleet, "status", CT, "--json", "--no-gpu")     # status says why it is down
+    unit = json.loads(res.stdout)["hosts"][0]["unit"]
+    assert res.returncode == 1 and unit["active"] == "failed" and unit["start_limit_hit"], unit
+    assert "start limit hit" in next(line for line in res.stderr.splitlines() if line.startswith(f"│ {CT}"))
     res = ddtctl(fleet, "start", CT)
     assert res.returncode == 0 and active(fleet), res.stderr
     assert f"{CT}: start {UNIT}: active" in res.stderr
