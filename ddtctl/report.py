@@ -184,7 +184,8 @@ def status_table(statuses: Iterable[Any]) -> None:
         if st.version_mismatch:
             release = f"[yellow]{escape(release)} (checkout: {escape(st.expected_release)})[/yellow]"
         word, cause = ready_word(st), getattr(st, "cause", "")
-        ready = _styled(word) + (f": {escape(cause)}" if cause and word in CAUSE_SHOWN else "")
+        shown = cause and word in CAUSE_SHOWN and not cause.startswith("service ")   # the unit column says that
+        ready = _styled(word) + (f": {escape(cause)}" if shown else "")
         unit_cell = _styled(unit.get("active", "-"))
         if unit.get("active") == "failed" and unit.get("result") not in (None, "", "success"):
             unit_cell += f" ({escape(unit['result'])})"

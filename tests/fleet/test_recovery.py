@@ -20,7 +20,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
