@@ -90,7 +90,8 @@ def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HO
         result = recovery.rollback(target, transport, timeout_s=timeout, break_lock=break_lock)
     except recovery.RecoveryFailed as exc:
         if json_out:
-            report.emit_json({"ok": False, **exc.result.to_dict(), "error": str(exc)})
+            done = exc.rollback_result.to_dict() if exc.rollback_result else {"host": target.name}
+            report.emit_json({"ok": False, **done, "error": str(exc)})
         raise
     finally:
         transport.close()

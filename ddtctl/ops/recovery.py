@@ -30,11 +30,13 @@ RUNNING = ("active", "activating", "reloading")
 
 class RecoveryFailed(DdtctlError):
     """A rollback (or a restart meant to bring a service back) failed; the message says which
-    release the links point at and what state the service is in. exit_code: the cause's."""
+    release the links point at and what state the service is in. exit_code: the cause's;
+    rollback_result: the RollbackResult of `ddtctl rollback` (None for a deploy's rollback)."""
 
     def __init__(self, message: str, exit_code: int = ExitCode.HOST_FAILED):
         super().__init__(message)
         self.exit_code = ExitCode(exit_code)
+        self.rollback_result: RollbackResult | None = None
 
 
 def rollback_timeout(host: Host, timeout_s: float | None) -> float:
@@ -131,5 +133,5 @@ def _undo(host, transport, manager, layout, result: RollbackResult, was_running:
     if tail:
         lines.append(f"service log when the rollback failed:\n{tail}")
     error = RecoveryFailed("\n".join(lines), cause.exit_code)
-    error.result = result
+    error.rollback_result = result
     return error
