@@ -7,6 +7,7 @@ stderr; `--json` prints one JSON document on stdout.
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import typer
@@ -40,6 +41,10 @@ def _root(
                                  help="Print the version and exit."),
 ) -> None:
     ctx.obj = {"inventory": inventory_file}
+    # paramiko logs connection failures with tracebacks through logging's last-resort handler;
+    # ddtctl reports them itself (UnreachableError, one line): keep library logs off the terminal
+    if not logging.getLogger("paramiko").handlers:
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 for _module in (deploy, status, ready, service, inventory):

@@ -1,4 +1,4 @@
-"""Smoke checks over the OpenAI API (httpx), ops.md §6.
+"""Smoke checks over the OpenAI API (httpx).
 
 Every check is greedy (temperature 0) and short. Checks: the model is listed; a factual chat
 answer contains the known fact; a multi-turn chat uses an earlier turn; a raw completion
@@ -19,7 +19,7 @@ import httpx
 
 from ddtctl.errors import SmokeFailed
 from ddtctl.inventory import Host
-from ddtctl.ops.readiness import api_client
+from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error
 
 FACT = ("What is the capital of France?", "paris")
 MEMORY = ([{"role": "user", "content": "My name is Ada."},
@@ -61,14 +61,16 @@ class SmokeReport:
 
 
 class _Api:
-    def __init__(self, client: httpx.Client, model: str):
-        self.client, self.model = client, model
+    def __init__(self, client: httpx.Client, host: Host):
+        self.client, self.host, self.model = client, host, host.model_id
 
     def post(self, path: str, body: dict) -> httpx.Response:
         return self.client.post(path, json={"model": self.model, "temperature": 0, **body})
 
     def ok_json(self, path: str, body: dict) -> dict:
         r = self.post(path, body)
+        if r.status_code in AUTH_CODES:
+            raise auth_error(self.host, f"{path} {r.status_code}")
         if r.status_code != 200:
             raise AssertionError(f"{path} answered {r.status_code}: {r.text[:200]}")
         return r.json()
@@ -85,6 +87,8 @@ class _Api:
         parts, done = [], False
         body = {"model": self.model, "temperature": 0, "messages": messages, "stream": True, **kw}
         with self.client.stream("POST", "/v1/chat/completions", json=body) as r:
+            if r.status_code in AUTH_CODES:
+                raise auth_error(self.host, f"/v1/chat/completions {r.status_code}")
             if r.status_code != 200:
                 raise AssertionError(f"stream answered {r.status_code}: {r.read()[:200]!r}")
             for line in r.iter_lines():
@@ -120,15 +124,22 @@ def _run(report: SmokeReport, name: str, fn: Callable[[], str]) -> bool:
 
 
 def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
-    """Run every check against `host`; never raises for a failed check (see `require_ok`)."""
+    """Run every check against `host`; never raises for a failed check (see `require_ok`).
+    Raises AuthError (exit 3) when the API answers 401/403: no check could pass without the key."""
     report = SmokeReport(host.name)
     with api_client(host, transport, timeout=READ_TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S) as client:
-        api = _Api(client, host.model_id)
+        api = _Api(client, host)
         facts: dict = {}
         unreachable = ""
 
         def models() -> str:
-            ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
+            r = client.get("/v1/models")
+            if r.status_code in AUTH_CODES:          # not a failed check: no check can pass (exit 3)
+                raise auth_error(host, f"/v1/models {r.status_code}")
+            assert r.status_code == 200, f"/v1/models answered {r.status_code}: {r.text[:200]}"
+            data = r.json().get("data") if isinstance(r.json(), dict) else None
+            assert isinstance(data, list), f"/v1/models has no `data` list: {r.text[:200]}"
+            ids = [m.get("id") for m in data if isinstance(m, dict)]
             assert host.model_id in ids, f"/v1/models lists {ids}, not {host.model_id!r}"
             return f"{host.model_id} listed"
 
