@@ -34,76 +34,60 @@ if HAVE_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _window_row(proj_ptr, conv_ptr, win_ptr, i, t, ch, m, stride_proj, stride_conv, KW: tl.constexpr):
-        """Channels ``ch`` of tap t of row i's window: block row r - (K-1) of proj for r >= K-1,
-        else committed-state row r of the conv buffer (model dtype)."""
-        r = tl.load(win_ptr + i * KW + t) + tl.zeros(ch.shape, dtype=tl.int64)
-        blk = r >= KW - 1
-        return tl.load(proj_ptr + tl.maximum(r - (KW - 1), 0) * stride_proj + ch, mask=m & blk, other=0.0) \
-            + tl.load(conv_ptr + tl.minimum(r, KW - 2) * stride_conv + ch, mask=m & (r < KW - 1), other=0.0)
-
-    @triton.jit
-    def _conv_silu(proj_ptr, conv_ptr, win_ptr, w_ptr, i, ch, m, stride_proj, stride_conv,
-                   KW: tl.constexpr, STORE_ROW: tl.constexpr, COMMIT: tl.constexpr):
-        acc = tl.zeros(ch.shape, dtype=tl.float32)
-        for t in tl.static_range(KW):
-            x = _window_row(proj_ptr, conv_ptr, win_ptr, i, t, ch, m, stride_proj, stride_conv, KW)
-            acc += x.to(tl.float32) * tl.load(w_ptr + ch * KW + t, mask=m, other=0.0).to(tl.float32)
-        if STORE_ROW:
-            own = tl.load(proj_ptr + i * stride_proj + ch, mask=m)
-            tl.store(conv_ptr + (KW - 1 + i) * stride_conv + ch, own, mask=m)
-        if COMMIT:  # one row: the committed rows become the window's last K-1 (all loaded above)
-            tl.debug_barrier()
-            for t in tl.static_range(1, KW):
-                x = _window_row(proj_ptr, conv_ptr, win_ptr, i, t, ch, m, stride_proj, stride_conv, KW)
-                tl.store(conv_ptr + (t - 1) * stride_conv + ch, x, mask=m)
-        y = acc / (1.0 + tl.exp(-acc))  # SiLU
-        return y.to(proj_ptr.dtype.element_ty).to(tl.float32)  # the torch path rounds to the model dtype
-
-    @triton.jit
-    def _decay(a, a_log, dt_bias):
-        x = a + dt_bias
-        sp = tl.where(x > 20.0, x, tl.where(x < -15.0, tl.exp(x), tl.log(1.0 + tl.exp(x))))
-        return -tl.exp(a_log) * sp
-
-    @triton.jit
     def _pre_kernel(proj_ptr, conv_ptr, win_ptr, w_ptr, alog_ptr, dtb_ptr, anc_ptr,
                     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, n, stride_proj, stride_conv, stride_g, scale,
                     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr,
-                    BK: tl.constexpr, BV: tl.constexpr, STORE_ROW: tl.constexpr, COMMIT: tl.constexpr):
+                    BC: tl.constexpr, STORE_ROW: tl.constexpr, COMMIT: tl.constexpr):
         i = tl.program_id(0)
         j = tl.program_id(1)
-        if j < 2 * HK:  # a q or k head: conv, SiLU, l2 norm (q also scaled)
-            offs = tl.arange(0, BK)
-            m = offs < DK
-            x = _conv_silu(proj_ptr, conv_ptr, win_ptr, w_ptr, i, j * DK + offs, m, stride_proj, stride_conv,
-                           KW, STORE_ROW, COMMIT)
-            x = x * tl.rsqrt(tl.sum(x * x, axis=0) + 1e-6)
+        is_v = j >= 2 * HK
+        offs = tl.arange(0, BC)
+        m = offs < tl.where(is_v, DV, DK)
+        ch = tl.where(is_v, 2 * HK * DK + (j - 2 * HK) * DV, j * DK) + offs
+        # depthwise causal conv over row i's window (helpers inlined: the interpreter is slow at calls)
+        acc = tl.zeros((BC,), dtype=tl.float32)
+        for t in tl.static_range(KW):
+            r = tl.load(win_ptr + i * KW + t) + tl.zeros((BC,), dtype=tl.int64)
+            x = tl.load(proj_ptr + tl.maximum(r - (KW - 1), 0) * stride_proj + ch, mask=m & (r >= KW - 1),
+                        other=0.0) + tl.load(conv_ptr + tl.minimum(r, KW - 2) * stride_conv + ch,
+                                             mask=m & (r < KW - 1), other=0.0)
+            acc += x.to(tl.float32) * tl.load(w_ptr + ch * KW + t, mask=m, other=0.0).to(tl.float32)
+        if STORE_ROW:  # block row i's inputs, for the commit's conv-state gather
+            tl.store(conv_ptr + (KW - 1 + i) * stride_conv + ch, tl.load(proj_ptr + i * stride_proj + ch, mask=m),
+                     mask=m)
+        if COMMIT:  # one row: the committed rows become the window's last K-1 (all read above)
+            tl.debug_barrier()
+            for t in tl.static_range(1, KW):
+                r = tl.load(win_ptr + i * KW + t) + tl.zeros((BC,), dtype=tl.int64)
+                x = tl.load(proj_ptr + tl.maximum(r - (KW - 1), 0) * stride_proj + ch, mask=m & (r >= KW - 1),
+                            other=0.0) + tl.load(conv_ptr + tl.minimum(r, KW - 2) * stride_conv + ch,
+                                                 mask=m & (r < KW - 1), other=0.0)
+                tl.store(conv_ptr + (t - 1) * stride_conv + ch, x, mask=m)
+        y = acc / (1.0 + tl.exp(-acc))  # SiLU, rounded to the model dtype as the torch path does
+        y = y.to(proj_ptr.dtype.element_ty).to(tl.float32)
+        if j < 2 * HK:  # a q or k head: l2 norm (q also scaled)
+            y = y * tl.rsqrt(tl.sum(y * y, axis=0) + 1e-6)
             if j < HK:
-                tl.store(q_ptr + (i * HK + j) * DK + offs, x * scale, mask=m)
+                tl.store(q_ptr + (i * HK + j) * DK + offs, y * scale, mask=m)
             else:
-                tl.store(k_ptr + (i * HK + j - HK) * DK + offs, x, mask=m)
-        else:  # a v head: conv, SiLU; beta and the path-cumsum decay G of (row i, head h)
+                tl.store(k_ptr + (i * HK + j - HK) * DK + offs, y, mask=m)
+        else:  # a v head h; beta and the path-cumsum decay G of (row i, head h)
             h = j - 2 * HK
-            offs = tl.arange(0, BV)
-            m = offs < DV
-            x = _conv_silu(proj_ptr, conv_ptr, win_ptr, w_ptr, i, 2 * HK * DK + h * DV + offs, m, stride_proj,
-                           stride_conv, KW, STORE_ROW, COMMIT)
-            tl.store(v_ptr + (i * HV + h) * DV + offs, x, mask=m)
+            tl.store(v_ptr + (i * HV + h) * DV + offs, y, mask=m)
             col = 2 * HK * DK + 2 * HV * DV + h  # b, then a HV columns later
             b = tl.load(proj_ptr + i * stride_proj + col).to(tl.float32)
-            beta = (1.0 / (1.0 + tl.exp(-b))).to(proj_ptr.dtype.element_ty).to(tl.float32)
-            tl.store(beta_ptr + i * HV + h, beta)
+            tl.store(beta_ptr + i * HV + h, (1.0 / (1.0 + tl.exp(-b))).to(proj_ptr.dtype.element_ty).to(tl.float32))
             a_log = tl.load(alog_ptr + h).to(tl.float32)
             dt_bias = tl.load(dtb_ptr + h).to(tl.float32)
-            acc = tl.zeros((16,), dtype=tl.float32)
+            gsum = tl.zeros((16,), dtype=tl.float32)
             for j0 in range(0, i + 1, 16):  # ancestors of i have indices <= i
                 rows = j0 + tl.arange(0, 16)
                 rm = rows <= i
                 on = tl.load(anc_ptr + i * n + rows, mask=rm, other=0) != 0
-                a = tl.load(proj_ptr + rows * stride_proj + col + HV, mask=rm, other=0.0).to(tl.float32)
-                acc += tl.where(on, _decay(a, a_log, dt_bias), 0.0)
-            tl.store(g_ptr + i * stride_g + h, tl.sum(acc, axis=0))
+                a = tl.load(proj_ptr + rows * stride_proj + col + HV, mask=rm, other=0.0).to(tl.float32) + dt_bias
+                sp = tl.where(a > 20.0, a, tl.where(a < -15.0, tl.exp(a), tl.log(1.0 + tl.exp(a))))  # softplus
+                gsum += tl.where(on, -tl.exp(a_log) * sp, 0.0)
+            tl.store(g_ptr + i * stride_g + h, tl.sum(gsum, axis=0))
 
 
 def gdn_pre(proj: Tensor, conv: Tensor, win: Tensor, anc: Tensor, weight: Tensor, a_log: Tensor, dt_bias: Tensor,
@@ -129,6 +113,6 @@ def gdn_pre(proj: Tensor, conv: Tensor, win: Tensor, anc: Tensor, weight: Tensor
     _pre_kernel[(n, 2 * hk + hv)](
         proj, conv, win, weight, a_log, dt_bias, anc.view(torch.uint8) if anc.dtype == torch.bool else anc,
         q, k, v, G, beta, n, proj.stride(0), conv.stride(0), G.stride(0), dk ** -0.5,
-        HK=hk, HV=hv, DK=dk, DV=dv, KW=kw, BK=triton.next_power_of_2(dk), BV=triton.next_power_of_2(dv),
+        HK=hk, HV=hv, DK=dk, DV=dv, KW=kw, BC=triton.next_power_of_2(max(dk, dv)),
         STORE_ROW=store_rows, COMMIT=commit, num_warps=1 if max(dk, dv) <= 128 else 4)
     return q, k, v, beta

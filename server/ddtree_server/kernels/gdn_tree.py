@@ -14,7 +14,8 @@ in registers); the solve kernel, per (value head, V tile), walks the row blocks 
 ``U_b = Dinv_b (R_b - sum_{c<b} A_bc U_c)`` and ``O_b = exp(G_b) Q_b S0 + sum_{c<=b} P_bc U_c``,
 reading the solved U rows back from ``u`` (the cache's verify scratch, which the commit folds).
 No per-node state is ever written; S0 is read, not changed. n is a runtime value (no recompiles
-per tree size); matmuls accumulate in fp32 (``precision``: ``ieee``, or ``tf32x3`` on GPUs).
+per tree size). Matmuls are exact fp32 (``precision`` ``ieee``; ptxas for sm_90: no register
+spills with 8 warps and V tiles of 16, while ``tf32x3`` spills).
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ if HAVE_TRITON:
 
 
 def tree_rule(q: Tensor, k: Tensor, v: Tensor, G: Tensor, beta: Tensor, state: Tensor, anc: Tensor,
-              kk: Tensor, u: Tensor, precision: str = "ieee", block_v: int = 32) -> Tensor:
+              kk: Tensor, u: Tensor, precision: str = "ieee", block_v: int = 16) -> Tensor:
     """All nodes of one block from ``state`` (read only). Returns o ``[n, Hv, Dv]`` fp32.
 
     q, k fp32 ``[n, Hk, Dk]`` (per key head; value head h uses key head ``h // (Hv/Hk)``), v fp32
@@ -140,5 +141,5 @@ def tree_rule(q: Tensor, k: Tensor, v: Tensor, G: Tensor, beta: Tensor, state: T
                            HK=hk, HV=hv, DK=dk, BK=bk, PREC=precision, num_warps=4)
     _solve_kernel[(hv, triton.cdiv(dv, bv))](q, k, v, G, beta, state, a, p, d, u, o, n, nb, np_, G.stride(0),
                                              u.stride(0), HK=hk, HV=hv, DK=dk, DV=dv, BK=bk, BV=bv,
-                                             PREC=precision, num_warps=4)
+                                             PREC=precision, num_warps=8)
     return o

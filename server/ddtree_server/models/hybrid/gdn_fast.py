@@ -47,11 +47,6 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def _precision(dtype: torch.dtype) -> str:
-    """fp32 models: exact fp32 products; reduced-precision models: 3xTF32 (~fp32 accuracy)."""
-    return "ieee" if dtype == torch.float32 or runtime.interpreting() else "tf32x3"
-
-
 def fused(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
     """The mixer after the projection on kernels (no checks); same contract as ``mix``."""
     from ddtree_server.kernels.gdn_norm import gated_norm
@@ -68,8 +63,7 @@ def fused(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
     if commit:
         o = step_rule(q, k, v, G, beta, cache.state[li])
     else:
-        o = tree_rule(q, k, v, G, beta, cache.state[li], meta.anc, cache.kk[li], cache.uu[li],
-                      precision=_precision(proj.dtype))
+        o = tree_rule(q, k, v, G, beta, cache.state[li], meta.anc, cache.kk[li], cache.uu[li])
     z = proj[:, mixer.conv_dim:mixer.conv_dim + mixer.value_dim]
     return gated_norm(o, z, mixer.norm.weight, mixer.norm.eps)
 
