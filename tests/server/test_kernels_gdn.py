@@ -73,8 +73,9 @@ for dtype in (torch.float32, torch.float16):
 for hk, hv, dk, dv in ((2, 4, 8, 12), (1, 3, 16, 40)):
     rep = hv // hk
     s0 = torch.randn(hv, dk, dv) * 0.3
-    for shape, n, real in (("chain", 1, 1), ("chain", 17, 17), ("star", 17, 17), ("bushy", 33, 33),
-                           ("deep", 65, 65), ("bushy", 80, 65)):
+    cases = (("chain", 1, 1), ("chain", 17, 17), ("star", 17, 17), ("bushy", 33, 33), ("deep", 65, 65),
+             ("bushy", 80, 65))  # 80 rows: a 65-node tree padded as in the 80-row CUDA graph
+    for shape, n, real in (cases if hk == 2 else cases[1::2]):  # second shape: 3 V tiles, one partial
         rng = random.Random(n)
         anc = torch.eye(n, dtype=torch.bool)
         anc[:real, :real] = ancestors(random_tree(real, 16, rng, shape))
@@ -131,11 +132,12 @@ _WIRING = r"""
 import json, logging, os, random, torch
 from ddtree_server.kernels import gdn_tree
 from ddtree_server.models.hybrid import gdn_fast
-from tests.server.hybrid_fixtures import tiny_hybrid_ours
+from tests.server import hybrid_fixtures
 from tests.server.test_hybrid_tree import ancestors, random_tree
 
 torch.set_num_threads(1)
-model = tiny_hybrid_ours("3gdn+attn", seed=3)
+hybrid_fixtures.PATTERNS["gdn-attn-gdn"] = ["linear_attention", "full_attention", "linear_attention"]
+model = hybrid_fixtures.tiny_hybrid_ours("gdn-attn-gdn", seed=3)
 caches = {f: model.new_cache(128, tree_rows=16) for f in "01"}
 res = {"logits": [], "state": []}
 def both(ids, pos, mask=None, path=None):
@@ -150,16 +152,16 @@ def both(ids, pos, mask=None, path=None):
     if path is not None:
         res["state"].append((caches["1"].state - caches["0"].state).abs().max().item())
 with torch.no_grad():
-    both(torch.randint(0, 250, (6,)), torch.arange(6))                        # pending chain, settled by a fold
-    both(torch.randint(0, 250, (1,)), torch.tensor([6]))                      # decode step, state in place
+    both(torch.randint(0, 250, (9,)), torch.arange(9))                        # pending chain, settled by a fold
+    both(torch.randint(0, 250, (1,)), torch.tensor([9]))                      # decode step, state in place
     parents = random_tree(9, 16, random.Random(1), "bushy")
     anc = ancestors(parents)
     leaf = max(range(9), key=lambda i: (anc[i].sum().item(), i))
     path = anc[leaf].nonzero()[:, 0].tolist()
-    both(torch.randint(0, 250, (9,)), anc.sum(1) - 1 + 7, anc, path)         # tree verify + keep
-    s = 7 + len(path)
+    both(torch.randint(0, 250, (9,)), anc.sum(1) - 1 + 10, anc, path)        # tree verify + keep
+    s = 10 + len(path)
     both(torch.randint(0, 250, (1,)), torch.tensor([s]))
-    both(torch.randint(0, 250, (5,)), torch.arange(s + 1, s + 6), None, [0, 1, 2])  # DFlash-like block + keep
+    both(torch.randint(0, 250, (9,)), torch.arange(s + 1, s + 10), None, [0, 1, 2])  # DFlash-like block + keep
     res["checked"] = sorted(k[0] for k in gdn_fast._checked)
     res["failed_before"] = list(gdn_fast._failed)
     # a broken kernel: the self-check keeps the torch result and turns the kernels off
@@ -170,8 +172,8 @@ with torch.no_grad():
     logging.getLogger("ddtree_server.models.hybrid.gdn_fast").addHandler(
         type("H", (logging.Handler,), {"emit": lambda self, r: records.append(r.getMessage())})())
     s = caches["0"].length
-    anc = ancestors(random_tree(7, 16, random.Random(2), "deep"))
-    both(torch.randint(0, 250, (7,)), anc.sum(1) - 1 + s, anc, [0, 1])
+    anc = ancestors(random_tree(9, 16, random.Random(2), "deep"))
+    both(torch.randint(0, 250, (9,)), anc.sum(1) - 1 + s, anc, [0, 1])
     res["failed_after"] = list(gdn_fast._failed)
     res["warnings"] = records
     os.environ["DDTREE_KERNELS"] = "1"
@@ -192,7 +194,7 @@ def _child(code: str, timeout: int = 600) -> dict:
 def test_gdn_kernels_match_torch_references():
     report = _child(_KERNELS)
     res = report["results"]
-    assert len(res) == 6 + 2 * 13 + 2 + 2  # pre (2 dtypes x 3), tree + fold (2 shapes x 6), step, norm
+    assert len(res) == 6 + 2 * (6 + 3) + 2 + 2  # pre (2 dtypes x 3), tree + fold (6 + 3 trees), step, norm
     for name, e in res.items():
         tol = 1e-3 if "float16" in name and name.startswith("norm") else 1e-5  # fp16 output: 1 ulp
         assert e <= tol, (name, e)

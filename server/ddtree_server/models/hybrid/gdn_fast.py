@@ -82,6 +82,8 @@ def mix(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
 
         fake = SimpleNamespace(meta=tree_meta(anc, proj.shape[0], mixer.kernel, proj.device), mode="chunk")
         _check(mixer, proj, cache, li, fake, key, "synthetic tree")
+        if _failed:
+            return mixer.mix(proj, cache, li, ctx)
     out = _check(mixer, proj, cache, li, ctx, key, "first call")
     if not _failed:
         _checked.add(key)
