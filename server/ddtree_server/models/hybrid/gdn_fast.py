@@ -54,7 +54,7 @@ def fused(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
     from ddtree_server.kernels.gdn_state import step_rule
     from ddtree_server.kernels.gdn_tree import tree_rule
 
-    n, meta = proj.shape[0], ctx.meta
+    meta = ctx.meta
     dims = (mixer.hk, mixer.hv, mixer.dk, mixer.dv)
     commit = ctx.mode == "commit"
     G = torch.empty((1, mixer.hv), dtype=torch.float32, device=proj.device) if commit else cache.GG[li]
