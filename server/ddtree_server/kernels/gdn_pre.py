@@ -33,7 +33,7 @@ if HAVE_TRITON:
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n"])  # one compile for every row count
     def _pre_kernel(proj_ptr, conv_ptr, win_ptr, w_ptr, alog_ptr, dtb_ptr, anc_ptr,
                     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, n, stride_proj, stride_conv, stride_g, scale,
                     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr,
@@ -105,13 +105,16 @@ def gdn_pre(proj: Tensor, conv: Tensor, win: Tensor, anc: Tensor, weight: Tensor
     n, kw = proj.shape[0], win.shape[1]
     if commit and n != 1:
         raise ValueError(f"commit=True updates the conv state in place and needs one row, got {n}")
+    if proj.stride(-1) != 1 or not conv.is_contiguous() or tuple(anc.shape) != (n, n) or win.shape[0] < n:
+        raise ValueError(f"gdn_pre: proj {tuple(proj.shape)} (unit last stride), contiguous conv buffer, "
+                         f"anc {tuple(anc.shape)} and win {tuple(win.shape)} for {n} rows")
     dev, f32 = proj.device, torch.float32
     q = torch.empty((n, hk, dk), dtype=f32, device=dev)
     k = torch.empty((n, hk, dk), dtype=f32, device=dev)
     v = torch.empty((n, hv, dv), dtype=f32, device=dev)
     beta = torch.empty((n, hv), dtype=f32, device=dev)
     _pre_kernel[(n, 2 * hk + hv)](
-        proj, conv, win, weight, a_log, dt_bias, anc.view(torch.uint8) if anc.dtype == torch.bool else anc,
+        proj, conv, win.contiguous(), weight.contiguous(), a_log, dt_bias, anc.contiguous().view(torch.uint8),
         q, k, v, G, beta, n, proj.stride(0), conv.stride(0), G.stride(0), dk ** -0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, KW=kw, BC=triton.next_power_of_2(max(dk, dv)),
         STORE_ROW=store_rows, COMMIT=commit, num_warps=1 if max(dk, dv) <= 128 else 4)

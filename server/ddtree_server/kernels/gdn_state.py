@@ -45,7 +45,7 @@ if HAVE_TRITON:
         tl.store(ptrs, s, mask=msk)
         tl.store(o_ptr + h * DV + dv, tl.sum(q[:, None] * s, axis=0), mask=vm)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["m"])  # one compile for every path length
     def _fold_kernel(s_ptr, kk_ptr, uu_ptr, gg_ptr, idx_ptr, m, layer_s, layer_kk, layer_uu, layer_g,
                      HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
         li = tl.program_id(0)

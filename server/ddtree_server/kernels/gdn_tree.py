@@ -39,7 +39,7 @@ if HAVE_TRITON:
             t = tl.where(r[:, None] == s, row[None, :], t)
         return t
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n", "NP"])  # one compile for every row count
     def _prep_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, kk_ptr, a_ptr, p_ptr, d_ptr,
                      n, NP, stride_g, stride_kk,
                      HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr,
@@ -74,7 +74,7 @@ if HAVE_TRITON:
             if c == b:
                 tl.store(d_ptr + (h * NP + r[:, None]) * 16 + ar[None, :], _unit_lower_inverse(a, ar, ar))
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["n", "NB", "NP"])
     def _solve_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, a_ptr, p_ptr, d_ptr, u_ptr, o_ptr,
                       n, NB, NP, stride_g, stride_u,
                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
