@@ -132,6 +132,7 @@ _WIRING = r"""
 import json, logging, os, random, torch
 from ddtree_server.kernels import gdn_tree
 from ddtree_server.models.hybrid import gdn_fast
+from ddtree_server.models.hybrid.graphs import GraphedHybrid
 from tests.server import hybrid_fixtures
 from tests.server.test_hybrid_tree import ancestors, random_tree
 
@@ -162,6 +163,10 @@ with torch.no_grad():
     s = 10 + len(path)
     both(torch.randint(0, 250, (1,)), torch.tensor([s]))
     both(torch.randint(0, 250, (9,)), torch.arange(s + 1, s + 10), None, [0, 1, 2])  # DFlash-like block + keep
+    graphed = GraphedHybrid(model, capture=False)  # the static graph path; graphs dropped on a failure
+    gcache = graphed.new_cache(64)
+    graphed.forward(gcache, torch.tensor([5]), torch.tensor([0]))
+    before = list(graphed._static.values())
     res["checked"] = sorted(k[0] for k in gdn_fast._checked)
     res["failed_before"] = list(gdn_fast._failed)
     # a broken kernel: the self-check keeps the torch result and turns the kernels off
@@ -178,6 +183,8 @@ with torch.no_grad():
     res["warnings"] = records
     os.environ["DDTREE_KERNELS"] = "1"
     res["usable_after"] = gdn_fast.fold_usable(caches["1"])
+    graphed.forward(gcache, torch.tensor([6]), torch.tensor([1]))
+    res["graphs_dropped"] = all(st not in before for st in graphed._static.values()) and len(before) == 1
 print(json.dumps(res))
 """
 
@@ -210,7 +217,7 @@ def test_gdn_kernel_path_equals_torch_path_and_falls_back_on_a_bad_kernel():
     assert res["logits"][-1] <= 1e-4 and res["state"][-1] <= 1e-5
     assert len(res["failed_after"]) == 1 and "self-check" in res["failed_after"][0]
     assert any("GDN kernels disabled" in w for w in res["warnings"])
-    assert res["usable_after"] is False
+    assert res["usable_after"] is False and res["graphs_dropped"] is True
 
 
 def test_gdn_kernels_compile_for_hopper():

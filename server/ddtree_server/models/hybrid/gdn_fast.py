@@ -13,7 +13,8 @@ the torch path and the kernels both run on the real inputs (and, for trees, firs
 tree of depth up to 16 with the same rows) and their outputs and kept state are compared (relative
 L2 error within ``TOLERANCE`` of the dtype). On a mismatch or an exception the torch result is
 kept, a warning is logged and the kernels are off for the rest of the process, so a kernel bug on
-a GPU can never change the tokens. During capture an unchecked case takes the torch path.
+a GPU can never change the tokens (``GraphedHybrid`` then drops the graphs it captured with
+them). During capture an unchecked case takes the torch path.
 """
 
 from __future__ import annotations
