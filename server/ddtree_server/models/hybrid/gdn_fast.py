@@ -26,7 +26,12 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor
 
-from ddtree_server.kernels import runtime
+from ddtree_server.kernels import gdn_tree, runtime
+from ddtree_server.kernels.gdn_norm import gated_norm
+from ddtree_server.kernels.gdn_pre import gdn_pre
+from ddtree_server.kernels.gdn_state import fold_path, step_rule
+from ddtree_server.models.hybrid import delta
+from ddtree_server.models.hybrid.tree import tree_meta
 
 log = logging.getLogger(__name__)
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -50,11 +55,6 @@ def _capturing(device: torch.device) -> bool:
 
 def fused(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
     """The mixer after the projection on kernels (no checks); same contract as ``mix``."""
-    from ddtree_server.kernels.gdn_norm import gated_norm
-    from ddtree_server.kernels.gdn_pre import gdn_pre
-    from ddtree_server.kernels.gdn_state import step_rule
-    from ddtree_server.kernels.gdn_tree import tree_rule
-
     meta = ctx.meta
     dims = (mixer.hk, mixer.hv, mixer.dk, mixer.dv)
     commit = ctx.mode == "commit"
@@ -64,7 +64,7 @@ def fused(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
     if commit:
         o = step_rule(q, k, v, G, beta, cache.state[li])
     else:
-        o = tree_rule(q, k, v, G, beta, cache.state[li], meta.anc, cache.kk[li], cache.uu[li])
+        o = gdn_tree.tree_rule(q, k, v, G, beta, cache.state[li], meta.anc, cache.kk[li], cache.uu[li])
     z = proj[:, mixer.conv_dim:mixer.conv_dim + mixer.value_dim]
     return gated_norm(o, z, mixer.norm.weight, mixer.norm.eps)
 
@@ -79,8 +79,6 @@ def mix(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
         return mixer.mix(proj, cache, li, ctx)
     if ctx.mode == "chunk":
         anc = synthetic_tree(proj.shape[0]).to(proj.device)
-        from ddtree_server.models.hybrid.tree import tree_meta
-
         fake = SimpleNamespace(meta=tree_meta(anc, proj.shape[0], mixer.kernel, proj.device), mode="chunk")
         _check(mixer, proj, cache, li, fake, key, "synthetic tree")
         if _failed:
@@ -150,9 +148,6 @@ def fold_usable(cache) -> bool:
 def fold(cache, idx: Tensor) -> None:
     """Commit the accepted path ``idx`` (long ``[m]`` on the device) of every GDN layer into
     ``cache.state`` in place (reference ``delta.fold``; self-checked on the first call)."""
-    from ddtree_server.kernels.gdn_state import fold_path
-    from ddtree_server.models.hybrid import delta
-
     key = ("fold", cache.state.dtype, str(cache.state.device), tuple(cache.state.shape[1:]))
     if key in _checked:
         fold_path(cache.state, cache.kk, cache.uu, cache.GG, idx)
