@@ -34,3 +34,18 @@ def test_memory_formula_matches_allocation():
         cache = model.new_cache(8, tree_rows=80)
         win = cache.win.numel() * cache.win.element_size()
         assert cache.state_bytes() - win == mem["static_per_request_bytes"][method]
+
+
+def test_benchmark_kernel_settings_section_on_cpu():
+    """--kernels on,off adds per-setting layer / verify figures, the decode-step mixer and a summary
+    (on CPU without the Triton interpreter both settings run the torch path: a smoke run)."""
+    torch.set_num_threads(1)
+    raw = tiny_config("3gdn+attn").to_dict()
+    report = measure(raw, [5], context=8, dtype="fp32", device="cpu", iters=5, methods=("chunk",),
+                     settings=("on", "off"))
+    kern = report["kernels"]
+    assert set(kern["per_layer"]) == set(kern["verify"]) == {"on", "off"}
+    for st in ("on", "off"):
+        assert set(kern["per_layer"][st]) == {"1", "5"} and kern["per_layer"][st]["1"]["mixer_ms"] > 0
+        assert kern["summary"][st]["verify_over_plain"] > 0
+    assert kern["per_layer"]["off"] is report["per_layer"]["chunk"] and kern["failed"] == []

@@ -1,10 +1,11 @@
-"""GDN tree-verify microbenchmark: per-node states vs tree-masked chunk, at a published shape.
+"""GDN tree-verify benchmark at a published shape: per-node states vs tree-masked chunk, and the
+fused Triton kernels (``DDTREE_KERNELS``) on vs off.
 
     python -m ddtree_server.bench.hybrid_verify --shape qwen3.6-27b --device cuda --out hv.json
 
 Random weights (``target_from_config``), bf16, CUDA graphs. Prints (and writes) JSON with, for each
-GDN tree method (``chunk``, ``node``) and tree size (17 / 33 / 65 nodes = DDTree budgets 16 / 32 /
-64, DDTree-like trees from ``build_ddtree``):
+GDN tree method (``--methods``, default ``chunk``) and tree size (17 / 33 / 65 nodes = DDTree budgets
+16 / 32 / 64, DDTree-like trees from ``build_ddtree``), on the torch path (kernels off):
 
 * ``per_layer``: one GDN token mixer (projections, conv, delta rule, gated norm) replayed from a
   CUDA graph (``mixer_ms``), the delta rule alone (``rule_ms``), and the mixer eager
@@ -13,10 +14,15 @@ GDN tree method (``chunk``, ``node``) and tree size (17 / 33 / 65 nodes = DDTree
   through ``GraphedHybrid``: ``verify_ms`` = one tree forward, ``round_ms`` = forward + commit of
   a depth-5 path (``commit_ms`` the difference), plus ``plain_step_ms`` (1 token) and
   ``dflash_verify_ms`` (a 16-token chain + commit);
-* ``memory``: recurrent + conv state bytes per request and per tree node (docs/hybrid.md).
+* ``memory``: recurrent + conv state bytes per request and per tree node (docs/hybrid.md);
 
-Medians of ``--iters`` calls after warm-up. The faster ``round_ms`` at 65 nodes decides the
-default of ``HybridTarget`` (models/hybrid/model.py). Needs only torch (no server dependencies).
+and, with ``--kernels on,off`` (the default), a ``kernels`` section for the chunk method with the
+same figures per setting (``per_layer`` adds the 1-row decode-step mixer ``"1"`` and the GPU
+kernels launched by one eager mixer call, ``gpu_ops``, counted with torch.profiler), ``failed``
+(the kernels' self-check message if they turned themselves off: then "on" measured the torch
+path) and ``summary``: verify / plain step at the largest tree, per setting.
+
+Medians of ``--iters`` calls after warm-up. Needs only torch (no server dependencies).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Optional
 import typer
 
 SIZES = "17,33,65"
+SETTINGS = ("on", "off")
 
 
 def ddtree_like(n: int, seed: int = 0, depth: int = 15):
@@ -88,60 +95,20 @@ def state_memory(cfg, sizes=(17, 33, 65), tree_rows: int = 80) -> dict:
             "static_per_request_bytes": {m: state + conv + tree_rows * node[m] + extra[m] for m in node}}
 
 
-def layer_bench(cfg, method: str, sizes: list[int], device, dtype, iters: int) -> dict:
-    """Time one GDN mixer and the rule alone at the shape of ``cfg``."""
-    import torch
-
-    from ddtree_server.models.hybrid import delta
-    from ddtree_server.models.hybrid.config import HybridConfig
-    from ddtree_server.models.hybrid.tree import tree_meta
-    from ddtree_server.models.random_init import target_from_config
-    from types import SimpleNamespace
-
-    one = HybridConfig.from_any({**_raw(cfg), "num_hidden_layers": 1, "layer_types": ["linear_attention"],
-                                 "vocab_size": 1024})
-    model = target_from_config(one, device=device, dtype=dtype, method=method)
-    mixer, cache = model.layers[0].linear_attn, model.new_cache(64)
-    out = {}
-    for n in sizes:
-        tree = ddtree_like(n)
-        mask = torch.from_numpy(tree.ancestors()).to(device)
-        meta = tree_meta(mask, n, one.linear_conv_kernel_dim, device)
-        ctx = SimpleNamespace(meta=meta, mode=method)
-        h = torch.randn(n, one.hidden_size, device=device, dtype=dtype)
-        hv, dk, dv = one.linear_num_value_heads, one.linear_key_head_dim, one.linear_value_head_dim
-        q, k = (torch.nn.functional.normalize(torch.randn(n, hv, dk, device=device), dim=-1) for _ in range(2))
-        v, g, beta = torch.randn(n, hv, dv, device=device), -torch.rand(n, hv, device=device), torch.rand(n, hv, device=device)
-        s0 = torch.randn(hv, dk, dv, device=device) * 0.1
-        if method == "chunk":
-            def rule():
-                return delta.tree_chunk(q, k, v, g, beta, s0, mask)
-        else:
-            def rule():
-                return delta.per_node(q, k, v, g, beta, s0, meta.parent, cache.nodes[0])
-
-        def mix():
-            return mixer(h, cache, 0, ctx)
-        out[str(n)] = {"mixer_ms": _median_ms(mix, iters, True), "rule_ms": _median_ms(rule, iters, True),
-                       "mixer_eager_ms": _median_ms(mix, max(5, iters // 5), False)}
-    del model, cache
-    _empty_cache()
-    return out
-
-
-def verify_bench(cfg, method: str, sizes: list[int], context: int, device, dtype, iters: int) -> dict:
-    """Whole-target verify / round / plain step / DFlash verify through GraphedHybrid."""
+def verify_bench(model, sizes: list[int], context: int, device, iters: int) -> dict:
+    """Whole-target verify / round / plain step / DFlash verify through a new GraphedHybrid."""
     import torch
 
     from ddtree_server.engine.decode import tree_inputs
     from ddtree_server.models.hybrid.graphs import GraphedHybrid
-    from ddtree_server.models.random_init import target_from_config
     from ddtree_server.spec.tree import chain_tree
 
-    model = target_from_config(cfg, device=device, dtype=dtype, method=method)
+    cfg = model.config
     target = GraphedHybrid(model, capture=torch.device(device).type == "cuda")
     cache = target.new_cache(context + iters * 40 + 512)
     gen = torch.Generator().manual_seed(0)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     with torch.inference_mode():
         target.forward(cache, torch.randint(0, min(1000, cfg.vocab_size), (context,), generator=gen).to(device),
                        torch.arange(context, device=device))
@@ -171,7 +138,7 @@ def verify_bench(cfg, method: str, sizes: list[int], context: int, device, dtype
         out["context_at_start"], out["context_at_end"] = s0, cache.length
     if torch.cuda.is_available():
         out["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
-    del target, model, cache
+    del target, cache
     _empty_cache()
     return out
 
@@ -193,14 +160,18 @@ def _raw(cfg) -> dict:
 
 
 def measure(shape: str | dict, sizes: list[int], context: int, dtype: str, device: str, iters: int,
-            layers: int | None = None, methods=("chunk", "node"), whole: bool = True) -> dict:
+            layers: int | None = None, methods=("chunk", "node"), whole: bool = True, settings=()) -> dict:
     """The benchmark as a dict (see the module docstring). shape: a published name or a text
-    config dict. On CPU nothing is graphed (a smoke run of the same code)."""
+    config dict; settings: kernel settings to compare (``on`` / ``off``), for the chunk method.
+    On CPU nothing is graphed (a smoke run of the same code)."""
     import torch
 
+    from ddtree_server.bench.gdn_layer import kernels, layer_bench
+    from ddtree_server.models.hybrid import gdn_fast
     from ddtree_server.models.hybrid.config import HybridConfig
     from ddtree_server.models.hybrid.shapes import published
     from ddtree_server.models.load import resolve_dtype
+    from ddtree_server.models.random_init import target_from_config
 
     raw = published(shape)[0] if isinstance(shape, str) else dict(shape)
     if layers:
@@ -212,14 +183,40 @@ def measure(shape: str | dict, sizes: list[int], context: int, dtype: str, devic
               "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else device,
               "torch": torch.__version__,
               "memory": state_memory(cfg, tuple(sizes)), "per_layer": {}, "verify": {}}
+    kern = {"per_layer": {}, "verify": {}} if settings else None
+    off = "off" if settings else None  # the torch-path figures run with the kernels off
     for m in methods:
-        report["per_layer"][m] = layer_bench(cfg, m, sizes, device, dt, iters)
+        report["per_layer"][m] = layer_bench(cfg, m, sizes, device, dt, iters, off)
+        if kern is not None and m == "chunk":
+            for st in settings:
+                kern["per_layer"][st] = report["per_layer"][m] if st == "off" else layer_bench(cfg, m, sizes, device, dt, iters, st)
     if whole:
         for m in methods:
-            report["verify"][m] = verify_bench(cfg, m, sizes, context, device, dt, iters)
+            model = target_from_config(cfg, device=device, dtype=dt, method=m)
+            with kernels(off):
+                report["verify"][m] = verify_bench(model, sizes, context, device, iters)
+            if kern is not None and m == "chunk":
+                for st in settings:
+                    with kernels(st):
+                        kern["verify"][st] = report["verify"][m] if st == "off" else verify_bench(model, sizes, context, device, iters)
+            del model
+            _empty_cache()
         big = str(max(sizes))
         report["faster_round_at_%s" % big] = min(methods, key=lambda m: report["verify"][m][big]["round_ms"])
+    if kern is not None:
+        kern["failed"] = list(gdn_fast._failed)
+        kern["self_checked"] = sorted(str(k[:2]) for k in gdn_fast._checked)
+        kern["summary"] = {st: _summary(v, str(max(sizes))) for st, v in kern["verify"].items()}
+        report["kernels"] = kern
     return report
+
+
+def _summary(v: dict, big: str) -> dict:
+    plain = v["plain_step_ms"]
+    return {"plain_step_ms": plain, f"verify_{big}_ms": v[big]["verify_ms"], f"round_{big}_ms": v[big]["round_ms"],
+            "verify_over_plain": round(v[big]["verify_ms"] / plain, 3),
+            "round_over_plain": round(v[big]["round_ms"] / plain, 3),
+            "dflash_verify_over_plain": round(v["dflash_verify_ms"] / plain, 3)}
 
 
 def main(shape: str = typer.Option("qwen3.6-27b", help="Published shape (models/hybrid/shapes.py)."),
@@ -229,18 +226,22 @@ def main(shape: str = typer.Option("qwen3.6-27b", help="Published shape (models/
          device: str = typer.Option("cuda", help="A CUDA device."),
          iters: int = typer.Option(50, min=5, help="Timed calls per figure (median)."),
          layers: Optional[int] = typer.Option(None, min=1, help="Only the first N layers (quick runs)."),
-         methods: str = typer.Option("chunk,node", help="GDN tree methods to time."),
+         methods: str = typer.Option("chunk", help="GDN tree methods to time (chunk, node)."),
+         kernels_: str = typer.Option("on,off", "--kernels", help="Fused-kernel settings to compare (on, off; empty: none)."),
          whole: bool = typer.Option(True, help="Also time the whole target."),
          out: Optional[Path] = typer.Option(None, help="Write the JSON here too.")) -> None:
-    """Time GDN tree verification (per-node states vs tree-masked chunk) at a published shape."""
+    """Time GDN tree verification (per-node states vs tree-masked chunk, kernels on vs off)."""
     import torch
 
     from ddtree_server.commands.options import int_list
 
     if not torch.cuda.is_available() or not device.startswith("cuda"):
         raise typer.BadParameter("needs a CUDA device (--device cuda[:N])")
+    settings = tuple(x for x in kernels_.split(",") if x)
+    if any(x not in SETTINGS for x in settings):
+        raise typer.BadParameter(f"--kernels takes a comma list of {SETTINGS}, got {kernels_!r}")
     report = measure(shape, int_list(sizes), context, dtype, device, iters, layers,
-                     tuple(m for m in methods.split(",") if m), whole)
+                     tuple(m for m in methods.split(",") if m), whole, settings)
     text = json.dumps(report, indent=1)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from ddtree_server.models.hybrid import delta
+from ddtree_server.models.hybrid import delta, gdn_fast
 from ddtree_server.models.kv_cache import KVCache
 
 
@@ -134,12 +134,13 @@ class HybridCache:
         dev = self.state.device
         idx = rows_on_device if rows_on_device is not None else torch.tensor(rows, dtype=torch.long).to(dev)
         leaf = idx[-1:]
-        if self.method == "chunk":
-            new = delta.fold(self.state, self.kk.index_select(1, idx), self.uu.index_select(1, idx),
-                             self.GG.index_select(1, idx))
+        if self.method == "chunk" and gdn_fast.fold_usable(self):
+            gdn_fast.fold(self, idx)  # all GDN layers in one kernel, in place
+        elif self.method == "chunk":
+            self.state.copy_(delta.fold(self.state, self.kk.index_select(1, idx), self.uu.index_select(1, idx),
+                                        self.GG.index_select(1, idx)))
         else:
-            new = self.nodes.index_select(1, leaf + 1)[:, 0]
-        self.state.copy_(new)
+            self.state.copy_(self.nodes.index_select(1, leaf + 1)[:, 0])
         k1 = self.kernel - 1
         window = self.win.index_select(0, leaf)[0, 1:]
         self.conv[:, :k1] = self.conv.index_select(1, window)

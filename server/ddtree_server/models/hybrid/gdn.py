@@ -12,6 +12,8 @@ Three ways through ``forward`` (``ctx.mode``):
 * ``commit``: a causal chain committed at once (1 token = one step, longer = chunked prefill);
 * ``chunk``: pending block, tree-masked chunked rule; k, u, G kept for ``HybridCache.keep``;
 * ``node``: pending block, per-node states kept; keep copies the accepted node's state.
+On CUDA, decode steps and ``chunk`` blocks run on fused Triton kernels (``gdn_fast.py``,
+``kernels/gdn_*.py``); ``mix`` (pure torch, every device) is their reference.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ddtree_server.models.hybrid import delta
+from ddtree_server.models.hybrid import delta, gdn_fast
 
 
 class GatedRMSNorm(nn.Module):
@@ -67,11 +69,21 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: Tensor, cache, li: int, ctx) -> Tensor:
         """x ``[n, hidden]`` (normed) -> gated, normed core output ``[n, value_dim]`` (before out_proj).
-        li: this layer's index among the GDN layers (rows of the cache's GDN buffers)."""
-        n, dtype = x.shape[0], x.dtype
+        li: this layer's index among the GDN layers (rows of the cache's GDN buffers). On CUDA the
+        fused Triton kernels run where they apply (``gdn_fast``), else the pure-torch ``mix``."""
         proj = self.in_proj(x)
+        if gdn_fast.usable(proj, cache, ctx):
+            return gdn_fast.mix(self, proj, cache, li, ctx)
+        return self.mix(proj, cache, li, ctx)
+
+    def prepare(self, proj: Tensor, cache, li: int, meta):
+        """Pure-torch path from the projection to the rule's inputs: conv rows written to the
+        layer's buffer, conv + SiLU, q/k l2 norm, q scaling, key heads repeated to value heads,
+        beta and g. Returns q, k ``[n, Hv, Dk]``, v ``[n, Hv, Dv]``, g, beta ``[n, Hv]`` (fp32),
+        z ``[n, Hv, Dv]`` and the conv rows ``ext`` (committed state rows, then the block's)."""
+        n, dtype = proj.shape[0], proj.dtype
         qkv, z, b, a = proj.split((self.conv_dim, self.value_dim, self.hv, self.hv), dim=-1)
-        k1, meta = self.kernel - 1, ctx.meta
+        k1 = self.kernel - 1
         if n <= cache.cap:  # inputs go to the scratch rows after the committed conv state
             cache.conv[li, k1:k1 + n] = qkv
             ext = cache.conv[li, : k1 + n]
@@ -88,6 +100,12 @@ class GatedDeltaNet(nn.Module):
         v = v.view(n, self.hv, self.dv)
         beta = torch.sigmoid(b).float()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        return q, k, v, g, beta, z.view(n, self.hv, self.dv), ext
+
+    def mix(self, proj: Tensor, cache, li: int, ctx) -> Tensor:
+        """The pure-torch mixer after the projection (the reference of the fused kernels)."""
+        n, k1, meta = proj.shape[0], self.kernel - 1, ctx.meta
+        q, k, v, g, beta, z, ext = self.prepare(proj, cache, li, meta)
         state = cache.state[li]
         if ctx.mode == "commit":
             o, new = delta.chunked(q, k, v, g, beta, state)
@@ -100,7 +118,7 @@ class GatedDeltaNet(nn.Module):
             cache.GG[li, :n] = G
         else:
             o = delta.per_node(q, k, v, g, beta, state, meta.parent, cache.nodes[li])
-        return self.norm(o, z.view(n, self.hv, self.dv)).reshape(n, self.value_dim)
+        return self.norm(o, z).reshape(n, self.value_dim)
 
 
 def _l2(x: Tensor) -> Tensor:

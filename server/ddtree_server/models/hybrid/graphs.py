@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ddtree_server.models.graphs import GraphedTarget
+from ddtree_server.models.hybrid import gdn_fast
 from ddtree_server.models.hybrid.cache import HybridCache
 from ddtree_server.models.hybrid.model import HybridTarget
 
@@ -47,7 +48,8 @@ class GraphedHybrid(GraphedTarget):
         return self.model.new_cache(max_len, spare_rows=self.spare_rows, tree_rows=self.buckets[-1])
 
     def _get(self, cache, n_pad: int, kv_len: int):
-        ptrs = (cache.state.data_ptr(), cache.conv.data_ptr())  # a new cache, or grown scratch
+        # a new cache, grown scratch, or GDN kernels that turned themselves off: capture anew
+        ptrs = (cache.state.data_ptr(), cache.conv.data_ptr(), bool(gdn_fast._failed))
         if ptrs != getattr(self, "_state_ptrs", None):
             self._static.clear()
             self._cache_ptr = None
