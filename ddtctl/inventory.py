@@ -130,6 +130,8 @@ def parse_inventory(text: str, file: Path) -> Inventory:
         issues += [_issue_from_error(root, err) for err in exc.errors()]
     hosts, problems = refs.valid_hosts(data, ddtctl_home())
     problems += refs.cross_references(data, hosts)
+    hosts, more = refs.resolve_packages(data, hosts)
+    problems += more
     issues += [Issue(_line_of(root, loc), _dotted(loc), message) for loc, message in problems]
     if not issues and model is not None:
         return Inventory(file, model, hosts, refs.groups_of(model, hosts))

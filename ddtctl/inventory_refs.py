@@ -10,11 +10,13 @@ from __future__ import annotations
 import difflib
 import os
 import posixpath
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from ddtctl.inventory_schema import HOST_NAME, Container, Host, InventoryModel, LocalHost, Node
+from ddtctl.inventory_schema import (HOST_NAME, Container, Host, InventoryModel, LocalHost, Node,
+                                     Packages, PackageSettings)
 from ddtctl.inventory_values import install_root_problem
 
 Problem = tuple[tuple, str]      # (key path, message)
@@ -169,3 +171,53 @@ def groups_of(model: InventoryModel, hosts: dict[str, Host]) -> dict[str, list[s
         if host.node_name:
             groups.setdefault(host.node_name, []).append(name)
     return {g: list(dict.fromkeys(m)) for g, m in groups.items()}
+
+
+def resolve_packages(data: dict, hosts: dict[str, Host]) -> tuple[dict[str, Host], list[Problem]]:
+    """Each ddtree host with its `PackageSettings`: the default (`index` for containers, `system`
+    for local hosts), then `packages: {all: ...}`, then the `packages:` of its groups, then its
+    own `service.packages`; a key two of its groups set differently (and the host does not) is a
+    problem."""
+    problems: list[Problem] = []
+    members: dict[str, set[str]] = {}
+    for gname, names in mapping_of(data, "groups").items():
+        if isinstance(names, list):
+            members.setdefault(gname, set()).update(n for n in names if isinstance(n, str))
+    for name, host in hosts.items():
+        for gname in (*host.groups, *([host.node_name] if host.node_name else [])):
+            members.setdefault(gname, set()).add(name)
+    entries: dict[str, Packages] = {}
+    for gname, value in mapping_of(data, "packages").items():
+        if gname != "all" and gname not in members and gname not in mapping_of(data, "groups"):
+            problems.append((("packages", gname), f"unknown group {gname!r} (a group, a node name, or `all`)"))
+        try:
+            entries[gname] = Packages.model_validate(value)
+        except ValidationError:
+            continue                                  # reported by the schema
+    out: dict[str, Host] = {}
+    for name, host in hosts.items():
+        if host.service.kind != "ddtree":
+            out[name] = host
+            continue
+        values: dict = {"mode": "index" if host.kind == "container" else "system"}
+        own = host.service.packages
+        own_keys = own.model_fields_set if own is not None else set()
+        if "all" in entries:
+            values.update({k: getattr(entries["all"], k) for k in entries["all"].model_fields_set})
+        chosen: dict[str, tuple[str, object]] = {}
+        for gname, entry in entries.items():
+            if gname == "all" or name not in members.get(gname, ()):
+                continue
+            for key in sorted(entry.model_fields_set):
+                value = getattr(entry, key)
+                if key in chosen and chosen[key][1] != value and key not in own_keys:
+                    problems.append(((host.section, name, "groups"), f"packages.{key} is set differently by "
+                                     f"groups {chosen[key][0]!r} and {gname!r}; set it in the host's "
+                                     "service.packages or in one group"))
+                chosen.setdefault(key, (gname, value))
+        values.update({k: v for k, (_, v) in chosen.items()})
+        values.update({k: getattr(own, k) for k in own_keys})
+        settings = PackageSettings(**{k: tuple(v) if isinstance(v, list) else v
+                                      for k, v in values.items() if v is not None})
+        out[name] = replace(host, packages=settings)
+    return out, problems

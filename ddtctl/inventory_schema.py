@@ -1,38 +1,31 @@
-"""Pydantic schema of inventory.yaml (nodes, containers, local hosts, services) and the resolved `Host`.
+"""Pydantic schema of inventory.yaml (nodes, containers, local hosts) and the resolved `Host`.
 
 Pure data: no file or network access here. `ddtctl.inventory` loads the YAML, maps validation
-errors back to file lines, resolves cross references and selects hosts.
-
-One host runs one service. A service is the bundled `ddtree` server (installed by ddtctl from
-the server wheel of this checkout) or an external engine (`sglang`, `vllm`) that ddtctl only
-configures, starts and probes: it never builds or installs those.
+errors back to file lines, resolves cross references and selects hosts. Services live in
+`ddtctl.inventory_services`, value rules in `ddtctl.inventory_values`.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from ddtctl import inventory_values as rules
+from ddtctl.inventory_services import (UNIT_NAME, DdtreeService, ModelRef, Packages, Service,
+                                       SglangService, VllmService)
+from ddtctl.inventory_values import (ENV_NAME, HOST_NAME, Address, GroupName, InstallRoot, ModelPath,
+                                     NoControl, rule)
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+__all__ = ["ENV_NAME", "HOST_NAME", "UNIT_NAME", "SMOLLM2_MODEL_ID", "Node", "ModelRef", "Container",
+           "LocalHost", "InventoryModel", "Host", "DdtreeService", "SglangService", "VllmService", "Service", "Packages", "PackageSettings"]
+
 SMOLLM2_MODEL_ID = "SmolLM2-135M-Instruct"   # the embedded default model of ddtree-server
-UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*\.service$")
-
-
-def _scalar_to_str(value: Any) -> Any:
-    """YAML `8` or `0.5` as an environment value means the string; booleans are refused."""
-    if isinstance(value, bool):
-        raise ValueError("use a quoted string ('true'/'1') for a boolean environment value")
-    if isinstance(value, (int, float)):
-        return str(value)
-    return value
+SSH_OPTIONS = {"identityfile": "IdentityFile", "userknownhostsfile": "UserKnownHostsFile",
+               "stricthostkeychecking": "StrictHostKeyChecking"}
+HOST_KEY_CHECKING = ("accept-new", "yes", "strict")
 
 
 def _ssh_scalar(value: Any) -> Any:
@@ -42,39 +35,6 @@ def _ssh_scalar(value: Any) -> Any:
     return str(value) if isinstance(value, (int, float)) else value
 
 
-def _rule(check):
-    """An AfterValidator raising the reason `check(value)` gives (see ddtctl/inventory_values.py)."""
-    def validate(value):
-        problem = check(value)
-        if problem:
-            raise ValueError(problem)
-        return value
-    return AfterValidator(validate)
-
-
-def _env_name_problem(value: str) -> str | None:
-    return None if ENV_NAME.match(value) else "is not a valid environment variable name (letters, digits, _)"
-
-
-def _normalized(value: str) -> str:
-    return rules.normalize_path(value)
-
-
-EnvValue = Annotated[str, BeforeValidator(_scalar_to_str), _rule(rules.env_value_problem)]
-Address = Annotated[str, _rule(rules.address_problem)]
-Executable = Annotated[str, _rule(rules.executable_problem)]
-InstallRoot = Annotated[str, _rule(rules.install_root_problem), AfterValidator(_normalized)]
-ModelPath = Annotated[str, _rule(rules.model_path_problem), AfterValidator(_normalized)]
-NoControl = Annotated[str, _rule(rules.control_problem)]
-GroupName = Annotated[str, _rule(lambda v: None if HOST_NAME.match(v) else
-                                 "group names use letters, digits, '_', '.', '-' and start with a letter or digit")]
-GpuId = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
-                  _rule(rules.gpu_problem)]
-SSH_OPTIONS = {"identityfile": "IdentityFile", "userknownhostsfile": "UserKnownHostsFile",
-               "stricthostkeychecking": "StrictHostKeyChecking"}
-HOST_KEY_CHECKING = ("accept-new", "yes", "strict")
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -82,16 +42,16 @@ class _Strict(BaseModel):
 class Node(_Strict):
     """A Proxmox VE node reached over SSH (`~/.ssh/config` is honoured by the transport)."""
 
-    address: Annotated[str, _rule(lambda v: rules.control_problem(v) or (
+    address: Annotated[str, rule(lambda v: rules.control_problem(v) or (
         "must not contain spaces or start with '-'" if " " in v or v.startswith("-") else None))] = Field(
         min_length=1, description="SSH host name, ssh_config alias or IP address.")
-    user: Annotated[str, _rule(lambda v: rules.control_problem(v) or (
+    user: Annotated[str, rule(lambda v: rules.control_problem(v) or (
         "must not contain spaces" if " " in v else None))] | None = Field(
         None, min_length=1, description="SSH user (default: ~/.ssh/config, then the local user).")
     port: int | None = Field(None, strict=True, ge=1, le=65535, description="SSH port (default: ~/.ssh/config, then 22).")
     ssh_options: dict[str, Annotated[NoControl, BeforeValidator(_ssh_scalar)]] = Field(
         default_factory=dict, description="ssh_config options ddtctl reads: " + ", ".join(SSH_OPTIONS.values()))
-    models_root: Annotated[ModelPath, _rule(rules.mount_path_problem)] = Field(
+    models_root: Annotated[ModelPath, rule(rules.mount_path_problem)] = Field(
         "/srv/ddtctl/models", description="Node folder of `shared` weights (absolute).")
 
     @field_validator("ssh_options")
@@ -104,103 +64,6 @@ class Node(_Strict):
             if key.lower() == "stricthostkeychecking" and option.lower() not in HOST_KEY_CHECKING:
                 raise ValueError(f"StrictHostKeyChecking {option!r}: use {', '.join(HOST_KEY_CHECKING)}")
         return value
-
-
-class ModelRef(_Strict):
-    """Where a model (folder or GGUF file) lives.
-
-    `path` is where the service reads it (inside the container or on the local host). `source`,
-    when given, is a path on the machine running ddtctl: deploy pushes it to `path` (mode `push`)
-    or to the node once and bind-mounts it read-only (mode `shared`). Without `source` the model
-    must already be at `path`.
-    """
-
-    path: ModelPath = Field(min_length=1, description="Path the service reads (absolute).")
-    source: str | None = Field(None, min_length=1, description="Local path to push from.")
-
-
-class _ServiceBase(_Strict):
-    port: int = Field(strict=True, ge=1, le=65535, description="TCP port the service listens on.")
-    bind: Address | None = Field(None, description="Listen address (default 0.0.0.0; 127.0.0.1 on local hosts).")
-    unit: str | None = Field(None, description="systemd unit name (default `<kind>.service`).")
-    model_id: NoControl | None = Field(None, min_length=1, description="Served model id (default: the target's base name).")
-    target: ModelRef | None = None
-    drafter: ModelRef | None = None
-    weights: Literal["push", "shared"] = Field("push", description="push = one copy per container; "
-                                               "shared = one copy per node, bind-mounted read-only.")
-    gpus: list[GpuId] = Field(
-        default_factory=list, description="CUDA_VISIBLE_DEVICES entries (nvidia-smi indices or MIG UUIDs).")
-    environment: dict[str, EnvValue] = Field(default_factory=dict, description="Extra environment.")
-    extra_args: list[str] = Field(default_factory=list, description="Appended to the command line verbatim.")
-    api_key_env: Annotated[str, _rule(_env_name_problem)] | None = Field(
-        None, description="Local env var holding the API key for probes.")
-    ready_timeout_s: float = Field(1800.0, strict=True, gt=0, allow_inf_nan=False,
-                                   description="wait-ready deadline (seconds).")
-
-    @field_validator("environment")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            problem = _env_name_problem(key)
-            if problem:
-                raise ValueError(f"{key!r} {problem}")
-        return value
-
-    @field_validator("unit")
-    @classmethod
-    def _unit_name(cls, value: str | None) -> str | None:
-        if value is not None and not UNIT_NAME.match(value):
-            raise ValueError("must look like `name.service` (letters, digits, _ . @ -)")
-        if value is not None and "@." in value:
-            raise ValueError("is a template unit (`name@.service` has no instance); name an instance "
-                             "(`name@instance.service`) or drop the `@`")
-        if value is not None and len(value) > 255:
-            raise ValueError("is longer than 255 characters (systemd's limit for unit names)")
-        return value
-
-
-class DdtreeService(_ServiceBase):
-    """The bundled `ddtree-server` (no target = the embedded SmolLM2-135M-Instruct GGUF)."""
-
-    kind: Literal["ddtree"]
-    mode: Literal["ar", "dflash", "ddtree"] | None = Field(None, description="Default: server decides.")
-    tree_budget: int | None = Field(None, strict=True, ge=1, le=4096, description="DDTree node budget (nodes).")
-    device: Literal["cuda", "cpu"] | None = None
-    dtype: Literal["bf16", "fp32"] | None = None
-    python: Executable | None = Field(None, description="Interpreter the release venv is made from "
-                               "(default python3; on local hosts the one running ddtctl).")
-    venv_args: list[str] = Field(default_factory=lambda: ["--system-site-packages"])
-    pip_args: list[str] = Field(default_factory=lambda: ["--no-index", "--no-deps"])
-
-
-class SglangService(_ServiceBase):
-    """SGLang (`python -m sglang.launch_server`), DFlash drafting when a drafter is given."""
-
-    kind: Literal["sglang"]
-    python: Executable = Field("/usr/bin/python3", description="Interpreter that has sglang installed.")
-    speculative_algorithm: str = "DFLASH"
-
-
-class VllmService(_ServiceBase):
-    """vLLM (`vllm serve MODEL`), `--speculative-config` JSON when a drafter is given."""
-
-    kind: Literal["vllm"]
-    executable: Executable = Field("/usr/local/bin/vllm", description="The `vllm` console script.")
-    speculative_config: dict[str, Any] = Field(
-        default_factory=lambda: {"method": "dflash", "num_speculative_tokens": 15},
-        description="Merged into --speculative-config; `model` is set to the drafter path.")
-
-    @field_validator("speculative_config")
-    @classmethod
-    def _json(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:
-            json.dumps(value, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"must be plain JSON (strings, numbers, booleans, lists, maps): {exc}") from None
-        return value
-
-
-Service = Annotated[Union[DdtreeService, SglangService, VllmService], Field(discriminator="kind")]
 
 
 class Container(_Strict):
@@ -239,6 +102,23 @@ class InventoryModel(_Strict):
     containers: dict[str, Container] = Field(default_factory=dict)
     local: dict[str, LocalHost] = Field(default_factory=dict)
     groups: dict[str, list[str]] = Field(default_factory=dict, description="group -> host names")
+    packages: dict[str, Packages] = Field(default_factory=dict, description="group (or `all`) -> "
+                                          "package settings of its ddtree hosts")
+
+
+@dataclass(frozen=True)
+class PackageSettings:
+    """The resolved `packages:` of one ddtree host (defaults, `all`, its groups, its own keys)."""
+
+    mode: str = "index"
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    trusted_hosts: tuple[str, ...] = ()
+    pip_args: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "index_url": self.index_url, "extra_index_urls": list(self.extra_index_urls),
+                "trusted_hosts": list(self.trusted_hosts), "pip_args": list(self.pip_args)}
 
 
 @dataclass(frozen=True)
@@ -254,6 +134,7 @@ class Host:
     node_name: str | None = None
     node: Node | None = None
     vmid: int | None = None
+    packages: PackageSettings | None = None      # ddtree services only (inventory_refs.resolve_packages)
 
     @property
     def unit(self) -> str:

@@ -34,6 +34,9 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator
 
 ROOT_CHARS = re.compile(r"^[A-Za-z0-9 ._+,=@%~/-]+$")
 ROOT_CHARS_TEXT = "letters, digits, spaces and / . _ - + , = @ % ~"
@@ -168,3 +171,48 @@ def url_problem(value: str) -> str | None:
     if not re.match(r"^(https?|file)://[^/?#]*", value) or value in ("http://", "https://"):
         return "must be an http://, https:// or file:// URL"
     return None
+
+
+# ----------------------------------------------------------------------------- pydantic types
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _scalar_to_str(value: Any) -> Any:
+    """YAML `8` or `0.5` as an environment value means the string; booleans are refused."""
+    if isinstance(value, bool):
+        raise ValueError("use a quoted string ('true'/'1') for a boolean environment value")
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+def rule(check):
+    """An AfterValidator raising the reason `check(value)` gives."""
+    def validate(value):
+        problem = check(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+    return AfterValidator(validate)
+
+
+def env_name_problem(value: str) -> str | None:
+    return None if ENV_NAME.match(value) else "is not a valid environment variable name (letters, digits, _)"
+
+
+def _normalized(value: str) -> str:
+    return normalize_path(value)
+
+
+EnvValue = Annotated[str, BeforeValidator(_scalar_to_str), rule(env_value_problem)]
+Address = Annotated[str, rule(address_problem)]
+Executable = Annotated[str, rule(executable_problem)]
+InstallRoot = Annotated[str, rule(install_root_problem), AfterValidator(_normalized)]
+ModelPath = Annotated[str, rule(model_path_problem), AfterValidator(_normalized)]
+NoControl = Annotated[str, rule(control_problem)]
+GroupName = Annotated[str, rule(lambda v: None if HOST_NAME.match(v) else
+                                "group names use letters, digits, '_', '.', '-' and start with a letter or digit")]
+GpuId = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
+                  rule(gpu_problem)]

@@ -24,7 +24,7 @@ from pathlib import Path
 from ddtctl import cancel
 from ddtctl.errors import DdtctlError, RemoteError, UsageError
 from ddtctl.inventory import Host
-from ddtctl.ops import releases, weights
+from ddtctl.ops import packages, releases, weights
 from ddtctl.ops.lock import HostLocked, host_lock
 from ddtctl.ops.readiness import ReadyReport, wait_ready
 from ddtctl.ops.smoke import SmokeReport, require_ok, run_smoke
@@ -83,6 +83,7 @@ class _Run:
     def __init__(self, result: DeployResult, log: Callable[[str, Step], None] | None):
         self.result, self.log = result, log
         self.replaced: dict[str, tuple[str, int]] = {}     # path -> (previous text, mode) of rewritten files
+        self.reinstalled = False                          # the current release was installed again in place
 
     def step(self, name: str, status: str, detail: str = "", since: float | None = None) -> Step:
         step = Step(name, status, detail, round(time.monotonic() - since, 2) if since else 0.0)
@@ -106,9 +107,7 @@ def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_
     `node_transport`: the Proxmox node's transport (needed for `weights: shared`).
     A real deploy holds the host lock (ops/lock.py) throughout; `break_lock` removes a stale one.
     """
-    svc = host.service
-    result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id,
-                          url=f"http://{host.address}:{svc.port}/v1")
+    result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id, url=host.url)
     run = _Run(result, log)
     try:
         lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock)
@@ -134,7 +133,7 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
         weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
         cancel.check("the unit files")
         unit_changed = _unit_files(host, transport, manager, run, dry_run)
-        res.changed = release_changed or unit_changed or weights_changed
+        res.changed = release_changed or run.reinstalled or unit_changed or weights_changed
         if dry_run:
             run.step("restart", "planned" if res.changed else "skipped",
                      "would restart" if res.changed else "nothing changed: no restart")
@@ -149,29 +148,55 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
 
 
 def _release(host, transport, layout, bundle, old, run: _Run, dry_run, progress_factory) -> bool:
-    """Install this checkout's release if missing and point `current` at it; True if it moved."""
+    """Verify this checkout's release (install it when missing, reinstall it when it fails
+    verification) and point `current` at it; True if `current` moved."""
     svc = host.service
     if svc.kind != "ddtree":
         return False
     if bundle is None:
         raise UsageError("internal: deploying a ddtree service needs the server bundle")
-    vid, t = bundle.version_id, time.monotonic()
+    vid, t, python = bundle.version_id, time.monotonic(), venv_python(host)
     run.result.release = vid
-    if releases.is_installed(transport, layout, vid):
-        run.step("release", "ok", f"{vid} already installed")
+    wheel = getattr(bundle, "wheel", None)
+    wheel_name = wheel.name if wheel is not None else f"ddtree_server-{_version(bundle)}-py3-none-any.whl"
+    house = None
+    if host.packages.mode == "wheelhouse" and not dry_run:
+        house = packages.build_wheelhouse(host, wheel, packages.target_facts(transport, python))
+    plan = packages.install_plan(host, python, posixpath.join(layout.release(vid), wheel_name),
+                                 wheelhouse_dir=layout.wheelhouse, wheel_names=house.names if house else None)
+    check = releases.verify(transport, layout, vid, python, plan.fingerprint, _version(bundle))
+    how = f"{plan.mode} mode, venv from {python}"
+    if check.ok:
+        run.step("release", "ok", f"{vid} already installed ({check.summary()})", t)
     elif dry_run:
-        run.step("release", "planned", f"install {vid} (venv from {venv_python(host)})")
+        what = "install" if check.stage == "missing" else f"reinstall (failed verification: {check.summary()})"
+        run.step("release", "planned", f"{what} {vid} ({how})")
     else:
-        cb = progress_factory(f"wheel {bundle.wheel.name}", bundle.wheel.stat().st_size) if progress_factory else None
-        sent = releases.install(transport, layout, vid, bundle.wheel, venv_python(host), svc.venv_args,
-                                svc.pip_args, progress=cb)
-        run.step("release", "changed", f"installed {vid} ({sent} wheel bytes sent)", t)
+        sent_wh = ""
+        if house is not None:
+            wr = packages.push_wheelhouse(transport, house, layout.wheelhouse, progress_factory)
+            sent_wh = f"; wheelhouse {len(house.names)} wheels, {wr.files_sent} sent ({wr.bytes_sent} bytes)"
+        cb = progress_factory(f"wheel {wheel.name}", wheel.stat().st_size) if progress_factory else None
+        sent = releases.install(transport, layout, vid, wheel, python, plan, progress=cb)
+        after = releases.verify(transport, layout, vid, python, plan.fingerprint, _version(bundle))
+        if not after.ok:
+            raise RemoteError(f"{host.name}: release {vid} installed but does not verify: {after.summary()}")
+        again = "" if check.stage == "missing" else f"re-installed, was {check.summary()}; "
+        run.step("release", "changed", f"{again}installed {vid} ({how}; {sent} wheel bytes sent{sent_wh}; "
+                 f"{after.summary()})", t)
+        run.reinstalled = old == vid
     if old == vid:
         return False
     if not dry_run:
         releases.switch(transport, layout, vid)
     run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {vid}")
     return True
+
+
+def _version(bundle) -> str:
+    """The server version of a Bundle or SourceIdentity (what `ddtree-server --version` prints):
+    the version id is `<version>-<sha12>`."""
+    return bundle.version_id.rsplit("-", 1)[0]
 
 
 def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout_s) -> None:
