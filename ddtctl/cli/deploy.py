@@ -34,16 +34,20 @@ def deploy_cmd(
     hosts: Optional[list[str]] = HostsArg,
     all_hosts: bool = AllOpt,
     limit: Optional[str] = LimitOpt,
-    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Print the plan and diffs; change nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Print the plan and unit diffs; change nothing. "
+                                 "Still connects to the hosts to read what is there (release links, release "
+                                 "verification, unit files, weight manifests, `pct config`), like Ansible's "
+                                 "check mode."),
     smoke: bool = typer.Option(True, "--smoke/--no-smoke", help="Run the smoke checks after wait-ready."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, help="wait-ready deadline in seconds "
-                                            "[default: the service's ready_timeout_s]."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="SECONDS",
+                                            help="wait-ready deadline [default: the service's ready_timeout_s]."),
     parallel: int = ParallelOpt,
     json_out: bool = JsonOpt,
     break_lock: bool = BreakLockOpt,
 ) -> None:
-    """Build the server wheel of this checkout, install it, (re)start only if something changed,
-    wait until ready and smoke-test; roll back to the previous release if that fails.
+    """Build the server wheel of this checkout, verify or install its release (with its
+    dependencies: packages.mode index, wheelhouse or system), (re)start only if something
+    changed, wait until ready and smoke-test; roll back to the previous release if that fails.
 
     Example: ddtctl deploy local
     """
@@ -72,7 +76,9 @@ def deploy_cmd(
 
 @handle_errors
 def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST"),
-                 timeout: Optional[float] = typer.Option(None, "--timeout", min=1),
+                 timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="SECONDS",
+                                                         help="wait-ready deadline [default: the service's "
+                                                              "ready_timeout_s]."),
                  json_out: bool = JsonOpt, break_lock: bool = BreakLockOpt) -> None:
     """Switch HOST back to its previous release, restart it and wait until ready.
 
