@@ -187,6 +187,9 @@ def test_shipped_inventories_validate() -> None:
         "ct200": ("pve1", 200, "ddtree"), "ct129": ("pro6000", 129, "sglang")}
     assert fleet.hosts["ct129"].service.port == 30000
     assert fleet.hosts["ct200"].service.gpus == ["0"] and fleet.hosts["ct200"].service.weights == "shared"
+    assert (fleet.hosts["ct200"].packages.mode, fleet.hosts["ct200"].packages.extra_index_urls) == (
+        "index", ("https://download.pytorch.org/whl/cu124",))
+    assert local.packages.mode == "system"
 
 
 def test_not_utf8_is_an_inventory_error(tmp_path: Path) -> None:
