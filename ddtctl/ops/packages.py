@@ -89,7 +89,8 @@ def install_plan(host: Host, python: str, wheel_path: str, *, wheelhouse_dir: st
         if wheelhouse_dir is None:
             raise UsageError("internal: wheelhouse mode needs the wheelhouse folder")
         source = ["--no-index", "--find-links", wheelhouse_dir]
-        fingerprint["wheels"] = sorted(wheel_names or [])
+        if wheel_names is not None:                  # unknown in a dry run: not compared then
+            fingerprint["wheels"] = sorted(wheel_names)
     else:
         source = index_options(s)
     installs = [[*source, *s.pip_args, wheel_path]]

@@ -189,8 +189,10 @@ def _probe(transport, python: str, mode: str, *args: str, timeout: float) -> tup
 
 
 def _settings_diff(old: dict | None, new: dict) -> list[str]:
+    """`key: old -> new` for each setting of `new` the release was installed with otherwise
+    (keys `new` leaves out, e.g. a dry run's unknown wheelhouse, are not compared)."""
     old = old or {}
-    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted({*old, *new}) if old.get(k) != new.get(k)]
+    return [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in sorted(new) if old.get(k) != new[k]]
 
 
 def verify(transport, layout: Layout, version_id: str, python: str, fingerprint: dict,

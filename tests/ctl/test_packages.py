@@ -83,6 +83,8 @@ def test_install_plans() -> None:
                                   wheel_names=["torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"])
     assert house.pip_installs == [["--no-index", "--find-links", "/opt/ddtree/wheelhouse", "--no-compile", wheel]]
     assert house.fingerprint["wheels"] == ["torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    dry = packages.install_plan(hosts["b"], "python3", wheel, wheelhouse_dir="/opt/ddtree/wheelhouse")
+    assert "wheels" not in dry.fingerprint                                # a dry run resolves no wheelhouse
     system = packages.install_plan(hosts["here"], "/usr/bin/python3", wheel)
     assert (system.venv_args, system.pip_installs) == (["--system-site-packages"], [["--no-index", "--no-deps", wheel]])
     assert index.fingerprint != packages.install_plan(hosts["c"], "python3", wheel).fingerprint
