@@ -169,8 +169,8 @@ def _release(host, transport, layout, bundle, old, run: _Run, dry_run, progress_
     if check.ok:
         run.step("release", "ok", f"{vid} already installed ({check.summary()})", t)
     elif dry_run:
-        what = "install" if check.stage == "missing" else f"reinstall (failed verification: {check.summary()})"
-        run.step("release", "planned", f"{what} {vid} ({how})")
+        why = "" if check.stage == "missing" else f"; it failed verification: {check.summary()}"
+        run.step("release", "planned", f"{'install' if not why else 'reinstall'} {vid} ({how}){why}")
     else:
         sent_wh = ""
         if house is not None:

@@ -331,11 +331,14 @@ def test_deploy_local_end_to_end(tmp_path: Path) -> None:
         # a release is verified, not trusted: a changed file is seen (dry run: nothing done) ...
         rel = tmp_path / "home" / "hosts" / "local" / "releases" / release
         cli = next(rel.glob("venv/lib/python*/site-packages/ddtree_server/cli.py"))
-        cli.write_text(cli.read_text() + "\n# tampered\n")
+        st = cli.stat()                                          # same size, same mtime: only the hash tells
+        cli.write_text(cli.read_text().replace("Print the version.", "Print the versi0n."))
+        os.utime(cli, ns=(st.st_atime_ns, st.st_mtime_ns))
         code, doc, err = _ddtctl(env, "deploy", "local", "--json", "--dry-run")
         planned = {s["name"]: s for s in doc["hosts"][0]["steps"]}["release"]
         assert code == 0 and planned["status"] == "planned", err
-        assert "reinstall (failed verification: manifest: " in planned["detail"] and "cli.py: sha256 differs" in planned["detail"]
+        assert planned["detail"].startswith(f"reinstall {release} (system mode, venv from "), planned
+        assert "; it failed verification: manifest: " in planned["detail"] and "cli.py: sha256 differs" in planned["detail"]
         # ... and a deleted venv is installed again, the service restarted on it, ready
         shutil.rmtree(rel / "venv")
         code, doc, err = _ddtctl(env, "deploy", "local", "--json", "--no-smoke")
