@@ -181,8 +181,9 @@ class Host:
 
     @classmethod
     def of_local(cls, name: str, lh: LocalHost, default_root: str) -> "Host":
-        return cls(name=name, kind="local", address=lh.address, root=os.path.expanduser(lh.root or default_root),
-                   service=lh.service, groups=tuple(lh.groups))
+        root = rules.normalize_path(os.path.expanduser(lh.root or default_root))
+        return cls(name=name, kind="local", address=lh.address, root=root, service=lh.service,
+                   groups=tuple(lh.groups))
 
     @property
     def url(self) -> str:

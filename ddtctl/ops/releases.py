@@ -5,6 +5,7 @@
     <root>/current  -> releases/<id>  what the service runs (ExecStart goes through this link)
     <root>/previous -> releases/<id>  what `rollback` switches back to
     <root>/wheelhouse/                dependency wheels (packages.mode: wheelhouse)
+    <root>/.ddtctl-reinstall-<id>/    a release moved aside while it is reinstalled (put back on failure)
     <root>/<unit-stem>.env            EnvironmentFile of the service
 
 A release is verified before it is used, never trusted for existing (`verify`): its manifest
@@ -237,34 +238,49 @@ def verify(transport, layout: Layout, version_id: str, python: str, fingerprint:
     return out
 
 
-def install(transport, layout: Layout, version_id: str, wheel, python: str, plan, *,
-            progress=None, meta: dict | None = None) -> int:
-    """Push the wheel into releases/<id>/, make the venv, run the plan's pip installs, check the
-    console script and write the manifest (last); returns wheel bytes sent.
+def install(transport, layout: Layout, version_id: str, wheel, python: str, plan, *, version: str,
+            progress=None, meta: dict | None = None) -> tuple[int, Verification]:
+    """Install releases/<id>: push the wheel, make the venv, run the plan's pip installs, check the
+    console script, write the manifest (last), then `verify` it; returns (wheel bytes sent, the
+    verification).
 
-    `plan`: a packages.InstallPlan (venv options, pip argument lists, fingerprint). Raises
-    RemoteError (with pip's output) when a step fails; a half-made release is removed, and a
-    release without its manifest never counts as installed."""
+    `plan`: a packages.InstallPlan (venv options, pip argument lists, fingerprint); `version`:
+    what `ddtree-server --version` must print. A release folder that is already there (a release
+    that failed verification, or one installed with other settings) is moved aside first and put
+    back when anything fails, so a failed reinstall leaves the release as it was (venvs cannot be
+    moved elsewhere: their scripts name their own path). Raises RemoteError (with pip's output)."""
     rel = layout.release(version_id)
+    aside = posixpath.join(layout.root, f".ddtctl-reinstall-{version_id}")
     venv = posixpath.join(rel, "venv")
-    transport.run(["rm", "-rf", "--", rel], timeout=300).check()
-    transport.run(["mkdir", "-p", "--", rel], timeout=60).check()
-    put = transport.put(wheel, posixpath.join(rel, wheel.name), mode=0o644, progress=progress)
+    transport.run(["rm", "-rf", "--", aside], timeout=300).check()
+    had_old = transport.run(["test", "-d", rel], timeout=60).ok
+    if had_old:
+        transport.run(["mv", "-T", "--", rel, aside], timeout=60).check()
     pip = [posixpath.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check"]
     argvs = [[python, "-m", "venv", *plan.venv_args, venv]]
     argvs += [[*pip, *args] for args in plan.pip_installs]
     argvs += [[posixpath.join(venv, "bin", "ddtree-server"), "--version"]]
     try:
+        transport.run(["mkdir", "-p", "--", rel], timeout=60).check()
+        put = transport.put(wheel, posixpath.join(rel, wheel.name), mode=0o644, progress=progress)
         for argv in argvs:
             transport.run(argv, timeout=INSTALL_TIMEOUT_S).check()
         doc = {"version_id": version_id, "fingerprint": plan.fingerprint, **(meta or {})}
         _, why = _probe(transport, python, "write", rel, json.dumps(doc), timeout=PROBE_TIMEOUT_S)
         if why:
             raise RemoteError(f"{transport.name}: writing the release manifest failed: {why}")
+        check = verify(transport, layout, version_id, python, plan.fingerprint, version)
+        if not check.ok:
+            raise RemoteError(f"{transport.name}: release {version_id} installed but does not verify: "
+                              f"{check.summary()}")
     except BaseException:
         transport.run(["rm", "-rf", "--", rel], timeout=300)
+        if had_old:
+            transport.run(["mv", "-T", "--", aside, rel], timeout=60)
         raise
-    return put.bytes_sent
+    if had_old:
+        transport.run(["rm", "-rf", "--", aside], timeout=300)
+    return put.bytes_sent, check
 
 
 def list_releases(transport, layout: Layout) -> list[Release]:

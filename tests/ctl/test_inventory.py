@@ -382,7 +382,7 @@ def test_accepted_values_are_normalised() -> None:
 def test_local_roots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "state"))
-    text = "local:\n  a: {root: ~/srv/a, service: {kind: ddtree, port: 8000}}\n  b: {service: {kind: ddtree, port: 8001}}\n"
+    text = "local:\n  a: {root: ~/srv//a/, service: {kind: ddtree, port: 8000}}\n  b: {service: {kind: ddtree, port: 8001}}\n"
     inv = parse_inventory(text, Path("i.yaml"))
     assert inv.hosts["a"].root == str(tmp_path / "home" / "srv" / "a")
     assert inv.hosts["b"].root == str(tmp_path / "state" / "hosts" / "b")

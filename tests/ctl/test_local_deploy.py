@@ -226,6 +226,24 @@ def test_large_files_are_checked_by_size_and_mtime_only(tmp_path: Path, monkeypa
     assert verify().ok
 
 
+def test_a_failed_reinstall_puts_the_release_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reinstalling a release (here: one installed with other settings) that then fails to
+    install leaves the folder exactly as it was, still verifying with its own settings."""
+    from ddtctl.errors import RemoteError
+    from ddtctl.ops import packages
+
+    rel, verify = _stub(tmp_path, monkeypatch)
+    before = sorted(str(p.relative_to(rel)) for p in rel.rglob("*"))
+    layout = releases.Layout(str(rel.parents[1]), "ddtree.service")
+    broken = tmp_path / "ddtree_server-0.1.0-py3-none-any.whl"
+    broken.write_bytes(b"not a zip")
+    plan = packages.InstallPlan("index", [], [["--no-index", "--no-deps", str(rel / broken.name)]], {"mode": "index"})
+    with pytest.raises(RemoteError, match="exit code"):
+        releases.install(LocalTransport(), layout, "0.1.0-abc", broken, sys.executable, plan, version="0.1.0")
+    assert sorted(str(p.relative_to(rel)) for p in rel.rglob("*")) == before
+    assert verify().ok and not any(p.name.startswith(".ddtctl-reinstall") for p in rel.parents[1].iterdir())
+
+
 def test_other_settings_a_broken_entry_point_and_missing_dependencies_fail(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from ddtctl.ops import release_probe
@@ -271,7 +289,7 @@ def test_an_install_root_the_inventory_accepts_deploys(tmp_path: Path, monkeypat
     bundle, t = build_wheel(), LocalTransport()
     layout = releases.Layout(host.root, host.unit)
     plan = packages.install_plan(host, venv_python(host), posixpath.join(layout.release(bundle.version_id), bundle.wheel.name))
-    releases.install(t, layout, bundle.version_id, bundle.wheel, venv_python(host), plan)
+    releases.install(t, layout, bundle.version_id, bundle.wheel, venv_python(host), plan, version=bundle.identity.version)
     launcher = Path(layout.release(bundle.version_id), "venv", "bin", "ddtree-server").read_text()
     assert launcher.startswith("#!/bin/sh\n")                              # pip's launcher for such paths
     check = releases.verify(t, layout, bundle.version_id, venv_python(host), plan.fingerprint, bundle.identity.version)
