@@ -8,12 +8,12 @@ inventory accepts never fails later at deploy. Where each kind of value ends up,
   the console scripts' interpreter line, `WorkingDirectory=`, `ExecStart=` and
   `EnvironmentFile=` of the unit. pip writes a console script whose interpreter path has a space
   or is longer than 127 bytes as a `/bin/sh` launcher (`'''exec' "PATH" "$0" "$@"`), where
-  `$ ` \\ " ' ; & | < > ( ) * ? [` act as shell syntax; `python -m venv` refuses `:` (the PATH
-  separator); systemd refuses quotes, backslashes and control characters in an executable path
-  ("Executable name contains special characters", systemd.service(5)) and `..` in
-  `WorkingDirectory=`, and reads `EnvironmentFile=` as a glob (`* ? [`). So roots are
-  absolute and use only ``A-Z a-z 0-9 / . _ - + , = @ % ~`` and spaces, without `..`
-  components.
+  `$`, the backquote, `\\`, `"`, `'`, `;`, `&`, `|`, `<`, `>`, `(`, `)`, `*`, `?`, `[` are shell
+  syntax; `python -m venv` refuses `:` (the PATH separator); systemd refuses quotes,
+  backslashes and control characters in an executable path ("Executable name contains special
+  characters", systemd.service(5)) and `..` in `WorkingDirectory=`, and reads
+  `EnvironmentFile=` as a glob (`* ? [`). So roots are absolute and use only
+  ``A-Z a-z 0-9 / . _ - + , = @ % ~`` and spaces, without `..` components.
 * **Model paths** are argv words, push destinations and, with `weights: shared`, part of
   `pct set -mpN NODE_PATH,mp=CT_PATH,ro=1` (a Proxmox property string: `,` separates
   properties, `=` splits key from value): absolute, below `/`, no `..`, no control characters;

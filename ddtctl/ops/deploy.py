@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import os
 import posixpath
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddtctl import cancel
-from ddtctl.errors import DdtctlError, RemoteError, UsageError
+from ddtctl.errors import DdtctlError, RemoteError
 from ddtctl.inventory import Host
-from ddtctl.ops import packages, releases, weights
+from ddtctl.ops import releases, weights
 from ddtctl.ops.lock import HostLocked, host_lock
 from ddtctl.ops.readiness import ReadyReport, wait_ready
+from ddtctl.ops.release_step import release_step
 from ddtctl.ops.smoke import SmokeReport, require_ok, run_smoke
 from ddtctl.ops.supervisor import manager_for
 from ddtctl.ops.units import service_spec
@@ -93,11 +93,6 @@ class _Run:
         return step
 
 
-def venv_python(host: Host) -> str:
-    """Interpreter the release venv is made from: inventory `python`, else ddtctl's own on local hosts."""
-    return host.service.python or (sys.executable if host.kind == "local" else "python3")
-
-
 def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_run: bool = False,
                 smoke: bool = True, timeout_s: float | None = None, progress_factory=None,
                 log: Callable[[str, Step], None] | None = None, break_lock: bool = False) -> DeployResult:
@@ -127,7 +122,7 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
     old = res.previous_release = releases.read_link(transport, layout.current)
     old_previous = None if dry_run else releases.read_link(transport, layout.previous)
     cancel.check("the release step")
-    release_changed = _release(host, transport, layout, bundle, old, run, dry_run, progress_factory)
+    release_changed = release_step(host, transport, layout, bundle, old, run, dry_run, progress_factory)
     try:
         cancel.check("the weights")
         weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
@@ -145,56 +140,6 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
             _rollback(host, transport, manager, layout, old if release_changed else None, run, timeout_s,
                       old_previous)
         raise
-
-
-def _release(host, transport, layout, bundle, old, run: _Run, dry_run, progress_factory) -> bool:
-    """Verify this checkout's release (install it when missing, reinstall it when it fails
-    verification) and point `current` at it; True if `current` moved."""
-    svc = host.service
-    if svc.kind != "ddtree":
-        return False
-    if bundle is None:
-        raise UsageError("internal: deploying a ddtree service needs the server bundle")
-    vid, t, python = bundle.version_id, time.monotonic(), venv_python(host)
-    run.result.release = vid
-    wheel = getattr(bundle, "wheel", None)
-    wheel_name = wheel.name if wheel is not None else f"ddtree_server-{_version(bundle)}-py3-none-any.whl"
-    house = None
-    if host.packages.mode == "wheelhouse" and not dry_run:
-        house = packages.build_wheelhouse(host, wheel, packages.target_facts(transport, python))
-    plan = packages.install_plan(host, python, posixpath.join(layout.release(vid), wheel_name),
-                                 wheelhouse_dir=layout.wheelhouse, wheel_names=house.names if house else None)
-    check = releases.verify(transport, layout, vid, python, plan.fingerprint, _version(bundle))
-    how = f"{plan.mode} mode, venv from {python}"
-    if check.ok:
-        run.step("release", "ok", f"{vid} already installed ({check.summary()})", t)
-    elif dry_run:
-        why = "" if check.stage == "missing" else f"; it failed verification: {check.summary()}"
-        run.step("release", "planned", f"{'install' if not why else 'reinstall'} {vid} ({how}){why}")
-    else:
-        sent_wh = ""
-        if house is not None:
-            wr = packages.push_wheelhouse(transport, house, layout.wheelhouse, progress_factory)
-            sent_wh = f"; wheelhouse {len(house.names)} wheels, {wr.files_sent} sent ({wr.bytes_sent} bytes)"
-        cb = progress_factory(f"wheel {wheel.name}", wheel.stat().st_size) if progress_factory else None
-        sent, after = releases.install(transport, layout, vid, wheel, python, plan, version=_version(bundle),
-                                       progress=cb)
-        again = "" if check.stage == "missing" else f"re-installed, was {check.summary()}; "
-        run.step("release", "changed", f"{again}installed {vid} ({how}; {sent} wheel bytes sent{sent_wh}; "
-                 f"{after.summary()})", t)
-        run.reinstalled = old == vid
-    if old == vid:
-        return False
-    if not dry_run:
-        releases.switch(transport, layout, vid)
-    run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {vid}")
-    return True
-
-
-def _version(bundle) -> str:
-    """The server version of a Bundle or SourceIdentity (what `ddtree-server --version` prints):
-    the version id is `<version>-<sha12>`."""
-    return bundle.version_id.rsplit("-", 1)[0]
 
 
 def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout_s) -> None:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ddtctl.ops import packages, release_probe
-from ddtctl.ops.deploy import venv_python
+from ddtctl.ops.release_step import venv_python
 from ddtctl.ops.releases import Layout
 
 

@@ -152,7 +152,7 @@ def _stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A local host, a verified stub release of it (tests/ctl/release_stub.py), and verify()."""
     from ddtctl.inventory import parse_inventory
     from ddtctl.ops import packages
-    from ddtctl.ops.deploy import venv_python
+    from ddtctl.ops.release_step import venv_python
     from tests.ctl.release_stub import stub_release
 
     monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "home"))
@@ -276,7 +276,7 @@ def test_an_install_root_the_inventory_accepts_deploys(tmp_path: Path, monkeypat
     from ddtctl.inventory import parse_inventory
     from ddtctl.ops import packages
     from ddtctl.ops.bundle import build_wheel
-    from ddtctl.ops.deploy import venv_python
+    from ddtctl.ops.release_step import venv_python
     from ddtctl.ops.units import render_unit, service_spec
 
     monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "home"))
