@@ -30,11 +30,14 @@ def deploy_cmd(
     hosts: Optional[list[str]] = HostsArg,
     all_hosts: bool = AllOpt,
     limit: Optional[str] = LimitOpt,
-    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Print the plan and diffs; change nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Print the plan and unit diffs; change nothing. "
+                                 "Still connects to the hosts to read what is there (release links, release "
+                                 "verification, unit files, weight manifests, `pct config`), like Ansible's "
+                                 "check mode."),
     smoke: bool = typer.Option(True, "--smoke/--no-smoke", help="Run the smoke checks after wait-ready."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, help="wait-ready deadline in seconds "
-                                            "[default: the service's ready_timeout_s]."),
-    rollback_timeout: Optional[float] = typer.Option(None, "--rollback-timeout", min=1, metavar="S",
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="SECONDS",
+                                            help="wait-ready deadline [default: the service's ready_timeout_s]."),
+    rollback_timeout: Optional[float] = typer.Option(None, "--rollback-timeout", min=1, metavar="SECONDS",
                                                      help="The rollback's own wait-ready deadline in seconds, "
                                                           "independent of --timeout [default: the service's "
                                                           "ready_timeout_s]."),
@@ -42,10 +45,11 @@ def deploy_cmd(
     json_out: bool = JsonOpt,
     break_lock: bool = BreakLockOpt,
 ) -> None:
-    """Build the server wheel of this checkout, install it, (re)start only if something changed,
-    wait until ready and smoke-test; roll back to the previous release if that fails (the rollback
-    waits for readiness under --rollback-timeout, not --timeout). A unit that hit its systemd start
-    limit is reset (`systemctl reset-failed`) before every restart.
+    """Build the server wheel of this checkout, verify or install its release (with its
+    dependencies: packages.mode index, wheelhouse or system), (re)start only if something
+    changed, wait until ready and smoke-test; roll back to the previous release if that fails
+    (the rollback waits for readiness under --rollback-timeout, not --timeout). A unit that hit its
+    systemd start limit is reset (`systemctl reset-failed`) before every restart.
 
     Example: ddtctl deploy local
     """
@@ -74,7 +78,7 @@ def deploy_cmd(
 
 @handle_errors
 def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST"),
-                 timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="S",
+                 timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="SECONDS",
                                                          help="wait-ready deadline of the previous release "
                                                               "[default: the service's ready_timeout_s]."),
                  json_out: bool = JsonOpt, break_lock: bool = BreakLockOpt) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import difflib
 import os
 import posixpath
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -23,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddtctl import cancel
-from ddtctl.errors import DdtctlError, RemoteError, UsageError
+from ddtctl.errors import DdtctlError, RemoteError
 from ddtctl.inventory import Host
 from ddtctl.ops import recovery, releases, weights
 from ddtctl.ops.lock import HostLocked, host_lock
 from ddtctl.ops.readiness import ReadyReport, wait_ready
+from ddtctl.ops.release_step import release_step
 from ddtctl.ops.smoke import SmokeReport, require_ok, run_smoke
 from ddtctl.ops.supervisor import manager_for
 from ddtctl.ops.units import service_spec
@@ -87,6 +87,7 @@ class _Run:
     def __init__(self, result: DeployResult, log: Callable[[str, Step], None] | None):
         self.result, self.log = result, log
         self.replaced: dict[str, tuple[str, int]] = {}     # path -> (previous text, mode) of rewritten files
+        self.reinstalled = False                          # the current release was installed again in place
 
     def step(self, name: str, status: str, detail: str = "", since: float | None = None) -> Step:
         step = Step(name, status, detail, round(time.monotonic() - since, 2) if since else 0.0)
@@ -94,11 +95,6 @@ class _Run:
         if self.log:
             self.log(self.result.host, step)
         return step
-
-
-def venv_python(host: Host) -> str:
-    """Interpreter the release venv is made from: inventory `python`, else ddtctl's own on local hosts."""
-    return host.service.python or (sys.executable if host.kind == "local" else "python3")
 
 
 def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_run: bool = False,
@@ -114,9 +110,7 @@ def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_
     `node_transport`: the Proxmox node's transport (needed for `weights: shared`).
     A real deploy holds the host lock (ops/lock.py) throughout; `break_lock` removes a stale one.
     """
-    svc = host.service
-    result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id,
-                          url=f"http://{host.address}:{svc.port}/v1")
+    result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id, url=host.url)
     run = _Run(result, log)
     try:
         lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock)
@@ -138,13 +132,13 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
     old = res.previous_release = res.current_release = releases.read_link(transport, layout.current)
     old_previous = None if dry_run else releases.read_link(transport, layout.previous)
     cancel.check("the release step")
-    release_changed = _release(host, transport, layout, bundle, old, run, dry_run, progress_factory)
+    release_changed = release_step(host, transport, layout, bundle, old, run, dry_run, progress_factory)
     try:
         cancel.check("the weights")
         weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
         cancel.check("the unit files")
         unit_changed = _unit_files(host, transport, manager, run, dry_run)
-        res.changed = release_changed or unit_changed or weights_changed
+        res.changed = release_changed or run.reinstalled or unit_changed or weights_changed
         if dry_run:
             run.step("restart", "planned" if res.changed else "skipped",
                      "would restart" if res.changed else "nothing changed: no restart")
@@ -159,33 +153,6 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
             raise recovery.RecoveryFailed(f"{exc}\nrollback failed: {run.result.steps[-1].detail}",
                                           exc.exit_code) from exc
         raise
-
-
-def _release(host, transport, layout, bundle, old, run: _Run, dry_run, progress_factory) -> bool:
-    """Install this checkout's release if missing and point `current` at it; True if it moved."""
-    svc = host.service
-    if svc.kind != "ddtree":
-        return False
-    if bundle is None:
-        raise UsageError("internal: deploying a ddtree service needs the server bundle")
-    vid, t = bundle.version_id, time.monotonic()
-    run.result.release = vid
-    if releases.is_installed(transport, layout, vid):
-        run.step("release", "ok", f"{vid} already installed")
-    elif dry_run:
-        run.step("release", "planned", f"install {vid} (venv from {venv_python(host)})")
-    else:
-        cb = progress_factory(f"wheel {bundle.wheel.name}", bundle.wheel.stat().st_size) if progress_factory else None
-        sent = releases.install(transport, layout, vid, bundle.wheel, venv_python(host), svc.venv_args,
-                                svc.pip_args, progress=cb)
-        run.step("release", "changed", f"installed {vid} ({sent} wheel bytes sent)", t)
-    if old == vid:
-        return False
-    if not dry_run:
-        releases.switch(transport, layout, vid)
-        run.result.current_release = vid
-    run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {vid}")
-    return True
 
 
 def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout_s) -> None:
