@@ -111,7 +111,8 @@ def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_
                           url=f"http://{host.address}:{svc.port}/v1")
     run = _Run(result, log)
     try:
-        lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock)
+        lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock,
+                                                       note=lambda text: run.step("lock", "changed", text))
         with lock:
             _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory)
     except DdtctlError as exc:
@@ -141,10 +142,11 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
             return
         cancel.check("the restart")
         _restart_and_check(host, transport, manager, run, smoke, timeout_s)
-    except DdtctlError:
+    except Exception:                     # any failure, a Ctrl-C (Interrupted) or a broken pipe alike
         if not dry_run and ((release_changed and old) or run.replaced):
-            _rollback(host, transport, manager, layout, old if release_changed else None, run, timeout_s,
-                      old_previous)
+            with cancel.shielded():           # the rollback itself is not interrupted by Ctrl-C
+                _rollback(host, transport, manager, layout, old if release_changed else None, run,
+                          timeout_s, old_previous)
         raise
 
 

@@ -110,8 +110,10 @@ def relay_channel(chan: paramiko.Channel, transport: paramiko.Transport, stdin: 
             continue
         if chan.exit_status_ready() and (chan.eof_received or chan.closed):
             code = chan.recv_exit_status()
+            if code < 0 and not transport.is_active():
+                return LOST
             return NO_STATUS if code < 0 else code
         if not transport.is_active():
             return LOST
-        if chan.closed and not chan.exit_status_ready():
+        if chan.closed:
             return NO_STATUS
