@@ -99,6 +99,8 @@ def _on_sigint(_signum, _frame) -> None:
         _write(FIRST_NOTICE)
         return
     _write(ABORT_NOTICE)
+    if os.isatty(2):
+        _write(b"\x1b[?25h")           # a progress display hid the cursor: show it again
     with _children_lock:
         groups = list(_children)
     for pgid in groups:
