@@ -27,7 +27,7 @@ import logging
 import select
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -40,8 +40,9 @@ from ddtctl.remote import relay
 from ddtctl.remote.command import shell_join, timeout_argv, with_env
 from ddtctl.remote.forward import forward_local
 from ddtctl.remote.keepalive import Keepalive
-from ddtctl.remote.push import CHUNK_TIMEOUT, ExecFileOps, Progress, push_file
+from ddtctl.remote.push import Progress, push_file
 from ddtctl.remote.result import PutResult, Result
+from ddtctl.remote.sftp import SftpFileOps
 from ddtctl.remote.sshconfig import HostConfig, resolve
 from ddtctl.remote.sshconnect import ConnectFailed, open_chain
 
@@ -288,7 +289,7 @@ class SshTransport:
     def put(self, local: Path, remote: str, *, mode: int = 0o644,
             progress: Progress | None = None) -> PutResult:
         """Push a local file to an absolute path on the node over SFTP; see remote/push.py."""
-        return push_file(_SftpFileOps(self), local, remote, mode=mode, progress=progress)
+        return push_file(SftpFileOps(self), local, remote, mode=mode, progress=progress)
 
     @contextmanager
     def forward(self, host: str, port: int) -> Iterator[tuple[str, int]]:
@@ -310,37 +311,3 @@ def _feed(chan: paramiko.Channel, data: bytes | None) -> None:
         chan.shutdown_write()
     except (OSError, EOFError, paramiko.SSHException):
         pass  # the command exited without reading all of stdin
-
-
-class _SftpFileOps(ExecFileOps):
-    def __init__(self, ssh: SshTransport):
-        super().__init__(ssh.run, ssh.name)
-        self._ssh = ssh
-
-    def write(self, path: str, offset: int, chunks: Iterable[bytes],
-              sent: Callable[[int], None]) -> None:
-        """SFTP writes; each chunk must be acknowledged within CHUNK_TIMEOUT s (a live peer that
-        stalls raises CommandTimeout) and a silent peer ends it through the keepalive."""
-        ssh = self._ssh
-        transport = ssh.transport()
-        try:
-            with ssh._slots:
-                chan = transport.open_session(timeout=ssh.config().connect_timeout)
-                chan.settimeout(CHUNK_TIMEOUT)
-                chan.invoke_subsystem("sftp")
-                with paramiko.SFTPClient(chan) as sftp, sftp.open(path, "r+b" if offset else "wb") as fh:
-                    fh.set_pipelined(True)
-                    fh.seek(offset)
-                    for chunk in chunks:
-                        fh.write(chunk)
-                        sent(len(chunk))
-        except TimeoutError:
-            if not transport.is_active():
-                raise ssh._unreachable(transport, f"pushing {path}", Exception("timeout")) from None
-            raise CommandTimeout(f"{ssh.name}: SFTP push to {path} stalled: no acknowledgement in "
-                                 f"{CHUNK_TIMEOUT:g} s") from None
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            if transport.is_active() and isinstance(exc, OSError) and not isinstance(exc, EOFError):
-                raise
-            ssh._drop(transport)
-            raise ssh._unreachable(transport, f"pushing {path}", exc) from None
