@@ -2,15 +2,22 @@
 
 Nothing else in ddtctl prints. rich honours NO_COLOR and drops colour/animation when stderr is not
 a terminal.
+
+Broken pipes (`ddtctl deploy local 2>&1 | tee log` after `tee` died, `ddtctl status | head -1`):
+inside :func:`pipe_safe` (every command runs in it) a write or flush that fails with EPIPE never
+raises: the stream's file descriptor is pointed at /dev/null (what Python's documentation
+recommends for SIGPIPE), ddtctl keeps working (rollbacks, lock releases) and only its output is
+lost; :func:`output_lost` tells the CLI to exit non-zero (cli/_common.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator
 
 from rich.console import Console
@@ -27,6 +34,86 @@ STATUS_STYLE = {"ok": "green", "pass": "green", "changed": "yellow", "planned": 
                 "container error": "red", "auth failed": "red"}
 # `ready` verdicts whose cause is printed in the cell itself (the others explain themselves)
 CAUSE_SHOWN = ("unreachable", "container missing", "no pct", "container error", "auth failed", "failed")
+
+
+_PIPE_ERRORS = (BrokenPipeError, ConnectionResetError)
+_lost: set[str] = set()
+
+
+def output_broken(stream) -> None:
+    """`stream`'s reader has gone: send the rest of its output to /dev/null (never raises)."""
+    with suppress(Exception):
+        fd = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+        _lost.add(f"fd {fd}")
+        return
+    _lost.add(repr(stream))
+
+
+def output_lost() -> bool:
+    """True when some output could not be written (a broken pipe) during this command."""
+    return bool(_lost)
+
+
+class _Safe:
+    """A stdout/stderr (text or binary) whose writes never raise for a broken pipe."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def _guard(self, fn, *args):
+        try:
+            return fn(*args)
+        except _PIPE_ERRORS:
+            output_broken(self._inner)
+            with suppress(Exception):
+                self._inner.flush()           # the pending bytes now go to /dev/null
+            return len(args[0]) if args else None
+
+    def write(self, data):
+        return self._guard(self._inner.write, data)
+
+    def flush(self):
+        return self._guard(self._inner.flush)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    @property
+    def buffer(self):
+        return _Safe(self._inner.buffer)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+@contextmanager
+def pipe_safe() -> Iterator[None]:
+    """sys.stdout/sys.stderr wrapped so that a broken pipe never raises (see module docstring)."""
+    _lost.clear()
+    saved = sys.stdout, sys.stderr
+    if not isinstance(sys.stdout, _Safe):
+        sys.stdout = _Safe(sys.stdout)
+    if not isinstance(sys.stderr, _Safe):
+        sys.stderr = _Safe(sys.stderr)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def host_message(host: str, message: object) -> str:
+    """`host: message`, without repeating the host when the message already starts with it
+    (`host: ...` or `host@node: ...` from the transport of that host)."""
+    text = str(message)
+    if text.startswith((f"{host}: ", f"{host}@")):
+        return text
+    return f"{host}: {text}"
 
 
 def err_console() -> Console:
@@ -112,7 +199,7 @@ def deploy_table(results: Iterable[Any]) -> None:
         if r.ok and not r.dry_run:
             info(f"{r.host}: serving {r.model_id} at {r.url}")
         elif r.error is not None:
-            error(f"{r.host}: {r.error}")
+            error(host_message(r.host, r.error))
             if getattr(r, "service", ""):
                 info(f"{r.host}: service now {r.service} (current release: {r.current_release or '-'})")
 
@@ -197,7 +284,7 @@ def status_table(statuses: Iterable[Any]) -> None:
     err_console().print(table)
     for st in statuses:
         for e in st.errors:
-            error(f"{st.host}: {e}")
+            error(host_message(st.host, e))
         if st.gpu_error:
             info(f"{st.host}: GPU: {st.gpu_error['problem']} - {st.gpu_error['hint']}")
         for g in st.gpus or []:

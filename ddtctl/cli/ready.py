@@ -59,8 +59,7 @@ def smoke_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_hos
     errors = [e for _, _, e in outcome if e is not None]
     for host, _, exc in outcome:
         if exc is not None:
-            text = str(exc)
-            report.error(text if text.startswith(f"{host.name}: ") else f"{host.name}: {text}")
+            report.error(report.host_message(host.name, exc))
     for rep in reports:
         try:
             require_ok(rep)

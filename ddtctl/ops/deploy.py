@@ -113,7 +113,8 @@ def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_
     result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id, url=host.url)
     run = _Run(result, log)
     try:
-        lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock)
+        lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock,
+                                                       note=lambda text: run.step("lock", "changed", text))
         with lock:
             _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory,
                    recovery.rollback_timeout(host, rollback_timeout_s))
@@ -145,13 +146,14 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
             return
         cancel.check("the restart")
         _restart_and_check(host, transport, manager, run, smoke, timeout_s)
-    except DdtctlError as exc:
+    except Exception as exc:              # any failure, a Ctrl-C (Interrupted) or a broken pipe alike
         if not dry_run and ((release_changed and old) or run.replaced):
-            if _rollback(host, transport, manager, layout, old if release_changed else None, run,
-                         rollback_timeout_s, old_previous):
-                raise
-            raise recovery.RecoveryFailed(f"{exc}\nrollback failed: {run.result.steps[-1].detail}",
-                                          exc.exit_code) from exc
+            with cancel.shielded():           # the rollback itself is not interrupted by Ctrl-C
+                rolled_back = _rollback(host, transport, manager, layout, old if release_changed else None, run,
+                                        rollback_timeout_s, old_previous)
+            if not rolled_back:
+                raise recovery.RecoveryFailed(f"{exc}\nrollback failed: {run.result.steps[-1].detail}",
+                                              getattr(exc, "exit_code", 1)) from exc
         raise
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from ddtctl import cancel
 from ddtctl.errors import SmokeFailed
 from ddtctl.inventory import Host
 from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error
@@ -50,14 +51,16 @@ class SmokeReport:
     checks: list[Check] = field(default_factory=list)
     acceptance_length: float | None = None
     tokens_per_second: float | None = None
+    interrupted: bool = False        # Ctrl-C: the remaining checks were not run
 
     @property
     def ok(self) -> bool:
-        return all(c.status != "fail" for c in self.checks)
+        return not self.interrupted and all(c.status != "fail" for c in self.checks)
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "ok": self.ok, "acceptance_length": self.acceptance_length,
-                "tokens_per_second": self.tokens_per_second, "checks": [c.__dict__ for c in self.checks]}
+        return {"host": self.host, "ok": self.ok, "interrupted": self.interrupted,
+                "acceptance_length": self.acceptance_length, "tokens_per_second": self.tokens_per_second,
+                "checks": [c.__dict__ for c in self.checks]}
 
 
 class _Api:
@@ -201,7 +204,10 @@ def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
         for name, fn in (("models", models), ("chat_fact", fact), ("multi_turn", multi_turn),
                          ("raw_completion", raw), ("stream_equal", stream_equal), ("stop_sequence", stop),
                          ("bad_request_4xx", bad_request), ("acceptance", acceptance)):
-            if unreachable:
+            if cancel.requested() or report.interrupted:
+                report.interrupted = True
+                report.checks.append(Check(name, "n/a", "not run: interrupted (Ctrl-C)"))
+            elif unreachable:
                 report.checks.append(Check(name, "fail", f"not run: {unreachable}"))
             elif not _run(report, name, fn):
                 unreachable = f"service unreachable ({report.checks[-1].detail})"
@@ -209,7 +215,12 @@ def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
 
 
 def require_ok(report: SmokeReport) -> SmokeReport:
-    """Raise SmokeFailed (exit 5) listing the failed checks."""
+    """Raise SmokeFailed (exit 5) listing the failed checks, cancel.Interrupted (exit 130) when
+    Ctrl-C stopped the checks."""
+    if report.interrupted:
+        done = sum(not c.detail.startswith("not run: interrupted") for c in report.checks)
+        raise cancel.Interrupted(f"{report.host}: smoke interrupted (Ctrl-C) after {done} of "
+                                 f"{len(report.checks)} checks")
     if not report.ok:
         failed = "; ".join(f"{c.name}: {c.detail}" for c in report.checks if c.status == "fail")
         raise SmokeFailed(f"{report.host}: smoke failed: {failed}")

@@ -15,13 +15,14 @@ from ddtctl.ops.release_step import venv_python
 from ddtctl.ops.releases import Layout
 
 
-def stub_release(host, version_id: str) -> Path:
+def stub_release(host, version_id: str, server: str = 'echo "stub release: cannot serve" >&2\nexit 1\n') -> Path:
+    """`server`: the shell body `ddtree-server` runs for anything but `--version`."""
     rel = Path(Layout(host.root, host.unit).release(version_id))
     (rel / "venv" / "bin").mkdir(parents=True, exist_ok=True)
     version = version_id.rsplit("-", 1)[0]
     script = rel / "venv" / "bin" / "ddtree-server"
     script.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "ddtree-server {version}"; exit 0; fi\n'
-                      'echo "stub release: cannot serve" >&2\nexit 1\n')
+                      + server)
     script.chmod(0o755)
     if not (rel / "venv" / "bin" / "python").exists():
         os.symlink(sys.executable, rel / "venv" / "bin" / "python")
