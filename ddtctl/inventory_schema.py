@@ -8,6 +8,7 @@ errors back to file lines, resolves cross references and selects hosts. Services
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -23,9 +24,8 @@ __all__ = ["ENV_NAME", "HOST_NAME", "UNIT_NAME", "SMOLLM2_MODEL_ID", "Node", "Mo
            "LocalHost", "InventoryModel", "Host", "DdtreeService", "SglangService", "VllmService", "Service", "Packages", "PackageSettings"]
 
 SMOLLM2_MODEL_ID = "SmolLM2-135M-Instruct"   # the embedded default model of ddtree-server
-SSH_OPTIONS = {"identityfile": "IdentityFile", "userknownhostsfile": "UserKnownHostsFile",
-               "stricthostkeychecking": "StrictHostKeyChecking"}
-HOST_KEY_CHECKING = ("accept-new", "yes", "strict")
+# values OpenSSH accepts for StrictHostKeyChecking (ssh_config(5)), plus ddtctl's older `strict` (= yes)
+HOST_KEY_CHECKING = ("yes", "accept-new", "no", "off", "ask", "strict")
 
 
 def _ssh_scalar(value: Any) -> Any:
@@ -50,7 +50,8 @@ class Node(_Strict):
         None, min_length=1, description="SSH user (default: ~/.ssh/config, then the local user).")
     port: int | None = Field(None, strict=True, ge=1, le=65535, description="SSH port (default: ~/.ssh/config, then 22).")
     ssh_options: dict[str, Annotated[NoControl, BeforeValidator(_ssh_scalar)]] = Field(
-        default_factory=dict, description="ssh_config options ddtctl reads: " + ", ".join(SSH_OPTIONS.values()))
+        default_factory=dict, description="ssh_config options given like `ssh -o KEY=VALUE` (they win over "
+        "the ssh config file; OpenSSH evaluates them, ssh_config(5)).")
     models_root: Annotated[ModelPath, rule(rules.mount_path_problem)] = Field(
         "/srv/ddtctl/models", description="Node folder of `shared` weights (absolute).")
 
@@ -58,9 +59,8 @@ class Node(_Strict):
     @classmethod
     def _known_options(cls, value: dict[str, str]) -> dict[str, str]:
         for key, option in value.items():
-            if key.lower() not in SSH_OPTIONS:
-                raise ValueError(f"{key!r} is not read by ddtctl (it reads {', '.join(SSH_OPTIONS.values())}; "
-                                 "put other options in ~/.ssh/config or $DDTCTL_SSH_CONFIG)")
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", key):
+                raise ValueError(f"{key!r} is not an ssh_config keyword (letters and digits, e.g. IdentityFile)")
             if key.lower() == "stricthostkeychecking" and option.lower() not in HOST_KEY_CHECKING:
                 raise ValueError(f"StrictHostKeyChecking {option!r}: use {', '.join(HOST_KEY_CHECKING)}")
         return value

@@ -360,8 +360,8 @@ def test_values_that_cannot_deploy_are_refused_with_the_reason(key: str, value: 
     ("models_root", '"/srv/a,b"', "`,` and `=` are syntax"),
     ("models_root", "srv/models", "absolute path"),
     ("address", '"pve 1"', "must not contain spaces"),
-    ("ssh_options", "{IdentitiyFile: /k}", "'IdentitiyFile' is not read by ddtctl"),
-    ("ssh_options", "{StrictHostKeyChecking: no}", "StrictHostKeyChecking 'no': use accept-new, yes, strict"),
+    ("ssh_options", "{Identity-File: /k}", "'Identity-File' is not an ssh_config keyword"),
+    ("ssh_options", "{StrictHostKeyChecking: maybe}", "StrictHostKeyChecking 'maybe': use yes, accept-new, no, off, ask, strict"),
 ])
 def test_node_values_that_cannot_work_are_refused(node_key: str, value: str, reason: str) -> None:
     (err,) = _errors(_one_host("", value, node=node_key).replace("\n    : " + value, ""))
