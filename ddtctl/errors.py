@@ -11,7 +11,8 @@ code  meaning                                                    raised as
       push could not be verified)                                TransferError
 2     usage, inventory or argv error (nothing was attempted)     UsageError, InventoryError,
                                                                  ArgvError
-3     a host was unreachable: connect/auth/host-key failure      UnreachableError, HostKeyError
+3     a host was unreachable: connect/auth/host-key failure,     UnreachableError, HostKeyError,
+      or its API refused the API key (HTTP 401/403)              AuthError
 4     readiness deadline passed                                  ReadinessTimeout
 5     smoke test failed                                          SmokeFailed
 130   interrupted by Ctrl-C (hosts stopped at a step boundary)   cancel.Interrupted
@@ -85,6 +86,13 @@ class UnreachableError(DdtctlError):
 
 class HostKeyError(UnreachableError):
     """The host key is unknown in strict mode, or CHANGED (possible MITM) (exit 3)."""
+
+
+class AuthError(DdtctlError):
+    """The service's API refused ddtctl's credentials: HTTP 401/403, e.g. the operator's API-key
+    variable (inventory `api_key_env`) is unset or wrong (exit 3, like a failed SSH login)."""
+
+    exit_code = ExitCode.UNREACHABLE
 
 
 class ReadinessTimeout(DdtctlError):

@@ -20,7 +20,9 @@ import yaml
 from pydantic import ValidationError
 
 from ddtctl.errors import InventoryError, UsageError
-from ddtctl.inventory_schema import HOST_NAME, Host, InventoryModel
+from ddtctl import inventory_refs as refs
+from ddtctl.inventory_schema import Host, InventoryModel
+from ddtctl.inventory_values import string_problem
 
 __all__ = ["Host", "Inventory", "Issue", "load_inventory", "parse_inventory", "inventory_path", "ddtctl_home"]
 
@@ -113,19 +115,27 @@ def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
 
 
 def parse_inventory(text: str, file: Path) -> Inventory:
-    """Validate inventory YAML `text` (named `file` in messages); see `load_inventory`."""
+    """Validate inventory YAML `text` (named `file` in messages); see `load_inventory`.
+
+    One pass reports everything: YAML duplicate keys and unusable strings, schema errors of every
+    entry, cross references (names, nodes, vmids, ports, group members, shared model paths) and
+    per-host service problems, sorted by line.
+    """
     root, data = _compose(text, file)
-    issues = _duplicate_keys(root)
-    if not issues:
-        try:
-            model = InventoryModel.model_validate(data)
-        except ValidationError as exc:
-            issues = [_issue_from_error(root, err) for err in exc.errors()]
-        else:
-            inv, issues = _resolve(model, root, file)
-            if not issues:
-                return inv
-    _fail(file, issues)
+    issues = _duplicate_keys(root) + _bad_strings(root)
+    model = None
+    try:
+        model = InventoryModel.model_validate(data)
+    except ValidationError as exc:
+        issues += [_issue_from_error(root, err) for err in exc.errors()]
+    hosts, problems = refs.valid_hosts(data, ddtctl_home())
+    problems += refs.cross_references(data, hosts)
+    hosts, more = refs.resolve_packages(data, hosts)
+    problems += more
+    issues += [Issue(_line_of(root, loc), _dotted(loc), message) for loc, message in problems]
+    if not issues and model is not None:
+        return Inventory(file, model, hosts, refs.groups_of(model, hosts))
+    _fail(file, _first_per_key(issues))
 
 
 def _compose(text: str, file: Path) -> tuple[yaml.Node | None, Any]:
@@ -147,6 +157,17 @@ def format_issue(file: Path, issue: Issue) -> str:
     """`FILE:LINE: key.path: message` (the line or path part is left out when unknown)."""
     where = f"{file}:{issue.line}" if issue.line else str(file)
     return f"{where}: {issue.path}: {issue.message}" if issue.path else f"{where}: {issue.message}"
+
+
+def _first_per_key(issues: list[Issue]) -> list[Issue]:
+    """One issue per (line, key path, message); a NUL or surrogate string hides the schema's
+    complaint about the same value."""
+    out, seen_bad = [], {(i.line, i.path) for i in issues if i.message.startswith(_BAD_STRING)}
+    for issue in dict.fromkeys(issues):
+        if (issue.line, issue.path) in seen_bad and not issue.message.startswith(_BAD_STRING):
+            continue
+        out.append(issue)
+    return out
 
 
 def _fail(file: Path, issues: list[Issue]) -> NoReturn:
@@ -172,6 +193,30 @@ def _duplicate_keys(node: yaml.Node | None, prefix: tuple = ()) -> list[Issue]:
         for i, item in enumerate(node.value):
             issues += _duplicate_keys(item, (*prefix, i))
     return issues
+
+
+_BAD_STRING = "unusable string: "
+
+
+def _bad_strings(node: yaml.Node | None, prefix: tuple = ()) -> list[Issue]:
+    """Scalars (keys included) holding NUL or a lone surrogate (inventory_values.string_problem)."""
+    issues: list[Issue] = []
+    if isinstance(node, yaml.ScalarNode):
+        problem = string_problem(node.value)
+        if problem:
+            issues.append(Issue(node.start_mark.line + 1, _dotted(prefix), _BAD_STRING + problem))
+    elif isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            issues += _bad_strings(key, prefix) + _bad_strings(value, (*prefix, key.value))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            issues += _bad_strings(item, (*prefix, i))
+    return issues
+
+
+def _line_of(root: yaml.Node | None, loc: Sequence) -> int:
+    node, _ = _node_at(root, loc, want_key=True)
+    return node.start_mark.line + 1 if node is not None else 0
 
 
 def _node_at(root: yaml.Node | None, loc: Sequence, *, want_key: bool = False) -> tuple[yaml.Node | None, tuple]:
@@ -213,9 +258,10 @@ def _issue_from_error(root: yaml.Node | None, err: dict) -> Issue:
         node, found = _node_at(root, loc, want_key=err["type"] == "extra_forbidden")
     line = node.start_mark.line + 1 if node is not None else 0
     shown = tuple(p for p in loc if p in found or not isinstance(p, str) or p not in _TAGS)
+    msg = _plain_message(err)
     msg = {"extra_forbidden": "unknown key", "missing": "required key is missing",
            "union_tag_invalid": "kind must be one of ddtree, sglang, vllm",
-           "union_tag_not_found": "`kind:` is missing (ddtree, sglang or vllm)"}.get(err["type"], err["msg"])
+           "union_tag_not_found": "`kind:` is missing (ddtree, sglang or vllm)"}.get(err["type"], msg)
     if isinstance(err.get("input"), bool):       # YAML true/false/yes/no where a number belongs
         msg = f"{msg}, not the boolean {str(err['input']).lower()}"
     elif err["type"] in ("int_type", "float_type") and isinstance(err.get("input"), str):
@@ -226,72 +272,12 @@ def _issue_from_error(root: yaml.Node | None, err: dict) -> Issue:
 _TAGS = ("ddtree", "sglang", "vllm")
 
 
+def _plain_message(err: dict) -> str:
+    """pydantic's message without its "Value error, " / "Assertion failed, " prefix."""
+    if err["type"] in ("value_error", "assertion_error") and "error" in err.get("ctx", {}):
+        return str(err["ctx"]["error"])
+    return err["msg"]
+
+
 def _dotted(loc: Sequence) -> str:
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in loc).replace(".[", "[")
-
-
-# ----------------------------------------------------------------------------- cross references
-
-def _resolve(model: InventoryModel, root: yaml.Node | None, file: Path) -> tuple[Inventory, list[Issue]]:
-    issues: list[Issue] = []
-
-    def at(*loc: Any) -> int:
-        node, _ = _node_at(root, loc, want_key=True)
-        return node.start_mark.line + 1 if node is not None else 0
-
-    def bad(loc: tuple, message: str) -> None:
-        issues.append(Issue(at(*loc), _dotted(loc), message))
-
-    seen: dict[str, str] = {}
-    for section in ("nodes", "containers", "local", "groups"):
-        for name in getattr(model, section):
-            if not HOST_NAME.match(name):
-                bad((section, name), "names use letters, digits, '_', '.', '-' and start with a letter or digit")
-            if name in seen and not (section == "groups" and seen[name] == "nodes"):
-                bad((section, name), f"name already used under {seen[name]}:")
-            seen.setdefault(name, section)
-    vmids: dict[tuple[str, int], str] = {}
-    for name, ct in model.containers.items():
-        if ct.node not in model.nodes:
-            near = difflib.get_close_matches(ct.node, list(model.nodes), n=1)
-            bad(("containers", name, "node"), f"undefined node {ct.node!r}"
-                + (f"; did you mean {near[0]!r}?" if near else f" (nodes: {', '.join(model.nodes) or 'none'})"))
-        key = (ct.node, ct.vmid)
-        if key in vmids:
-            bad(("containers", name, "vmid"), f"vmid {ct.vmid} already used by {vmids[key]} on node {ct.node}")
-        vmids.setdefault(key, name)
-
-    # the same endpoint twice: two local hosts on one port, or two containers of one node with the
-    # same address and port (containers with their own addresses may share a port number)
-    ports: dict[tuple, str] = {}
-    for section, entries in (("containers", model.containers), ("local", model.local)):
-        for name, entry in entries.items():
-            port = entry.service.port
-            key = (entry.node, entry.address, port) if section == "containers" else ("local", port)
-            if key in ports:
-                where = "on this machine" if section == "local" else f"at {entry.address} on node {entry.node}"
-                bad((section, name, "service", "port"), f"port {port} already used by {ports[key]} {where}")
-            ports.setdefault(key, name)
-
-    hosts = {name: Host.of_container(name, ct, model.nodes.get(ct.node)) for name, ct in model.containers.items()}
-    hosts.update({name: Host.of_local(name, lh, str(ddtctl_home() / "hosts" / name))
-                  for name, lh in model.local.items()})
-    for name, host in hosts.items():
-        for sub, message in host.service_problems():
-            bad((host.section, name, "service", *sub), message)
-
-    groups: dict[str, list[str]] = {}
-    for gname, members in model.groups.items():
-        for i, member in enumerate(members):
-            if member not in hosts:
-                bad(("groups", gname, i), f"unknown host {member!r}")
-        groups.setdefault(gname, []).extend(m for m in members if m in hosts)
-    for name, host in hosts.items():
-        for gname in host.groups:
-            if gname in hosts:
-                bad((host.section, name, "groups"), f"group {gname!r} has the name of a host")
-            groups.setdefault(gname, []).append(name)
-        if host.node_name:
-            groups.setdefault(host.node_name, []).append(name)
-    groups = {g: list(dict.fromkeys(m)) for g, m in groups.items()}
-    return Inventory(file, model, hosts, groups), issues

@@ -1,11 +1,8 @@
-"""Pydantic schema of inventory.yaml (nodes, containers, local hosts, services) and the resolved `Host`.
+"""Pydantic schema of inventory.yaml (nodes, containers, local hosts) and the resolved `Host`.
 
 Pure data: no file or network access here. `ddtctl.inventory` loads the YAML, maps validation
-errors back to file lines, resolves cross references and selects hosts.
-
-One host runs one service. A service is the bundled `ddtree` server (installed by ddtctl from
-the server wheel of this checkout) or an external engine (`sglang`, `vllm`) that ddtctl only
-configures, starts and probes: it never builds or installs those.
+errors back to file lines, resolves cross references and selects hosts. Services live in
+`ddtctl.inventory_services`, value rules in `ddtctl.inventory_values`.
 """
 
 from __future__ import annotations
@@ -13,26 +10,29 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+from ddtctl import inventory_values as rules
+from ddtctl.inventory_services import (UNIT_NAME, DdtreeService, ModelRef, Packages, Service,
+                                       SglangService, VllmService)
+from ddtctl.inventory_values import (ENV_NAME, HOST_NAME, Address, GroupName, InstallRoot, ModelPath,
+                                     NoControl, rule)
+
+__all__ = ["ENV_NAME", "HOST_NAME", "UNIT_NAME", "SMOLLM2_MODEL_ID", "Node", "ModelRef", "Container",
+           "LocalHost", "InventoryModel", "Host", "DdtreeService", "SglangService", "VllmService", "Service", "Packages", "PackageSettings"]
+
 SMOLLM2_MODEL_ID = "SmolLM2-135M-Instruct"   # the embedded default model of ddtree-server
-UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*\.service$")
+# values OpenSSH accepts for StrictHostKeyChecking (ssh_config(5)), plus ddtctl's older `strict` (= yes)
+HOST_KEY_CHECKING = ("yes", "accept-new", "no", "off", "ask", "strict")
 
 
-def _scalar_to_str(value: Any) -> Any:
-    """YAML `8` or `0.5` as an environment value means the string; booleans are refused."""
+def _ssh_scalar(value: Any) -> Any:
+    """ssh_config values: YAML `yes`/`no` (booleans) mean the words, numbers their text."""
     if isinstance(value, bool):
-        raise ValueError("use a quoted string ('true'/'1') for a boolean environment value")
-    if isinstance(value, (int, float)):
-        return str(value)
-    return value
-
-
-EnvValue = Annotated[str, BeforeValidator(_scalar_to_str)]
+        return "yes" if value else "no"
+    return str(value) if isinstance(value, (int, float)) else value
 
 
 class _Strict(BaseModel):
@@ -42,105 +42,28 @@ class _Strict(BaseModel):
 class Node(_Strict):
     """A Proxmox VE node reached over SSH (`~/.ssh/config` is honoured by the transport)."""
 
-    address: str = Field(min_length=1, description="SSH host name or IP address.")
-    user: str | None = Field(None, description="SSH user (default: ~/.ssh/config, then the local user).")
+    address: Annotated[str, rule(lambda v: rules.control_problem(v) or (
+        "must not contain spaces or start with '-'" if " " in v or v.startswith("-") else None))] = Field(
+        min_length=1, description="SSH host name, ssh_config alias or IP address.")
+    user: Annotated[str, rule(lambda v: rules.control_problem(v) or (
+        "must not contain spaces" if " " in v else None))] | None = Field(
+        None, min_length=1, description="SSH user (default: ~/.ssh/config, then the local user).")
     port: int | None = Field(None, strict=True, ge=1, le=65535, description="SSH port (default: ~/.ssh/config, then 22).")
-    ssh_options: dict[str, EnvValue] = Field(default_factory=dict, description="Extra ssh_config options.")
-    models_root: str = Field("/srv/ddtctl/models", description="Node folder of `shared` weights (absolute).")
+    ssh_options: dict[str, Annotated[NoControl, BeforeValidator(_ssh_scalar)]] = Field(
+        default_factory=dict, description="ssh_config options given like `ssh -o KEY=VALUE` (they win over "
+        "the ssh config file; OpenSSH evaluates them, ssh_config(5)).")
+    models_root: Annotated[ModelPath, rule(rules.mount_path_problem)] = Field(
+        "/srv/ddtctl/models", description="Node folder of `shared` weights (absolute).")
 
-    @field_validator("models_root")
+    @field_validator("ssh_options")
     @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must be an absolute path")
+    def _known_options(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, option in value.items():
+            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9]*", key):
+                raise ValueError(f"{key!r} is not an ssh_config keyword (letters and digits, e.g. IdentityFile)")
+            if key.lower() == "stricthostkeychecking" and option.lower() not in HOST_KEY_CHECKING:
+                raise ValueError(f"StrictHostKeyChecking {option!r}: use {', '.join(HOST_KEY_CHECKING)}")
         return value
-
-
-class ModelRef(_Strict):
-    """Where a model (folder or GGUF file) lives.
-
-    `path` is where the service reads it (inside the container or on the local host). `source`,
-    when given, is a path on the machine running ddtctl: deploy pushes it to `path` (mode `push`)
-    or to the node once and bind-mounts it read-only (mode `shared`). Without `source` the model
-    must already be at `path`.
-    """
-
-    path: str = Field(min_length=1, description="Path the service reads (absolute).")
-    source: str | None = Field(None, min_length=1, description="Local path to push from.")
-
-    @field_validator("path")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must be an absolute path")
-        return value.rstrip("/") or "/"
-
-
-class _ServiceBase(_Strict):
-    port: int = Field(strict=True, ge=1, le=65535, description="TCP port the service listens on.")
-    bind: str | None = Field(None, description="Listen address (default 0.0.0.0; 127.0.0.1 on local hosts).")
-    unit: str | None = Field(None, description="systemd unit name (default `<kind>.service`).")
-    model_id: str | None = Field(None, description="Served model id (default: the target's base name).")
-    target: ModelRef | None = None
-    drafter: ModelRef | None = None
-    weights: Literal["push", "shared"] = Field("push", description="push = one copy per container; "
-                                               "shared = one copy per node, bind-mounted read-only.")
-    gpus: list[Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) else v)]] = Field(
-        default_factory=list, description="CUDA_VISIBLE_DEVICES entries (nvidia-smi indices or MIG UUIDs).")
-    environment: dict[str, EnvValue] = Field(default_factory=dict, description="Extra environment.")
-    extra_args: list[str] = Field(default_factory=list, description="Appended to the command line verbatim.")
-    api_key_env: str | None = Field(None, description="Local env var holding the API key for probes.")
-    ready_timeout_s: float = Field(1800.0, strict=True, gt=0, description="wait-ready deadline (seconds).")
-
-    @field_validator("environment")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            if not ENV_NAME.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-        return value
-
-    @field_validator("unit")
-    @classmethod
-    def _unit_name(cls, value: str | None) -> str | None:
-        if value is not None and not UNIT_NAME.match(value):
-            raise ValueError("must look like `name.service` (letters, digits, _ . @ -)")
-        return value
-
-
-class DdtreeService(_ServiceBase):
-    """The bundled `ddtree-server` (no target = the embedded SmolLM2-135M-Instruct GGUF)."""
-
-    kind: Literal["ddtree"]
-    mode: Literal["ar", "dflash", "ddtree"] | None = Field(None, description="Default: server decides.")
-    tree_budget: int | None = Field(None, strict=True, ge=1, le=4096, description="DDTree node budget (nodes).")
-    device: Literal["cuda", "cpu"] | None = None
-    dtype: Literal["bf16", "fp32"] | None = None
-    python: str | None = Field(None, description="Interpreter the release venv is made from "
-                               "(default python3; on local hosts the one running ddtctl).")
-    venv_args: list[str] = Field(default_factory=lambda: ["--system-site-packages"])
-    pip_args: list[str] = Field(default_factory=lambda: ["--no-index", "--no-deps"])
-
-
-class SglangService(_ServiceBase):
-    """SGLang (`python -m sglang.launch_server`), DFlash drafting when a drafter is given."""
-
-    kind: Literal["sglang"]
-    python: str = Field("/usr/bin/python3", description="Interpreter that has sglang installed.")
-    speculative_algorithm: str = "DFLASH"
-
-
-class VllmService(_ServiceBase):
-    """vLLM (`vllm serve MODEL`), `--speculative-config` JSON when a drafter is given."""
-
-    kind: Literal["vllm"]
-    executable: str = Field("/usr/local/bin/vllm", description="The `vllm` console script.")
-    speculative_config: dict[str, Any] = Field(
-        default_factory=lambda: {"method": "dflash", "num_speculative_tokens": 15},
-        description="Merged into --speculative-config; `model` is set to the drafter path.")
-
-
-Service = Annotated[Union[DdtreeService, SglangService, VllmService], Field(discriminator="kind")]
 
 
 class Container(_Strict):
@@ -148,26 +71,28 @@ class Container(_Strict):
 
     vmid: int = Field(strict=True, ge=100, le=999_999_999, description="Proxmox VMID (100..999999999).")
     node: str = Field(min_length=1, description="Name of a node under `nodes:`.")
-    address: str = Field(min_length=1, description="Address the service is reached at over HTTP.")
-    root: str = Field("/opt/ddtree", description="Install root inside the container (absolute).")
-    groups: list[str] = Field(default_factory=list)
+    address: Address = Field(description="Address the service is reached at over HTTP.")
+    root: InstallRoot = Field("/opt/ddtree", description="Install root inside the container (absolute).")
+    groups: list[GroupName] = Field(default_factory=list)
     service: Service
-
-    @field_validator("root")
-    @classmethod
-    def _absolute(cls, value: str) -> str:
-        if not value.startswith("/"):
-            raise ValueError("must be an absolute path")
-        return value.rstrip("/") or "/"
 
 
 class LocalHost(_Strict):
     """This machine: no SSH, no Proxmox, no systemd; ddtctl's own process supervisor runs the service."""
 
-    address: str = Field("127.0.0.1", description="Address the service is reached at over HTTP.")
-    root: str | None = Field(None, description="Install root (default $DDTCTL_HOME/hosts/<name>).")
-    groups: list[str] = Field(default_factory=list)
+    address: Address = Field("127.0.0.1", description="Address the service is reached at over HTTP.")
+    root: str | None = Field(None, description="Install root (absolute or ~/...; default "
+                             "$DDTCTL_HOME/hosts/<name>); checked after ~ is expanded.")
+    groups: list[GroupName] = Field(default_factory=list)
     service: Service
+
+    @field_validator("root")
+    @classmethod
+    def _absolute_or_home(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith("/") or value == "~" or value.startswith("~/")):
+            raise ValueError("must be an absolute path or start with ~/ (a relative root would depend on "
+                             "the directory ddtctl and the service are started from)")
+        return value
 
 
 class InventoryModel(_Strict):
@@ -177,6 +102,23 @@ class InventoryModel(_Strict):
     containers: dict[str, Container] = Field(default_factory=dict)
     local: dict[str, LocalHost] = Field(default_factory=dict)
     groups: dict[str, list[str]] = Field(default_factory=dict, description="group -> host names")
+    packages: dict[str, Packages] = Field(default_factory=dict, description="group (or `all`) -> "
+                                          "package settings of its ddtree hosts")
+
+
+@dataclass(frozen=True)
+class PackageSettings:
+    """The resolved `packages:` of one ddtree host (defaults, `all`, its groups, its own keys)."""
+
+    mode: str = "index"
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    trusted_hosts: tuple[str, ...] = ()
+    pip_args: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "index_url": self.index_url, "extra_index_urls": list(self.extra_index_urls),
+                "trusted_hosts": list(self.trusted_hosts), "pip_args": list(self.pip_args)}
 
 
 @dataclass(frozen=True)
@@ -192,6 +134,7 @@ class Host:
     node_name: str | None = None
     node: Node | None = None
     vmid: int | None = None
+    packages: PackageSettings | None = None      # ddtree services only (inventory_refs.resolve_packages)
 
     @property
     def unit(self) -> str:
@@ -223,6 +166,12 @@ class Host:
             out.append((("kind",), "local hosts run the bundled ddtree server only"))
         if self.kind == "local" and svc.weights == "shared":
             out.append((("weights",), "`shared` weights need a Proxmox node; local hosts use `push`"))
+        if svc.weights == "shared" and self.kind == "container":
+            for name in ("target", "drafter"):
+                ref = getattr(svc, name)
+                problem = ref is not None and rules.mount_path_problem(ref.path)
+                if problem:
+                    out.append(((name, "path"), problem))
         return out
 
     @classmethod
@@ -232,8 +181,15 @@ class Host:
 
     @classmethod
     def of_local(cls, name: str, lh: LocalHost, default_root: str) -> "Host":
-        return cls(name=name, kind="local", address=lh.address, root=os.path.expanduser(lh.root or default_root),
-                   service=lh.service, groups=tuple(lh.groups))
+        root = rules.normalize_path(os.path.expanduser(lh.root or default_root))
+        return cls(name=name, kind="local", address=lh.address, root=root, service=lh.service,
+                   groups=tuple(lh.groups))
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL of the service (IPv6 addresses in brackets)."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.service.port}/v1"
 
     @property
     def bind(self) -> str:

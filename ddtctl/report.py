@@ -2,15 +2,22 @@
 
 Nothing else in ddtctl prints. rich honours NO_COLOR and drops colour/animation when stderr is not
 a terminal.
+
+Broken pipes (`ddtctl deploy local 2>&1 | tee log` after `tee` died, `ddtctl status | head -1`):
+inside :func:`pipe_safe` (every command runs in it) a write or flush that fails with EPIPE never
+raises: the stream's file descriptor is pointed at /dev/null (what Python's documentation
+recommends for SIGPIPE), ddtctl keeps working (rollbacks, lock releases) and only its output is
+lost; :func:`output_lost` tells the CLI to exit non-zero (cli/_common.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator
 
 from rich.console import Console
@@ -18,9 +25,95 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+from ddtctl.ops.gpu import short_meaning
+
 STATUS_STYLE = {"ok": "green", "pass": "green", "changed": "yellow", "planned": "cyan", "skipped": "dim",
                 "failed": "red", "fail": "red", "n/a": "dim",
-                "loading": "yellow", "warming": "yellow", "stopped": "dim"}
+                "loading": "yellow", "warming": "yellow", "stopped": "dim", "unreachable": "red",
+                "container stopped": "red", "container missing": "red", "no pct": "red",
+                "container error": "red", "auth failed": "red"}
+# `ready` verdicts whose cause is printed in the cell itself (the others explain themselves)
+CAUSE_SHOWN = ("unreachable", "container missing", "no pct", "container error", "auth failed", "failed")
+
+
+_PIPE_ERRORS = (BrokenPipeError, ConnectionResetError)
+_lost: set[str] = set()
+
+
+def output_broken(stream) -> None:
+    """`stream`'s reader has gone: send the rest of its output to /dev/null (never raises)."""
+    with suppress(Exception):
+        fd = stream.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+        _lost.add(f"fd {fd}")
+        return
+    _lost.add(repr(stream))
+
+
+def output_lost() -> bool:
+    """True when some output could not be written (a broken pipe) during this command."""
+    return bool(_lost)
+
+
+class _Safe:
+    """A stdout/stderr (text or binary) whose writes never raise for a broken pipe."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def _guard(self, fn, *args):
+        try:
+            return fn(*args)
+        except _PIPE_ERRORS:
+            output_broken(self._inner)
+            with suppress(Exception):
+                self._inner.flush()           # the pending bytes now go to /dev/null
+            return len(args[0]) if args else None
+
+    def write(self, data):
+        return self._guard(self._inner.write, data)
+
+    def flush(self):
+        return self._guard(self._inner.flush)
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    @property
+    def buffer(self):
+        return _Safe(self._inner.buffer)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+@contextmanager
+def pipe_safe() -> Iterator[None]:
+    """sys.stdout/sys.stderr wrapped so that a broken pipe never raises (see module docstring)."""
+    _lost.clear()
+    saved = sys.stdout, sys.stderr
+    if not isinstance(sys.stdout, _Safe):
+        sys.stdout = _Safe(sys.stdout)
+    if not isinstance(sys.stderr, _Safe):
+        sys.stderr = _Safe(sys.stderr)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        sys.stdout, sys.stderr = saved
+
+
+def host_message(host: str, message: object) -> str:
+    """`host: message`, without repeating the host when the message already starts with it
+    (`host: ...` or `host@node: ...` from the transport of that host)."""
+    text = str(message)
+    if text.startswith((f"{host}: ", f"{host}@")):
+        return text
+    return f"{host}: {text}"
 
 
 def err_console() -> Console:
@@ -78,23 +171,37 @@ def progress_bars(enabled: bool = True) -> Iterator[Callable[[str, int], Callabl
         yield factory
 
 
+def _release_cell(r: Any) -> str:
+    """The release `current` points at when the deploy ended (a dry run: the one it would install);
+    after a rollback, also the release that was rolled back."""
+    current = getattr(r, "current_release", None)
+    if r.dry_run or current is None:
+        return r.release or "-"
+    if r.rolled_back and r.release and r.release != current:
+        return f"{current} ({r.release} rolled back)"
+    return current
+
+
 def deploy_table(results: Iterable[Any]) -> None:
     table = Table(title="deploy", title_justify="left")
     for col in ("host", "result", "changed", "restarted", "release", "weights sent", "serving"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("host", "result", "release"))
     for r in results:
         result = "planned" if r.dry_run and r.ok else ("ok" if r.ok else "failed")
+        rollback_failed = any(s.name == "rollback" and s.status == "failed" for s in r.steps)
         if r.rolled_back:
-            result += " (rolled back)"
+            result += " (rollback failed)" if rollback_failed else " (rolled back)"
         table.add_row(r.host, _styled(result), str(r.changed).lower(), str(r.restarted).lower(),
-                      r.release or "-", f"{r.weights_bytes_sent} B",
-                      f"{r.url} ({r.model_id})" if r.ok or r.rolled_back else "-")
+                      escape(_release_cell(r)), f"{r.weights_bytes_sent} B",
+                      f"{r.url} ({r.model_id})" if r.ok or (r.rolled_back and not rollback_failed) else "-")
     err_console().print(table)
     for r in results:
         if r.ok and not r.dry_run:
             info(f"{r.host}: serving {r.model_id} at {r.url}")
         elif r.error is not None:
-            error(f"{r.host}: {r.error}")
+            error(host_message(r.host, r.error))
+            if getattr(r, "service", ""):
+                info(f"{r.host}: service now {r.service} (current release: {r.current_release or '-'})")
 
 
 def diffs(results: Iterable[Any]) -> None:
@@ -119,8 +226,11 @@ def _num(value: float | None, fmt: str = "{:.2f}") -> str:
 
 
 def ready_word(st: Any) -> str:
-    """`ok`; `stopped` when the unit is inactive by intent (not a readiness failure); `loading` /
-    `warming` while the server is still starting (not a failure); else `failed`."""
+    """The `ready` cell's word: HostStatus.verdict (ok, stopped, loading, warming, failed,
+    unreachable, container stopped, container missing, no pct, auth failed)."""
+    verdict = getattr(st, "verdict", None)
+    if verdict:
+        return verdict
     if st.ready:
         return "ok"
     if getattr(st, "stopped", False):
@@ -129,27 +239,57 @@ def ready_word(st: Any) -> str:
     return state if state in ("loading", "warming") else "failed"
 
 
+def _gpu_value(value: Any, unit: str = "") -> str:
+    if isinstance(value, str):              # nvidia-smi's own token: [N/A], [Insufficient Permissions], ...
+        return value
+    return "-" if value is None else f"{value:.0f}{unit}"
+
+
+def gpu_cell(gpus: list[dict] | None, gpu_error: dict | None) -> str:
+    """`0: 1024/143771 MiB 3%`; unavailable values as nvidia-smi printed them, with their meaning."""
+    if not gpus:
+        return gpu_error["problem"] if gpu_error else "-"
+    cells = []
+    for g in gpus:
+        cell = (f"{g['index']}: {_gpu_value(g['memory_used_mib'])}/{_gpu_value(g['memory_total_mib'])} MiB "
+                f"{_gpu_value(g['utilization_pct'], '%')}")
+        tokens = dict.fromkeys(v for v in (g["memory_used_mib"], g["memory_total_mib"], g["utilization_pct"])
+                               if isinstance(v, str))
+        if tokens:
+            cell += " (" + "; ".join(f"{t}: {short_meaning(t, g.get('mig_mode'))}" for t in tokens) + ")"
+        cells.append(cell)
+    return "; ".join(cells)
+
+
 def status_table(statuses: Iterable[Any]) -> None:
     table = Table(title="status", title_justify="left")
     for col in ("host", "kind", "unit", "restarts", "ready", "models", "gpu", "tau", "tok/s", "release"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col == "host")
     for st in statuses:
         unit = st.unit or {}
-        gpus = ("; ".join(f"{g['index']}: {_num(g['memory_used_mib'], '{:.0f}')}/{_num(g['memory_total_mib'], '{:.0f}')}"
-                          f" MiB {_num(g['utilization_pct'], '{:.0f}')}%" for g in st.gpus)
-                if st.gpus else (st.gpu_error["problem"] if st.gpu_error else "-"))
         release = st.release or "-"
         if st.version_mismatch:
             release = f"[yellow]{escape(release)} (checkout: {escape(st.expected_release)})[/yellow]"
-        table.add_row(st.host, st.kind, _styled(unit.get("active", "?")), str(unit.get("restarts", "-")),
-                      _styled(ready_word(st)), ", ".join(st.models) or "-", escape(gpus),
+        word, cause = ready_word(st), getattr(st, "cause", "")
+        shown = cause and word in CAUSE_SHOWN and not cause.startswith("service ")   # the unit column says that
+        ready = _styled(word) + (f": {escape(cause)}" if shown else "")
+        unit_cell = _styled(unit.get("active", "-"))
+        if unit.get("active") == "failed" and unit.get("result") not in (None, "", "success"):
+            unit_cell += f" ({escape(unit['result'])})"
+        if unit.get("start_limit_hit"):
+            unit_cell += ", start limit hit"
+        table.add_row(st.host, st.kind, unit_cell, str(unit.get("restarts", "-")),
+                      ready, ", ".join(st.models) or "-", escape(gpu_cell(st.gpus, st.gpu_error)),
                       _num(st.acceptance_length), _num(st.tokens_per_second, "{:.1f}"), release)
     err_console().print(table)
     for st in statuses:
         for e in st.errors:
-            error(f"{st.host}: {e}")
+            error(host_message(st.host, e))
         if st.gpu_error:
             info(f"{st.host}: GPU: {st.gpu_error['problem']} - {st.gpu_error['hint']}")
+        for g in st.gpus or []:
+            for token, text in (g.get("notes") or {}).items():
+                info(f"{st.host}: GPU {g['index']}: {token} = {text}")
 
 
 def releases_table(host: str, rels: Iterable[Any]) -> None:

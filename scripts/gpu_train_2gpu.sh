@@ -8,9 +8,10 @@
 #
 # Usage: scripts/gpu_train_2gpu.sh GGUF WORK_DIR OUT_DIR --wheels DIR --prompts FILE
 #                                  [--max-minutes 8.8] [--check-drafter DIR] [train-drafter options...]
-#   OUT_DIR receives drafter/ (model.safetensors.partNN: join with
-#   python -m ddtree_server.train.split --join) and checks.tar.gz (logs, exactness.json, mini bench).
-#   WORK_DIR/drafter keeps the joined drafter on the machine for a following bench run.
+#   OUT_DIR receives drafter/ (the returnable training state: export the z-lab folder with
+#   python -m ddtree_server.train.resume export OUT_DIR/drafter DEST) and checks.tar.gz (logs,
+#   exactness.json, mini bench). WORK_DIR/drafter keeps the z-lab drafter on the machine for a
+#   following bench run.
 set -euo pipefail
 
 usage() { sed -n '2,13p' "$0" >&2; exit 2; }

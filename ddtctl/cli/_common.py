@@ -2,7 +2,8 @@
 
 `transport_for(host)` is the one place transports are made (tests and other front ends can
 replace it). Every command runs inside `handle_errors`: a DdtctlError becomes a one-line (or
-per-host) message on stderr and its documented exit code, never a traceback.
+per-host) message on stderr and its documented exit code, never a traceback; Ctrl-C and broken
+pipes are handled the same way in every command (see `handle_errors`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Optional
 import typer
 
 from ddtctl import cancel, report
-from ddtctl.errors import DdtctlError, UsageError, exit_code_for
+from ddtctl.errors import DdtctlError, ExitCode, UsageError, exit_code_for
 from ddtctl.inventory import Host, Inventory, ddtctl_home, load_inventory
 
 HostsArg = typer.Argument(None, metavar="[HOST|GROUP]...", help="Host or group names (globs allowed).",
@@ -26,7 +27,6 @@ LimitOpt = typer.Option(None, "--limit", "-l", metavar="PATTERN",
                         help="Only hosts matching this glob or group (comma-separated).")
 ParallelOpt = typer.Option(4, "--parallel", "-p", min=1, max=64, help="Hosts handled at the same time.")
 JsonOpt = typer.Option(False, "--json", help="One JSON document on stdout (human output stays on stderr).")
-HOST_KEY_POLICIES = {"accept-new": "accept-new", "yes": "strict", "strict": "strict"}
 
 
 def inventory(ctx: typer.Context) -> Inventory:
@@ -48,18 +48,15 @@ def select_one(ctx: typer.Context, word: str) -> Host:
 
 
 def node_transport(host: Host):
-    """SSH transport of a container's Proxmox node (ssh_options: IdentityFile, UserKnownHostsFile,
-    StrictHostKeyChecking; $DDTCTL_SSH_CONFIG replaces ~/.ssh/config)."""
+    """SSH transport of a container's Proxmox node: the inventory's `user`/`port` and `ssh_options`
+    act like `ssh -l/-p/-o` over the ssh config ($DDTCTL_SSH_CONFIG, else ~/.ssh/config), which
+    OpenSSH itself evaluates (remote/sshconfig.py)."""
     from ddtctl.remote.ssh import SshTransport      # paramiko is only imported when a node is used
 
-    opts = {k.lower(): v for k, v in host.node.ssh_options.items()}
-    policy = HOST_KEY_POLICIES.get(opts.get("stricthostkeychecking", "accept-new").lower())
-    if policy is None:
-        raise UsageError(f"nodes.{host.node_name}.ssh_options.StrictHostKeyChecking: use accept-new or yes")
-    return SshTransport(host.node.address, user=host.node.user, port=host.node.port,
-                        identity_file=opts.get("identityfile"), known_hosts=opts.get("userknownhostsfile"),
-                        ssh_config=os.environ.get("DDTCTL_SSH_CONFIG") or None, host_key_policy=policy,
-                        name=f"node:{host.node_name}")
+    opts = {k: ("yes" if k.lower() == "stricthostkeychecking" and v.lower() == "strict" else v)
+            for k, v in host.node.ssh_options.items()}
+    return SshTransport(host.node.address, user=host.node.user, port=host.node.port, options=opts,
+                        ssh_config=os.environ.get("DDTCTL_SSH_CONFIG") or None, name=f"node:{host.node_name}")
 
 
 def transport_for(host: Host):
@@ -90,28 +87,49 @@ def home_error(exc: BaseException) -> UsageError | None:
 
 
 def handle_errors(fn: Callable) -> Callable:
-    """Turn DdtctlError into a message on stderr + its exit code (no traceback for user mistakes)."""
+    """Run a command the way every ddtctl command runs: a DdtctlError becomes a message on stderr
+    + its exit code (no traceback for user mistakes); Ctrl-C is cooperative (cancel.py: exit 130
+    after rollbacks and lock releases); a broken stdout/stderr pipe never stops the work
+    (report.pipe_safe) and makes the exit code at least 1, Python's code for a broken pipe."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except DdtctlError as exc:
-            report.error(str(exc))
-            raise typer.Exit(int(exc.exit_code)) from None
-        except KeyboardInterrupt:
-            report.error("interrupted")
-            raise typer.Exit(130) from None
-        except OSError as exc:
-            usage = home_error(exc)
-            if usage is None:
-                raise
-            report.error(str(usage))
-            raise typer.Exit(int(usage.exit_code)) from None
+        with cancel.sigint_handler(), report.pipe_safe():
+            code = _run_command(fn, args, kwargs)
+            if cancel.was_requested():
+                code = int(ExitCode.INTERRUPTED)
+            elif report.output_lost():
+                code = max(code, 1)
+        if code:
+            raise typer.Exit(code)
     return wrapper
 
 
+def _run_command(fn: Callable, args, kwargs) -> int:
+    try:
+        fn(*args, **kwargs)
+        return 0
+    except typer.Exit as exc:
+        return int(exc.exit_code or 0)
+    except DdtctlError as exc:
+        if cancel.was_requested() and not isinstance(exc, cancel.Interrupted):
+            report.error(f"interrupted (Ctrl-C): {str(exc).splitlines()[0]}")
+        else:
+            report.error(str(exc))
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        report.error("interrupted")
+        return int(ExitCode.INTERRUPTED)
+    except OSError as exc:
+        usage = home_error(exc)
+        if usage is None:
+            raise
+        report.error(str(usage))
+        return int(usage.exit_code)
+
+
 def per_host(hosts: list[Host], fn: Callable[[Host, Any], Any], parallel: int) -> list[tuple[Host, Any, Exception | None]]:
-    """Run fn(host, transport) for each host (thread pool); collect (host, value, error) in order."""
+    """Run fn(host, transport) for each host (thread pool); collect (host, value, error) in order.
+    After Ctrl-C each host stops at its next step boundary (cancel.py) and is still collected."""
     def one(host: Host):
         transport = None
         try:
@@ -123,22 +141,13 @@ def per_host(hosts: list[Host], fn: Callable[[Host, Any], Any], parallel: int) -
             usage = home_error(exc)
             if usage is not None:
                 return host, None, usage
-            return host, None, DdtctlError(f"{host.name}: {type(exc).__name__}: {exc}")
+            return host, None, DdtctlError(f"{type(exc).__name__}: {exc}")
         finally:
             if transport is not None:
                 transport.close()
 
-    cancel.reset()
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as pool:
-        futures = [pool.submit(one, h) for h in hosts]
-        try:
-            return [f.result() for f in futures]
-        except KeyboardInterrupt:
-            # workers stop at their next step boundary (deploys roll back and release their lock)
-            cancel.request()
-            report.error("interrupted: stopping each host at its next step (Ctrl-C again to abort "
-                         "at once; a host lock may then be left behind: --break-lock)")
-            return [f.result() for f in futures]  # interrupted hosts carry cancel.Interrupted (exit 130)
+        return [f.result() for f in [pool.submit(one, h) for h in hosts]]
 
 
 def finish(errors: list[BaseException]) -> None:

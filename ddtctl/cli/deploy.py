@@ -7,15 +7,11 @@ from typing import Optional
 import typer
 
 from ddtctl import report
-from ddtctl.errors import UsageError
 from ddtctl.cli import _common as common
 from ddtctl.cli._common import AllOpt, HostsArg, JsonOpt, LimitOpt, ParallelOpt, handle_errors
-from ddtctl.ops import releases
+from ddtctl.ops import recovery, releases
 from ddtctl.ops.bundle import build_wheel, source_identity
 from ddtctl.ops.deploy import DeployResult, deploy_host
-from ddtctl.ops.lock import host_lock
-from ddtctl.ops.readiness import wait_ready
-from ddtctl.ops.supervisor import manager_for
 
 
 BreakLockOpt = typer.Option(False, "--break-lock", help="First remove a host lock left behind by a killed "
@@ -34,16 +30,26 @@ def deploy_cmd(
     hosts: Optional[list[str]] = HostsArg,
     all_hosts: bool = AllOpt,
     limit: Optional[str] = LimitOpt,
-    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Print the plan and diffs; change nothing."),
+    dry_run: bool = typer.Option(False, "--dry-run", "-n", help="Print the plan and unit diffs; change nothing. "
+                                 "Still connects to the hosts to read what is there (release links, release "
+                                 "verification, unit files, weight manifests, `pct config`), like Ansible's "
+                                 "check mode."),
     smoke: bool = typer.Option(True, "--smoke/--no-smoke", help="Run the smoke checks after wait-ready."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, help="wait-ready deadline in seconds "
-                                            "[default: the service's ready_timeout_s]."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="SECONDS",
+                                            help="wait-ready deadline [default: the service's ready_timeout_s]."),
+    rollback_timeout: Optional[float] = typer.Option(None, "--rollback-timeout", min=1, metavar="SECONDS",
+                                                     help="The rollback's own wait-ready deadline in seconds, "
+                                                          "independent of --timeout [default: the service's "
+                                                          "ready_timeout_s]."),
     parallel: int = ParallelOpt,
     json_out: bool = JsonOpt,
     break_lock: bool = BreakLockOpt,
 ) -> None:
-    """Build the server wheel of this checkout, install it, (re)start only if something changed,
-    wait until ready and smoke-test; roll back to the previous release if that fails.
+    """Build the server wheel of this checkout, verify or install its release (with its
+    dependencies: packages.mode index, wheelhouse or system), (re)start only if something
+    changed, wait until ready and smoke-test; roll back to the previous release if that fails
+    (the rollback waits for readiness under --rollback-timeout, not --timeout). A unit that hit its
+    systemd start limit is reset (`systemctl reset-failed`) before every restart.
 
     Example: ddtctl deploy local
     """
@@ -59,7 +65,7 @@ def deploy_cmd(
         def one(host, transport) -> DeployResult:
             return deploy_host(host, transport, bundle=bundle, node_transport=common.node_of(transport),
                                dry_run=dry_run, smoke=smoke, timeout_s=timeout, progress_factory=bars,
-                               log=report.step_line, break_lock=break_lock)
+                               log=report.step_line, break_lock=break_lock, rollback_timeout_s=rollback_timeout)
         outcome = common.per_host(selected, one, parallel)
     results = [r if r is not None else DeployResult(h.name, dry_run=dry_run, error=e) for h, r, e in outcome]
     if dry_run:
@@ -72,29 +78,31 @@ def deploy_cmd(
 
 @handle_errors
 def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST"),
-                 timeout: Optional[float] = typer.Option(None, "--timeout", min=1),
+                 timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="SECONDS",
+                                                         help="wait-ready deadline of the previous release "
+                                                              "[default: the service's ready_timeout_s]."),
                  json_out: bool = JsonOpt, break_lock: bool = BreakLockOpt) -> None:
-    """Switch HOST back to its previous release, restart it and wait until ready.
+    """Switch HOST back to its previous release, restart it (after `systemctl reset-failed`) and
+    wait until ready. When the previous release does not come back, the links are restored, the
+    release that was running is restarted, and the message says which state the service is in.
 
     Example: ddtctl rollback ct200
     """
     target = common.select_one(ctx, host)
     transport = common.transport_for(target)
     try:
-        layout = releases.Layout(target.root, target.unit)
-        with host_lock(transport, target.root, "rollback", break_lock=break_lock):
-            previous = releases.read_link(transport, layout.previous)
-            if previous is None or previous == releases.read_link(transport, layout.current):
-                raise UsageError(f"{target.name}: no previous release to roll back to")
-            old = releases.switch(transport, layout, previous)
-            manager = manager_for(target, transport)
-            manager.restart()
-            ready = wait_ready(target, transport, manager, timeout_s=timeout)
+        result = recovery.rollback(target, transport, timeout_s=timeout, break_lock=break_lock)
+    except recovery.RecoveryFailed as exc:
+        if json_out:
+            done = exc.rollback_result.to_dict() if exc.rollback_result else {"host": target.name}
+            report.emit_json({"ok": False, **done, "error": str(exc)})
+        raise
     finally:
         transport.close()
-    report.info(f"{target.name}: rolled back {old} -> {previous}; ready in {ready.seconds:.1f} s")
+    report.info(f"{target.name}: rolled back {result.from_release} -> {result.to_release}; ready in "
+                f"{result.ready.seconds:.1f} s; service: {result.service}")
     if json_out:
-        report.emit_json({"host": target.name, "from": old, "to": previous, "ready": ready.to_dict()})
+        report.emit_json({"ok": True, **result.to_dict()})
 
 
 @handle_errors

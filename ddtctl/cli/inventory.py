@@ -26,8 +26,9 @@ def inventory_show(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
         report.emit_json({
             "path": str(inv.path), "groups": inv.groups,
             "hosts": {n: {"kind": h.kind, "address": h.address, "node": h.node_name, "vmid": h.vmid,
-                          "root": h.root, "unit": h.unit, "model_id": h.model_id, "url": f"http://{h.address}:"
-                          f"{h.service.port}/v1", "service": h.service.model_dump(mode="json")}
+                          "root": h.root, "unit": h.unit, "model_id": h.model_id, "url": h.url,
+                          "service": h.service.model_dump(mode="json"),
+                          "packages": h.packages.to_dict() if h.packages else None}
                       for n, h in inv.hosts.items()}})
     else:
         report.inventory_table(inv)

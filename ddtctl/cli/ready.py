@@ -26,7 +26,8 @@ def wait_ready_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="
                                                                 "service's ready_timeout_s]."),
                    json_out: bool = JsonOpt) -> None:
     """Wait until HOST's service is active, healthy, lists its model and completes a token
-    (twice in a row). Exit 4 on timeout, 1 when the service failed (with its last log lines).
+    (twice in a row). Exit 4 on timeout, 1 when the service failed (with its last log lines), 3 at
+    once when the API refuses the API key (HTTP 401/403).
 
     Example: ddtctl wait-ready ct200 --timeout 1800
     """
@@ -46,7 +47,8 @@ def wait_ready_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="
 def smoke_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_hosts: bool = AllOpt,
               limit: Optional[str] = LimitOpt, parallel: int = ParallelOpt, json_out: bool = JsonOpt) -> None:
     """Smoke-test the OpenAI API of each host: factual chat, multi-turn, raw completion, stream ==
-    non-stream, stop sequence, 4xx on a bad request, acceptance length. Exit 5 when a check fails.
+    non-stream, stop sequence, 4xx on a bad request, acceptance length. Exit 5 when a check fails,
+    3 when the API refuses the API key (HTTP 401/403: set the variable named by api_key_env).
 
     Example: ddtctl smoke local --json
     """
@@ -57,7 +59,7 @@ def smoke_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_hos
     errors = [e for _, _, e in outcome if e is not None]
     for host, _, exc in outcome:
         if exc is not None:
-            report.error(f"{host.name}: {exc}")
+            report.error(report.host_message(host.name, exc))
     for rep in reports:
         try:
             require_ok(rep)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
@@ -11,6 +12,7 @@ from ddtctl.cli import _common as common
 from ddtctl.cli._common import AllOpt, HostsArg, LimitOpt, ParallelOpt, handle_errors
 from ddtctl.errors import UsageError
 from ddtctl.ops.supervisor import manager_for
+from ddtctl.remote import relay
 from ddtctl.ops.units import render_env, render_local, render_unit, service_spec, unit_path
 
 
@@ -38,7 +40,7 @@ def _lifecycle(verb: str):
             if exc is None:
                 report.info(f"{host.name}: {verb} {host.unit}: {state.active}")
             else:
-                report.error(f"{host.name}: {exc}")
+                report.error(report.host_message(host.name, exc))
         common.finish([e for _, _, e in outcome if e is not None])
     command.__name__ = f"service_{verb}"
     return command
@@ -62,29 +64,37 @@ def logs_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST")
 @handle_errors
 def exec_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST"),
              argv: Optional[list[str]] = typer.Argument(None, metavar="-- ARGV...",
-                                                        help="Command and arguments.")) -> None:
-    """Run one command on HOST (inside the container) and relay its output and exit status.
-    The argv is passed as-is: no shell, no quoting to worry about.
+                                                        help="Command and arguments."),
+             timeout: Optional[float] = typer.Option(
+                 None, "--timeout", min=0.001, metavar="S",
+                 help="Stop the command after S seconds like timeout(1): SIGTERM, SIGKILL 5 s "
+                      "later; exit 124 (137 when it had to be killed).")) -> None:
+    """Run one command on HOST (inside the container) like `ssh HOST cmd`: stdin is forwarded
+    (EOF included), stdout/stderr are relayed byte for byte as they arrive, and ddtctl exits with
+    the command's exit status. The argv is passed as-is: no shell, no quoting to worry about.
+    Options go before HOST.
 
-    Example: ddtctl exec ct200 -- nvidia-smi -L
+    Example: ddtctl exec ct200 -- nvidia-smi -L;  ddtctl exec --timeout 60 ct200 -- journalctl -f
     """
     if argv and argv[0] != "--" and argv[0].startswith("-"):
         before = argv[:argv.index("--")] if "--" in argv else argv[:1]
-        raise UsageError(f"exec takes no options after HOST (got {' '.join(before)!r}); put the command "
-                         "after --, e.g. ddtctl exec HOST -- uname -a")
+        raise UsageError(f"exec takes no options after HOST (got {' '.join(before)!r}); put options "
+                         "before HOST and the command after --, e.g. ddtctl exec HOST -- uname -a")
     target = common.select_one(ctx, host)
     argv = argv[1:] if argv and argv[0] == "--" else argv
     if not argv:
         raise UsageError("give a command after --, e.g. ddtctl exec HOST -- uname -a")
     transport = common.transport_for(target)
+    stdin = sys.stdin.buffer if sys.stdin is not None else None
     try:
-        res = transport.run(argv, timeout=None)
+        code = transport.stream(argv, stdin=stdin, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer,
+                                timeout=timeout)
+    except relay.BrokenOutput:
+        code = 1                                  # the reader went away (Python's broken-pipe code)
     finally:
         transport.close()
-    typer.echo(res.text, nl=False)
-    if res.stderr:
-        typer.echo(res.err_text, nl=False, err=True)
-    raise typer.Exit(res.exit_code)
+    if code:
+        raise typer.Exit(code)
 
 
 @handle_errors

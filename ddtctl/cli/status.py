@@ -25,8 +25,11 @@ def status_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_ho
                json_out: bool = JsonOpt) -> None:
     """Show each host's service state, readiness, served models, GPUs, mean acceptance length and
     tokens/s (from /metrics) and the deployed server release (flagged when it differs from this
-    checkout). A service stopped on purpose shows `stopped`, not a readiness failure. Exit 1 when
-    a host is not ready (a stopped service included), 3 when a host is unreachable.
+    checkout). The `ready` column says ok, or why not: `stopped` (the service, on purpose),
+    `loading`/`warming`, `failed`, `container stopped`, `container missing`/`no pct` (not where
+    the inventory says), `unreachable` (with the cause) or `auth failed` (HTTP 401/403: set the
+    API-key variable). nvidia-smi's [N/A] / [Insufficient Permissions] are shown with their
+    meaning. Exit 1 when a host is not ok, 3 when a host is unreachable or refuses the API key.
 
     Example: ddtctl status --all
     """
@@ -38,7 +41,7 @@ def status_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_ho
     if json_out:
         report.emit_json({"ok": all(s.ok for s in statuses), "checkout_release": expected,
                           "hosts": [s.to_dict() for s in statuses]})
-    if any(s.unreachable for s in statuses):
+    if any(s.unreachable or s.auth_failed for s in statuses):
         raise typer.Exit(int(ExitCode.UNREACHABLE))
     if not all(s.ok for s in statuses):
         raise typer.Exit(int(ExitCode.HOST_FAILED))

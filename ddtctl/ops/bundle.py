@@ -4,7 +4,9 @@ Identity = the ddtree-server package version + sha256 of every source file under
 (relative paths and contents; build debris, bytecode and hidden files excluded, as in the wheel build): `0.1.0-1a2b3c4d5e6f`. It names the
 release directory on each host and is what `status` compares the deployed release against.
 The wheel is built once per identity with `pip wheel --no-deps` and cached under
-$DDTCTL_HOME/cache/wheels/<identity>/. ddtctl never imports ddtree_server.
+$DDTCTL_HOME/cache/wheels/<identity>/; the cache keeps the WHEEL_CACHE_KEEP most recently used
+identities (a cache hit counts as a use) and deletes older ones at each call.
+ddtctl never imports ddtree_server.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 from ddtctl.errors import UsageError
 from ddtctl.inventory import ddtctl_home
 
+WHEEL_CACHE_KEEP = 5
 _SKIP_DIRS = {"__pycache__", "build", "dist", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 _SKIP_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 
@@ -97,6 +100,8 @@ def build_wheel(identity: SourceIdentity | None = None, *, cache_dir: Path | Non
     cache = (cache_dir or ddtctl_home() / "cache" / "wheels") / identity.version_id
     cached = sorted(cache.glob("ddtree_server-*.whl")) if cache.is_dir() else []
     if cached:
+        os.utime(cache)                                  # most recently used: kept by the prune
+        prune_cache(cache.parent, WHEEL_CACHE_KEEP)
         return Bundle(identity, cached[0], built=False)
     cache.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ddtctl-wheel-", dir=cache.parent) as tmp:
@@ -117,4 +122,15 @@ def build_wheel(identity: SourceIdentity | None = None, *, cache_dir: Path | Non
             staging.rename(cache)
         except OSError:                                  # a concurrent build won the race
             pass
+    prune_cache(cache.parent, WHEEL_CACHE_KEEP)
     return Bundle(identity, sorted(cache.glob("ddtree_server-*.whl"))[0], built=True)
+
+
+def prune_cache(cache_dir: Path, keep: int) -> list[str]:
+    """Delete all but the `keep` most recently used entries (folders, by mtime) of `cache_dir`
+    (builds in progress, `ddtctl-*`, are left alone); returns the deleted names."""
+    entries = sorted((p for p in cache_dir.iterdir() if p.is_dir() and not p.name.startswith("ddtctl-")),
+                     key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in entries[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+    return [p.name for p in entries[keep:]]

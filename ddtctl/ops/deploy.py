@@ -4,7 +4,8 @@ The same code path serves a local host (LocalTransport + local supervisor) and a
 (ContainerTransport + systemd): everything on the target goes through the Transport and the
 service manager. Steps report ok / changed / planned / skipped / failed; the service is restarted
 only when the release, the unit/env files or the weights changed (or it is not running). A failed
-wait-ready or smoke after a release change switches `current` back and restarts the old release.
+wait-ready or smoke after a release change switches `current` back and restarts the old release
+under the rollback's own readiness deadline (ops/recovery.py).
 `dry_run` gathers facts (links, file contents, manifests) and changes nothing.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 import difflib
 import os
 import posixpath
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddtctl import cancel
-from ddtctl.errors import DdtctlError, RemoteError, UsageError
+from ddtctl.errors import DdtctlError, RemoteError
 from ddtctl.inventory import Host
-from ddtctl.ops import releases, weights
+from ddtctl.ops import recovery, releases, weights
 from ddtctl.ops.lock import HostLocked, host_lock
 from ddtctl.ops.readiness import ReadyReport, wait_ready
+from ddtctl.ops.release_step import release_step
 from ddtctl.ops.smoke import SmokeReport, require_ok, run_smoke
 from ddtctl.ops.supervisor import manager_for
 from ddtctl.ops.units import service_spec
@@ -56,6 +57,8 @@ class DeployResult:
     url: str = ""
     model_id: str = ""
     rolled_back: bool = False
+    current_release: str | None = None   # what `current` points at when the deploy ends
+    service: str = ""                    # the service's state after a rollback, in words
     steps: list[Step] = field(default_factory=list)
     diffs: dict[str, str] = field(default_factory=dict)
     ready: ReadyReport | None = None
@@ -70,7 +73,8 @@ class DeployResult:
         return {"host": self.host, "ok": self.ok, "dry_run": self.dry_run, "changed": self.changed,
                 "restarted": self.restarted, "release": self.release, "previous_release": self.previous_release,
                 "weights_bytes_sent": self.weights_bytes_sent, "url": self.url, "model_id": self.model_id,
-                "rolled_back": self.rolled_back, "steps": [s.__dict__ for s in self.steps], "diffs": self.diffs,
+                "rolled_back": self.rolled_back, "current_release": self.current_release,
+                "service": self.service or None, "steps": [s.__dict__ for s in self.steps], "diffs": self.diffs,
                 "ready": self.ready.to_dict() if self.ready else None,
                 "smoke": self.smoke.to_dict() if self.smoke else None,
                 "error": str(self.error) if self.error else None,
@@ -83,6 +87,7 @@ class _Run:
     def __init__(self, result: DeployResult, log: Callable[[str, Step], None] | None):
         self.result, self.log = result, log
         self.replaced: dict[str, tuple[str, int]] = {}     # path -> (previous text, mode) of rewritten files
+        self.reinstalled = False                          # the current release was installed again in place
 
     def step(self, name: str, status: str, detail: str = "", since: float | None = None) -> Step:
         step = Step(name, status, detail, round(time.monotonic() - since, 2) if since else 0.0)
@@ -92,28 +97,27 @@ class _Run:
         return step
 
 
-def venv_python(host: Host) -> str:
-    """Interpreter the release venv is made from: inventory `python`, else ddtctl's own on local hosts."""
-    return host.service.python or (sys.executable if host.kind == "local" else "python3")
-
-
 def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_run: bool = False,
                 smoke: bool = True, timeout_s: float | None = None, progress_factory=None,
-                log: Callable[[str, Step], None] | None = None, break_lock: bool = False) -> DeployResult:
+                log: Callable[[str, Step], None] | None = None, break_lock: bool = False,
+                rollback_timeout_s: float | None = None) -> DeployResult:
     """Deploy `host`; never raises for a host failure (see `DeployResult.error`).
+
+    `timeout_s`: the new release's wait-ready deadline; `rollback_timeout_s`: the rollback's own
+    (default: the service's ready_timeout_s; see ops/recovery.py).
 
     `bundle`: a built Bundle (ddtree services; for dry runs a SourceIdentity is enough).
     `node_transport`: the Proxmox node's transport (needed for `weights: shared`).
     A real deploy holds the host lock (ops/lock.py) throughout; `break_lock` removes a stale one.
     """
-    svc = host.service
-    result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id,
-                          url=f"http://{host.address}:{svc.port}/v1")
+    result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id, url=host.url)
     run = _Run(result, log)
     try:
-        lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock)
+        lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock,
+                                                       note=lambda text: run.step("lock", "changed", text))
         with lock:
-            _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory)
+            _apply(host, transport, node_transport, bundle, run, dry_run, smoke, timeout_s, progress_factory,
+                   recovery.rollback_timeout(host, rollback_timeout_s))
     except DdtctlError as exc:
         result.error = exc
         if not any(s.status == "failed" for s in result.steps):
@@ -121,57 +125,36 @@ def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_
     return result
 
 
-def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, timeout_s, progress_factory):
+def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, timeout_s, progress_factory,
+           rollback_timeout_s: float):
     res = run.result
     layout = releases.Layout(host.root, host.unit)
     manager = manager_for(host, transport)
-    old = res.previous_release = releases.read_link(transport, layout.current)
+    old = res.previous_release = res.current_release = releases.read_link(transport, layout.current)
     old_previous = None if dry_run else releases.read_link(transport, layout.previous)
     cancel.check("the release step")
-    release_changed = _release(host, transport, layout, bundle, old, run, dry_run, progress_factory)
+    release_changed = release_step(host, transport, layout, bundle, old, run, dry_run, progress_factory)
     try:
         cancel.check("the weights")
         weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
         cancel.check("the unit files")
         unit_changed = _unit_files(host, transport, manager, run, dry_run)
-        res.changed = release_changed or unit_changed or weights_changed
+        res.changed = release_changed or run.reinstalled or unit_changed or weights_changed
         if dry_run:
             run.step("restart", "planned" if res.changed else "skipped",
                      "would restart" if res.changed else "nothing changed: no restart")
             return
         cancel.check("the restart")
         _restart_and_check(host, transport, manager, run, smoke, timeout_s)
-    except DdtctlError:
+    except Exception as exc:              # any failure, a Ctrl-C (Interrupted) or a broken pipe alike
         if not dry_run and ((release_changed and old) or run.replaced):
-            _rollback(host, transport, manager, layout, old if release_changed else None, run, timeout_s,
-                      old_previous)
+            with cancel.shielded():           # the rollback itself is not interrupted by Ctrl-C
+                rolled_back = _rollback(host, transport, manager, layout, old if release_changed else None, run,
+                                        rollback_timeout_s, old_previous)
+            if not rolled_back:
+                raise recovery.RecoveryFailed(f"{exc}\nrollback failed: {run.result.steps[-1].detail}",
+                                              getattr(exc, "exit_code", 1)) from exc
         raise
-
-
-def _release(host, transport, layout, bundle, old, run: _Run, dry_run, progress_factory) -> bool:
-    """Install this checkout's release if missing and point `current` at it; True if it moved."""
-    svc = host.service
-    if svc.kind != "ddtree":
-        return False
-    if bundle is None:
-        raise UsageError("internal: deploying a ddtree service needs the server bundle")
-    vid, t = bundle.version_id, time.monotonic()
-    run.result.release = vid
-    if releases.is_installed(transport, layout, vid):
-        run.step("release", "ok", f"{vid} already installed")
-    elif dry_run:
-        run.step("release", "planned", f"install {vid} (venv from {venv_python(host)})")
-    else:
-        cb = progress_factory(f"wheel {bundle.wheel.name}", bundle.wheel.stat().st_size) if progress_factory else None
-        sent = releases.install(transport, layout, vid, bundle.wheel, venv_python(host), svc.venv_args,
-                                svc.pip_args, progress=cb)
-        run.step("release", "changed", f"installed {vid} ({sent} wheel bytes sent)", t)
-    if old == vid:
-        return False
-    if not dry_run:
-        releases.switch(transport, layout, vid)
-    run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {vid}")
-    return True
 
 
 def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout_s) -> None:
@@ -184,7 +167,7 @@ def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout
             manager.restart() if res.changed else manager.start()
         except RemoteError as exc:        # e.g. a Type=notify unit that died before READY=1
             run.step("restart", "failed", str(exc).splitlines()[0], t)
-            raise RemoteError(f"{exc}\nlast service log lines:\n{manager.logs(50)}", exc.result) from exc
+            raise RemoteError(f"{exc}\nlast service log lines:\n{manager.log_tail(50)}", exc.result) from exc
         run.step("restart", "changed", ("restarted" if res.changed else f"started (was {state.active})"), t)
     else:
         run.step("restart", "ok", "nothing changed: not restarted")
@@ -203,16 +186,19 @@ def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout
         raise
 
 
-def _rollback(host, transport, manager, layout, old: str | None, run: _Run, timeout_s,
-              old_previous: str | None = None) -> None:
+def _rollback(host, transport, manager, layout, old: str | None, run: _Run, timeout_s: float,
+              old_previous: str | None = None) -> bool:
     """Put back the previous release (and the `previous` link as it was before this deploy) and
-    the previous unit/env files, restart, wait until ready."""
+    the previous unit/env files, restart (reset-failed first), wait until ready under the
+    rollback's own deadline `timeout_s`. When the service does not come back the links stay
+    restored and the step says what state the service is in. True when the rollback worked."""
     t = time.monotonic()
     what = ([f"release {old}"] if old else []) + (["previous unit files"] if run.replaced else [])
     try:
         if old:
             releases.switch(transport, layout, old, keep_previous=False)
             releases.restore_previous(transport, layout, old_previous)
+            run.result.current_release = old
         for path, (text, mode) in run.replaced.items():
             _write(transport, path, text, mode)
         if run.replaced:
@@ -220,14 +206,18 @@ def _rollback(host, transport, manager, layout, old: str | None, run: _Run, time
         if not run.result.restarted:              # failed before the restart: nothing else to undo
             run.result.rolled_back = True
             run.step("rollback", "changed", f"restored {' and '.join(what)} (service not restarted)", t)
-            return
-        manager.restart()
-        wait_ready(host, transport, manager, timeout_s=timeout_s)
+            return True
+        ready = recovery.restart_until_ready(host, transport, manager, timeout_s)
         run.result.rolled_back = True
-        run.step("rollback", "changed", f"back on {' and '.join(what)} (ready)", t)
+        run.result.service = recovery.service_line(manager)
+        run.step("rollback", "changed", f"back on {' and '.join(what)} (ready in {ready.seconds:.1f} s)", t)
+        return True
     except DdtctlError as exc:
         run.result.rolled_back = True
-        run.step("rollback", "failed", f"restored {' and '.join(what)} but: {str(exc).splitlines()[0]}", t)
+        run.result.service = recovery.service_line(manager)
+        run.step("rollback", "failed", f"restored {' and '.join(what)}, but the service did not come back "
+                 f"({recovery.first_line(exc)}); service: {run.result.service}", t)
+        return False
 
 
 def _weights(host, transport, node_transport, run: _Run, dry_run, progress_factory) -> bool:

@@ -1,9 +1,11 @@
 """nvidia-smi: the query argv, CSV parsing and error classification (pure functions).
 
-Source: nvidia-smi(1) (exit codes, `--query-gpu` fields, `--format=csv,noheader,nounits`) and the
-failure catalogue in shared/reference/ops.md §4.6. Memory values are MiB, utilisation is percent.
-Bracketed tokens (`[N/A]`, `[Not Supported]`, `[Insufficient Permissions]`, `[Unknown Error]`, ...)
-mean "unavailable" and become None, never a number.
+Source: nvidia-smi(1) (exit codes, `--query-gpu` fields, `--format=csv,noheader,nounits`).
+Memory values are MiB, utilisation is percent. A bracketed token (`[N/A]`, `[Not Supported]`,
+`[Insufficient Permissions]`, `[Unknown Error]`, ...) is nvidia-smi saying the value is
+unavailable: it is kept as that string (never turned into a number, nor into nothing) and
+explained by `meaning()`: `[N/A]` on a MIG-enabled GPU is a value reported per MIG instance only,
+`[Insufficient Permissions]` a value NVML does not let an unprivileged container read.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import csv
 import io
 from dataclasses import asdict, dataclass
 
-FIELDS = ("index", "name", "memory.total", "memory.used", "utilization.gpu", "driver_version")
+FIELDS = ("index", "name", "memory.total", "memory.used", "utilization.gpu", "driver_version",
+          "mig.mode.current")
 QUERY_ARGV = ["nvidia-smi", f"--query-gpu={','.join(FIELDS)}", "--format=csv,noheader,nounits"]
+# drivers older than R450 know no MIG fields ("Field ... is not a valid field to query", exit 2)
+LEGACY_QUERY_ARGV = ["nvidia-smi", f"--query-gpu={','.join(FIELDS[:-1])}", "--format=csv,noheader,nounits"]
 
 # nvidia-smi(1) RETURN VALUE section (NVML codes 17/18 included as the tool reports them).
 EXIT_CODES = {
@@ -55,17 +60,55 @@ SIGNATURES = (
 
 @dataclass(frozen=True)
 class GpuInfo:
-    """One GPU row. Numbers are None when nvidia-smi reports them unavailable."""
+    """One GPU row. A number is an int, or nvidia-smi's bracketed token (str) when it reports the
+    value unavailable, or None when the field was empty or not asked for. mig_mode: "Enabled" /
+    "Disabled" (mig.mode.current), None when not reported."""
 
     index: int | None
     name: str | None
-    memory_total_mib: int | None
-    memory_used_mib: int | None
-    utilization_pct: int | None
+    memory_total_mib: int | str | None
+    memory_used_mib: int | str | None
+    utilization_pct: int | str | None
     driver_version: str | None
+    mig_mode: str | None = None
+
+    def unavailable(self) -> dict[str, str]:
+        """{field: token} for the numbers nvidia-smi reported as unavailable."""
+        return {k: v for k, v in (("memory_total_mib", self.memory_total_mib),
+                                  ("memory_used_mib", self.memory_used_mib),
+                                  ("utilization_pct", self.utilization_pct)) if isinstance(v, str)}
+
+    def notes(self) -> dict[str, str]:
+        """{token: what it means here} for each unavailable value."""
+        return {tok: meaning(tok, self.mig_mode) for tok in dict.fromkeys(self.unavailable().values())}
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "notes": self.notes()}
+
+
+def meaning(token: str, mig_mode: str | None = None) -> str:
+    """What an unavailable-value token of nvidia-smi means (nvidia-smi(1), NVML return codes)."""
+    if token == "[N/A]":
+        if mig_mode == "Enabled":
+            return ("MIG mode: utilisation and memory are reported per MIG instance, not per GPU "
+                    "(nvidia-smi mig -lgi)")
+        return "not available for this GPU or field (e.g. in MIG mode)"
+    if token == "[Insufficient Permissions]":
+        return ("unprivileged container: NVML does not let it read this value (memory of MIG GPUs); "
+                "read it on the node")
+    if token == "[Not Supported]":
+        return "not supported by this GPU or driver"
+    if token == "[Unknown Error]":
+        return "NVML unknown error (often a device-cgroup denial)"
+    if token == "[GPU requires reset]":
+        return "the GPU needs a reset (nvidia-smi -r on the node)"
+    return "unavailable"
+
+
+def short_meaning(token: str, mig_mode: str | None = None) -> str:
+    """A few words for a table cell."""
+    return {"[N/A]": "MIG mode" if mig_mode == "Enabled" else "not available",
+            "[Insufficient Permissions]": "unprivileged container"}.get(token) or meaning(token, mig_mode)
 
 
 @dataclass(frozen=True)
@@ -83,15 +126,13 @@ class GpuError:
 
 def _value(token: str) -> str | None:
     token = token.strip()
-    if not token or (token.startswith("[") and token.endswith("]")):
-        return None
-    return token
+    return token or None
 
 
-def _number(token: str) -> int | None:
+def _number(token: str) -> int | str | None:
     value = _value(token)
-    if value is None:
-        return None
+    if value is None or (value.startswith("[") and value.endswith("]")):
+        return value
     try:
         return int(float(value))
     except ValueError:
@@ -99,19 +140,20 @@ def _number(token: str) -> int | None:
 
 
 def parse_gpus(text: str) -> list[GpuInfo]:
-    """Parse `QUERY_ARGV` output (one CSV row per GPU, fields in `FIELDS` order).
-
-    Raises ValueError naming the line when a row has the wrong number of fields.
-    """
+    """Parse `QUERY_ARGV` (or `LEGACY_QUERY_ARGV`) output: one CSV row per GPU, fields in `FIELDS`
+    order. Raises ValueError naming the line when a row has the wrong number of fields."""
     rows = []
     for lineno, row in enumerate(csv.reader(io.StringIO(text), skipinitialspace=True), 1):
         if not row or all(not c.strip() for c in row):
             continue
-        if len(row) != len(FIELDS):
+        if len(row) not in (len(FIELDS), len(FIELDS) - 1):
             raise ValueError(f"nvidia-smi line {lineno}: expected {len(FIELDS)} fields, got {len(row)}: {row!r}")
-        idx, name, total, used, util, driver = row
-        rows.append(GpuInfo(_number(idx), _value(name), _number(total), _number(used), _number(util),
-                            _value(driver)))
+        idx, name, total, used, util, driver, *mig = row
+        mig_mode = _value(mig[0]) if mig else None
+        index = _number(idx)
+        rows.append(GpuInfo(index if isinstance(index, int) else None, _value(name), _number(total),
+                            _number(used), _number(util), _value(driver),
+                            None if mig_mode is None or mig_mode.startswith("[") else mig_mode))
     return rows
 
 

@@ -1,7 +1,7 @@
-"""wait-ready: poll until a service is really serving, or fail fast with the reason (ops.md §4.5).
+"""wait-ready: poll until a service is really serving, or fail fast with the reason.
 
 One round = service manager state (fail fast on `failed`, start-limit-hit or a growing restart
-count, with the last log lines) + engine health (`/ready` for the bundled server, `/health` for
+count, with the last log lines; an HTTP 401/403 fails at once as AuthError, exit 3) + engine health (`/ready` for the bundled server, `/health` for
 SGLang/vLLM) + `/v1/models` lists the expected id + a 1-token completion. Ready after K
 consecutive good rounds. Between failed rounds: exponential backoff (1 s -> 10 s) with jitter.
 HTTP goes through `transport.forward(address, port)` with httpx (read timeout 30 s: SGLang's
@@ -20,14 +20,27 @@ from dataclasses import dataclass, field
 import httpx
 
 from ddtctl import cancel
-from ddtctl.errors import ReadinessTimeout, RemoteError
+from ddtctl.errors import AuthError, ReadinessTimeout, RemoteError
 from ddtctl.inventory import Host
 
 READ_TIMEOUT_S = 30.0
+AUTH_CODES = (401, 403)   # the API refused our credentials: an answer, not a state to wait out
 
 
 def health_path(host: Host) -> str:
     return "/ready" if host.service.kind == "ddtree" else "/health"
+
+
+def auth_error(host: Host, detail: str) -> AuthError:
+    """AuthError (exit 3) for an HTTP 401/403 from `host`'s API, naming the variable to set."""
+    name = host.service.api_key_env
+    if not name:
+        fix = "the server wants an API key: name the variable holding it in the inventory (service.api_key_env)"
+    elif not os.environ.get(name):
+        fix = f"the server wants an API key and ${name} (service.api_key_env) is not set here"
+    else:
+        fix = f"the server refused the API key in ${name} (service.api_key_env)"
+    return AuthError(f"{host.name}: authentication failed: {detail}: {fix}")
 
 
 def auth_headers(host: Host) -> dict[str, str]:
@@ -53,18 +66,23 @@ class Probe:
     """One readiness round: ok, or the first thing that was not ready yet."""
 
     ok: bool
-    step: str            # "unit" | "health" | "models" | "completion" | "ready"
+    step: str            # "unit" | "health" | "models" | "completion" | "auth" | "ready"
     detail: str
     models: list[str] = field(default_factory=list)
 
 
 def probe_http(client: httpx.Client, host: Host) -> Probe:
-    """health -> /v1/models -> 1-token completion, stopping at the first step that is not ready."""
+    """health -> /v1/models -> 1-token completion, stopping at the first step that is not ready.
+    A 401/403 anywhere is Probe(step="auth"): waiting longer cannot fix it (see auth_error)."""
     try:
         r = client.get(health_path(host))
+        if r.status_code in AUTH_CODES:
+            return Probe(False, "auth", f"{health_path(host)} {r.status_code} {_brief(r)}")
         if r.status_code != 200:
             return Probe(False, "health", f"{health_path(host)} {r.status_code} {_brief(r)}")
         r = client.get("/v1/models")
+        if r.status_code in AUTH_CODES:
+            return Probe(False, "auth", f"/v1/models {r.status_code} {_brief(r)}")
         if r.status_code != 200:
             return Probe(False, "models", f"/v1/models {r.status_code} {_brief(r)}")
         ids = [m.get("id") for m in r.json().get("data", [])]
@@ -72,6 +90,8 @@ def probe_http(client: httpx.Client, host: Host) -> Probe:
             return Probe(False, "models", f"/v1/models lists {ids}, not {host.model_id!r}", ids)
         r = client.post("/v1/completions", json={"model": host.model_id, "prompt": "Hello",
                                                   "max_tokens": 1, "temperature": 0})
+        if r.status_code in AUTH_CODES:
+            return Probe(False, "auth", f"/v1/completions {r.status_code} {_brief(r)}", ids)
         if r.status_code != 200:
             return Probe(False, "completion", f"1-token completion {r.status_code} {_brief(r)}", ids)
         reason = (r.json().get("choices") or [{}])[0].get("finish_reason")
@@ -131,13 +151,16 @@ def wait_ready(host: Host, transport, manager, *, timeout_s: float | None = None
             state = manager.state() if rounds > 1 else first
             if state.failed or state.restarts > base_restarts:
                 why = "failed" if state.failed else f"restarted {state.restarts - base_restarts}x"
-                raise RemoteError(f"{host.name}: {host.unit} {why} ({state.active}/{state.sub} "
-                                  f"result={state.result}); last log lines:\n{manager.logs(50).rstrip()}")
+                state = manager.diagnose() if state.failed else state
+                raise RemoteError(f"{host.name}: {host.unit} {why}: {state.describe()}; last log lines:\n"
+                                  f"{manager.log_tail(50).rstrip()}")
             unknown = unknown + 1 if state.active == "unknown" else 0
             if state.active == "inactive" or unknown >= 3:
                 raise RemoteError(f"{host.name}: {host.unit} is {state.active} "
-                                  f"(start it: ddtctl start {host.name})\n{manager.logs(20).rstrip()}".rstrip())
+                                  f"(start it: ddtctl start {host.name})\n{manager.log_tail(20).rstrip()}".rstrip())
             probe = probe_http(client, host)
+            if probe.step == "auth":
+                raise auth_error(host, probe.detail)
             if on_round:
                 on_round(probe)
             good = good + 1 if probe.ok else 0
@@ -148,7 +171,7 @@ def wait_ready(host: Host, transport, manager, *, timeout_s: float | None = None
             if clock() + wait > deadline:
                 raise ReadinessTimeout(
                     f"{host.name}: not ready after {timeout_s:.0f} s ({rounds} rounds); last: "
-                    f"{probe.step}: {probe.detail}\n{manager.logs(20).rstrip()}".rstrip())
+                    f"{probe.step}: {probe.detail}\n{manager.log_tail(20).rstrip()}".rstrip())
             for _ in range(max(1, int(wait / 0.25))):  # short naps: a Ctrl-C is seen within 0.25 s
                 if cancel.requested():
                     break

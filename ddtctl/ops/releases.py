@@ -1,18 +1,35 @@
-"""Release directories behind a `current` symlink: layout, argv builders and listing parsers.
+"""Release directories behind a `current` symlink: layout, install, verification, listing.
 
-    <root>/releases/<version-id>/     wheel + venv of one server build (`.complete` once installed)
+    <root>/releases/<version-id>/     wheel + venv of one server build, and its manifest
+                                      `.ddtctl-release.json` (written last: install finished)
     <root>/current  -> releases/<id>  what the service runs (ExecStart goes through this link)
     <root>/previous -> releases/<id>  what `rollback` switches back to
+    <root>/wheelhouse/                dependency wheels (packages.mode: wheelhouse)
+    <root>/.ddtctl-reinstall-<id>/    a release moved aside while it is reinstalled (put back on failure)
     <root>/<unit-stem>.env            EnvironmentFile of the service
 
-Everything here returns argv lists or parses command output; running them is the caller's job
-(through a Transport), so the same code serves local hosts and containers.
+A release is verified before it is used, never trusted for existing (`verify`): its manifest
+matches its files (release_probe `check`: sizes and mtimes of all files, sha256 of files up to
+1 MiB), it was installed with the dependency settings of this deploy (the manifest's
+fingerprint), its console script `ddtree-server --version` prints the expected version within
+ENTRY_POINT_TIMEOUT_S, and every distribution the server requires is importable by its venv
+(release_probe `deps`). Pure argv builders and parsers sit beside the few functions that run
+them through a Transport, so the same code serves local hosts and containers.
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ddtctl.errors import CommandTimeout, RemoteError
+from ddtctl.ops import release_probe
+
+MANIFEST = release_probe.MANIFEST
+PROBE_TIMEOUT_S = 600            # listing + hashing a release (a CUDA torch venv: ~30k files)
+ENTRY_POINT_TIMEOUT_S = 120      # `ddtree-server --version` / the dependency check
+INSTALL_TIMEOUT_S = 3600         # one `pip install` (torch from an index: GBs)
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,10 @@ class Layout:
     @property
     def env_file(self) -> str:
         return posixpath.join(self.root, self.unit.removesuffix(".service") + ".env")
+
+    @property
+    def wheelhouse(self) -> str:
+        return posixpath.join(self.root, "wheelhouse")
 
     @property
     def server_bin(self) -> str:
@@ -134,43 +155,132 @@ def restore_previous(transport, layout: Layout, version_id: str | None) -> None:
         transport.run(argv, timeout=60).check()
 
 
-def is_installed(transport, layout: Layout, version_id: str) -> bool:
-    """True when releases/<id> finished installing (its `.complete` marker exists)."""
-    marker = posixpath.join(layout.release(version_id), ".complete")
-    return transport.run(["test", "-f", marker], timeout=60).ok
+@dataclass
+class Verification:
+    """Whether releases/<id> can be used as it is. `problems`: what is wrong (first few);
+    `stage`: the first check that failed (missing | manifest | settings | entry-point | deps)."""
+
+    ok: bool
+    stage: str = ""
+    problems: list[str] = field(default_factory=list)
+    files: int = 0
+    hashed: int = 0
+    dependencies: int = 0
+
+    def summary(self) -> str:
+        if self.ok:
+            return (f"verified: {self.files} files ({self.hashed} hashed), entry point ok, "
+                    f"{self.dependencies} dependencies present")
+        return f"{self.stage}: {'; '.join(self.problems[:3])}" + (" ..." if len(self.problems) > 3 else "")
 
 
-def install_argvs(layout: Layout, version_id: str, wheel_name: str, python: str,
-                  venv_args: list[str], pip_args: list[str]) -> list[list[str]]:
-    """venv + pip install of a pushed wheel, a smoke run of the console script, the marker (pure)."""
-    rel = layout.release(version_id)
-    venv = posixpath.join(rel, "venv")
-    return [
-        [python, "-m", "venv", *venv_args, venv],
-        [posixpath.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check",
-         *pip_args, posixpath.join(rel, wheel_name)],
-        [posixpath.join(venv, "bin", "ddtree-server"), "--version"],
-        ["touch", posixpath.join(rel, ".complete")],
-    ]
-
-
-def install(transport, layout: Layout, version_id: str, wheel, python: str, venv_args: list[str],
-            pip_args: list[str], progress=None) -> int:
-    """Push the wheel into releases/<id>/ and install it in a fresh venv; returns wheel bytes sent.
-
-    Raises RemoteError (with pip's output) when a step fails; a half-made release is removed.
-    """
-    rel = layout.release(version_id)
-    transport.run(["rm", "-rf", "--", rel], timeout=300).check()
-    transport.run(["mkdir", "-p", "--", rel], timeout=60).check()
-    put = transport.put(wheel, posixpath.join(rel, wheel.name), mode=0o644, progress=progress)
+def _probe(transport, python: str, mode: str, *args: str, timeout: float) -> tuple[dict | None, str]:
+    """Run release_probe MODE with `python` on the target: (its JSON, "") or (None, why not)."""
     try:
-        for argv in install_argvs(layout, version_id, wheel.name, python, venv_args, pip_args):
-            transport.run(argv, timeout=1800).check()
-    except Exception:
+        res = transport.run([python, "-c", release_probe.source(), mode, *args], timeout=timeout)
+    except CommandTimeout:
+        return None, f"{python} did not finish the {mode} check within {timeout:.0f} s"
+    if not res.ok:
+        tail = (res.err_text or res.text).strip().splitlines()[-3:]
+        return None, f"{python} exited {res.exit_code} in the {mode} check" + (f": {' | '.join(tail)}" if tail else "")
+    try:
+        return json.loads(res.text.strip().splitlines()[-1]), ""
+    except (ValueError, IndexError):
+        return None, f"the {mode} check printed no JSON"
+
+
+def _settings_diff(old: dict | None, new: dict) -> list[str]:
+    """`key: old -> new` for each setting of `new` the release was installed with otherwise
+    (keys `new` leaves out, e.g. a dry run's unknown wheelhouse, are not compared)."""
+    old = old or {}
+    return [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in sorted(new) if old.get(k) != new[k]]
+
+
+def verify(transport, layout: Layout, version_id: str, python: str, fingerprint: dict,
+           version: str) -> Verification:
+    """Check releases/<id> (see the module docstring); stops at the first failing stage.
+
+    `python`: the base interpreter on the target (runs the manifest check even when the venv is
+    gone); `fingerprint`: the dependency settings this deploy installs with; `version`: what
+    `ddtree-server --version` must print. Never raises for a broken release."""
+    rel = layout.release(version_id)
+    venv_bin = posixpath.join(rel, "venv", "bin")
+    if not transport.run(["test", "-d", rel], timeout=60).ok:
+        return Verification(False, "missing", ["not installed"])
+    doc, why = _probe(transport, python, "check", rel, timeout=PROBE_TIMEOUT_S)
+    if doc is None:
+        return Verification(False, "manifest", [why])
+    out = Verification(False, "manifest", doc["problems"] + ([f"... {doc['problem_count']} in all"]
+                       if doc["problem_count"] > len(doc["problems"]) else []), doc["files"], doc["hashed"])
+    if not doc["ok"]:
+        return out
+    changed = _settings_diff((doc.get("meta") or {}).get("fingerprint"), fingerprint)
+    if changed:
+        out.stage, out.problems = "settings", ["installed with other dependency settings: " + ", ".join(changed)]
+        return out
+    out.stage, want = "entry-point", f"ddtree-server {version}"
+    try:
+        res = transport.run([posixpath.join(venv_bin, "ddtree-server"), "--version"], timeout=ENTRY_POINT_TIMEOUT_S)
+        if not res.ok or res.text.strip() != want:
+            out.problems = [f"`ddtree-server --version` exited {res.exit_code}: "
+                            f"{(res.text + res.err_text).strip()[-300:] or 'no output'} (expected {want!r})"]
+            return out
+    except CommandTimeout:
+        out.problems = [f"`ddtree-server --version` did not finish within {ENTRY_POINT_TIMEOUT_S} s"]
+        return out
+    deps, why = _probe(transport, posixpath.join(venv_bin, "python"), "deps", "ddtree-server",
+                       timeout=ENTRY_POINT_TIMEOUT_S)
+    out.stage = "deps"
+    if deps is None or not deps["ok"]:
+        out.problems = [why] if deps is None else deps["problems"]
+        return out
+    out.ok, out.stage, out.dependencies = True, "", deps["checked"]
+    return out
+
+
+def install(transport, layout: Layout, version_id: str, wheel, python: str, plan, *, version: str,
+            progress=None, meta: dict | None = None) -> tuple[int, Verification]:
+    """Install releases/<id>: push the wheel, make the venv, run the plan's pip installs, check the
+    console script, write the manifest (last), then `verify` it; returns (wheel bytes sent, the
+    verification).
+
+    `plan`: a packages.InstallPlan (venv options, pip argument lists, fingerprint); `version`:
+    what `ddtree-server --version` must print. A release folder that is already there (a release
+    that failed verification, or one installed with other settings) is moved aside first and put
+    back when anything fails, so a failed reinstall leaves the release as it was (venvs cannot be
+    moved elsewhere: their scripts name their own path). Raises RemoteError (with pip's output)."""
+    rel = layout.release(version_id)
+    aside = posixpath.join(layout.root, f".ddtctl-reinstall-{version_id}")
+    venv = posixpath.join(rel, "venv")
+    transport.run(["rm", "-rf", "--", aside], timeout=300).check()
+    had_old = transport.run(["test", "-d", rel], timeout=60).ok
+    if had_old:
+        transport.run(["mv", "-T", "--", rel, aside], timeout=60).check()
+    pip = [posixpath.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check"]
+    argvs = [[python, "-m", "venv", *plan.venv_args, venv]]
+    argvs += [[*pip, *args] for args in plan.pip_installs]
+    argvs += [[posixpath.join(venv, "bin", "ddtree-server"), "--version"]]
+    try:
+        transport.run(["mkdir", "-p", "--", rel], timeout=60).check()
+        put = transport.put(wheel, posixpath.join(rel, wheel.name), mode=0o644, progress=progress)
+        for argv in argvs:
+            transport.run(argv, timeout=INSTALL_TIMEOUT_S).check()
+        doc = {"version_id": version_id, "fingerprint": plan.fingerprint, **(meta or {})}
+        _, why = _probe(transport, python, "write", rel, json.dumps(doc), timeout=PROBE_TIMEOUT_S)
+        if why:
+            raise RemoteError(f"{transport.name}: writing the release manifest failed: {why}")
+        check = verify(transport, layout, version_id, python, plan.fingerprint, version)
+        if not check.ok:
+            raise RemoteError(f"{transport.name}: release {version_id} installed but does not verify: "
+                              f"{check.summary()}")
+    except BaseException:
         transport.run(["rm", "-rf", "--", rel], timeout=300)
+        if had_old:
+            transport.run(["mv", "-T", "--", aside, rel], timeout=60)
         raise
-    return put.bytes_sent
+    if had_old:
+        transport.run(["rm", "-rf", "--", aside], timeout=300)
+    return put.bytes_sent, check
 
 
 def list_releases(transport, layout: Layout) -> list[Release]:

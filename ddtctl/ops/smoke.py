@@ -1,4 +1,4 @@
-"""Smoke checks over the OpenAI API (httpx), ops.md §6.
+"""Smoke checks over the OpenAI API (httpx).
 
 Every check is greedy (temperature 0) and short. Checks: the model is listed; a factual chat
 answer contains the known fact; a multi-turn chat uses an earlier turn; a raw completion
@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from ddtctl import cancel
 from ddtctl.errors import SmokeFailed
 from ddtctl.inventory import Host
-from ddtctl.ops.readiness import api_client
+from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error
 
 FACT = ("What is the capital of France?", "paris")
 MEMORY = ([{"role": "user", "content": "My name is Ada."},
@@ -50,25 +51,29 @@ class SmokeReport:
     checks: list[Check] = field(default_factory=list)
     acceptance_length: float | None = None
     tokens_per_second: float | None = None
+    interrupted: bool = False        # Ctrl-C: the remaining checks were not run
 
     @property
     def ok(self) -> bool:
-        return all(c.status != "fail" for c in self.checks)
+        return not self.interrupted and all(c.status != "fail" for c in self.checks)
 
     def to_dict(self) -> dict:
-        return {"host": self.host, "ok": self.ok, "acceptance_length": self.acceptance_length,
-                "tokens_per_second": self.tokens_per_second, "checks": [c.__dict__ for c in self.checks]}
+        return {"host": self.host, "ok": self.ok, "interrupted": self.interrupted,
+                "acceptance_length": self.acceptance_length, "tokens_per_second": self.tokens_per_second,
+                "checks": [c.__dict__ for c in self.checks]}
 
 
 class _Api:
-    def __init__(self, client: httpx.Client, model: str):
-        self.client, self.model = client, model
+    def __init__(self, client: httpx.Client, host: Host):
+        self.client, self.host, self.model = client, host, host.model_id
 
     def post(self, path: str, body: dict) -> httpx.Response:
         return self.client.post(path, json={"model": self.model, "temperature": 0, **body})
 
     def ok_json(self, path: str, body: dict) -> dict:
         r = self.post(path, body)
+        if r.status_code in AUTH_CODES:
+            raise auth_error(self.host, f"{path} {r.status_code}")
         if r.status_code != 200:
             raise AssertionError(f"{path} answered {r.status_code}: {r.text[:200]}")
         return r.json()
@@ -85,6 +90,8 @@ class _Api:
         parts, done = [], False
         body = {"model": self.model, "temperature": 0, "messages": messages, "stream": True, **kw}
         with self.client.stream("POST", "/v1/chat/completions", json=body) as r:
+            if r.status_code in AUTH_CODES:
+                raise auth_error(self.host, f"/v1/chat/completions {r.status_code}")
             if r.status_code != 200:
                 raise AssertionError(f"stream answered {r.status_code}: {r.read()[:200]!r}")
             for line in r.iter_lines():
@@ -120,15 +127,22 @@ def _run(report: SmokeReport, name: str, fn: Callable[[], str]) -> bool:
 
 
 def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
-    """Run every check against `host`; never raises for a failed check (see `require_ok`)."""
+    """Run every check against `host`; never raises for a failed check (see `require_ok`).
+    Raises AuthError (exit 3) when the API answers 401/403: no check could pass without the key."""
     report = SmokeReport(host.name)
     with api_client(host, transport, timeout=READ_TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S) as client:
-        api = _Api(client, host.model_id)
+        api = _Api(client, host)
         facts: dict = {}
         unreachable = ""
 
         def models() -> str:
-            ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
+            r = client.get("/v1/models")
+            if r.status_code in AUTH_CODES:          # not a failed check: no check can pass (exit 3)
+                raise auth_error(host, f"/v1/models {r.status_code}")
+            assert r.status_code == 200, f"/v1/models answered {r.status_code}: {r.text[:200]}"
+            data = r.json().get("data") if isinstance(r.json(), dict) else None
+            assert isinstance(data, list), f"/v1/models has no `data` list: {r.text[:200]}"
+            ids = [m.get("id") for m in data if isinstance(m, dict)]
             assert host.model_id in ids, f"/v1/models lists {ids}, not {host.model_id!r}"
             return f"{host.model_id} listed"
 
@@ -190,7 +204,10 @@ def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
         for name, fn in (("models", models), ("chat_fact", fact), ("multi_turn", multi_turn),
                          ("raw_completion", raw), ("stream_equal", stream_equal), ("stop_sequence", stop),
                          ("bad_request_4xx", bad_request), ("acceptance", acceptance)):
-            if unreachable:
+            if cancel.requested() or report.interrupted:
+                report.interrupted = True
+                report.checks.append(Check(name, "n/a", "not run: interrupted (Ctrl-C)"))
+            elif unreachable:
                 report.checks.append(Check(name, "fail", f"not run: {unreachable}"))
             elif not _run(report, name, fn):
                 unreachable = f"service unreachable ({report.checks[-1].detail})"
@@ -198,7 +215,12 @@ def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
 
 
 def require_ok(report: SmokeReport) -> SmokeReport:
-    """Raise SmokeFailed (exit 5) listing the failed checks."""
+    """Raise SmokeFailed (exit 5) listing the failed checks, cancel.Interrupted (exit 130) when
+    Ctrl-C stopped the checks."""
+    if report.interrupted:
+        done = sum(not c.detail.startswith("not run: interrupted") for c in report.checks)
+        raise cancel.Interrupted(f"{report.host}: smoke interrupted (Ctrl-C) after {done} of "
+                                 f"{len(report.checks)} checks")
     if not report.ok:
         failed = "; ".join(f"{c.name}: {c.detail}" for c in report.checks if c.status == "fail")
         raise SmokeFailed(f"{report.host}: smoke failed: {failed}")

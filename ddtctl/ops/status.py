@@ -1,7 +1,12 @@
 """Status of many hosts at once: unit state, readiness, models, GPUs, metrics, deployed version.
 
 Hosts are queried in a thread pool (`parallel` workers); each part of each host is guarded so one
-unreachable host or one failing probe never hides the others. Metrics come from `/metrics`
+unreachable host or one failing probe never hides the others. A container host is first looked
+up with `pct status` on its node (ops/container.py): a stopped container is "container stopped",
+one that is not where the inventory says (wrong vmid, another node, no pct) is an error, and
+neither is ever `ok`; pct's failures are never filed as unit or GPU errors. An unreachable node
+is "unreachable" with the cause in words; an API answering 401/403 is "auth failed" (exit 3).
+HostStatus.verdict / .cause are what the table shows. Metrics come from `/metrics`
 (Prometheus text, parsed with prometheus_client.parser): the bundled server's monotonic counters
 when it exports them (tokens/s = `ddtree_decode_tokens_total` / `ddtree_decode_seconds_total`,
 tau = `ddtree_decode_tokens_total` / `ddtree_decode_rounds_total`: aggregated over all decoding,
@@ -19,11 +24,13 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ddtctl.errors import UnreachableError
+from ddtctl.errors import AuthError, UnreachableError
 from ddtctl.inventory import Host
+from ddtctl.ops import container as container_ops
 from ddtctl.ops import gpu as gpu_ops
 from ddtctl.ops import releases
-from ddtctl.ops.readiness import api_client, health_path
+from ddtctl.ops.container import ContainerState
+from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error, health_path
 from ddtctl.ops.supervisor import manager_for
 
 
@@ -44,6 +51,9 @@ class HostStatus:
     expected_release: str | None = None
     errors: list[str] = field(default_factory=list)
     unreachable: bool = False   # the host (its node) could not be connected to: exit 3
+    unreachable_cause: str = ""  # e.g. "no SSH banner in 10 s", "connection refused"
+    container: dict | None = None  # container hosts: {"state": running|stopped|absent|no-pct|error, "detail"}
+    auth_failed: bool = False   # the API answered 401/403: exit 3
 
     @property
     def version_mismatch(self) -> bool:
@@ -57,11 +67,66 @@ class HostStatus:
 
     @property
     def ok(self) -> bool:
-        return not self.errors and bool(self.ready)
+        return not self.errors and bool(self.ready) and not self.unreachable and not self.auth_failed \
+            and (self.container is None or self.container["state"] == "running")
+
+    @property
+    def verdict(self) -> str:
+        """One word or two for the table: ok | unreachable | container stopped | container missing |
+        no pct | auth failed | stopped | loading | warming | failed."""
+        if self.ok:
+            return "ok"
+        if self.unreachable:
+            return "unreachable"
+        state = (self.container or {}).get("state", "running")
+        if state != "running":
+            return {"stopped": "container stopped", "absent": "container missing", "no-pct": "no pct"}.get(
+                state, "container error")
+        if self.auth_failed:
+            return "auth failed"
+        if self.stopped:
+            return "stopped"
+        return self.ready_state if self.ready_state in ("loading", "warming") else "failed"
+
+    @property
+    def cause(self) -> str:
+        """Why the verdict is not ok, in one line ("" when ok or nothing more is known)."""
+        if self.ok:
+            return ""
+        if self.unreachable:
+            return self.unreachable_cause
+        if self.container and self.container["state"] != "running":
+            return self.container["detail"]
+        if self.auth_failed:
+            return next(e for e in self.errors if "authentication failed" in e).split(": ", 1)[-1]
+        if self.errors:
+            return self.errors[0]
+        return self.ready_detail
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "version_mismatch": self.version_mismatch, "stopped": self.stopped,
-                "ok": self.ok}
+                "verdict": self.verdict, "cause": self.cause, "ok": self.ok}
+
+
+def unreachable_cause(message: str, connect_timeout: float | None = None) -> str:
+    """The cause of a connection failure in words, from an UnreachableError's message: "no SSH
+    banner in 10 s", "connection refused", "no answer in 10 s", "cannot resolve the name", ...
+    (paramiko's own wording otherwise, without its exception class)."""
+    secs = f" in {connect_timeout:g} s" if connect_timeout else ""
+    low = message.lower()
+    for needles, cause in ((("error reading ssh protocol banner",), f"no SSH banner{secs}"),
+                           (("no existing session",), f"SSH handshake not completed{secs}"),
+                           (("connection refused", "unable to connect to port"), "connection refused"),
+                           (("no route to host",), "no route to host"),
+                           (("network is unreachable",), "network unreachable"),
+                           (("timed out", "timeouterror", "timeout"), f"no answer{secs}"),
+                           (("cannot resolve", "name or service not known"), "cannot resolve the name"),
+                           (("authentication failed",), "SSH authentication failed"),
+                           (("host key",), "host key not accepted")):
+        if any(n in low for n in needles):
+            return cause
+    text = message.strip().splitlines()[0] if message.strip() else "cannot connect"
+    return text.rsplit(": ", 1)[-1]
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -105,40 +170,75 @@ def _state_of(resp) -> str | None:
     return state if isinstance(state, str) else None
 
 
-def _guard(st: HostStatus, part: str, fn: Callable[[], None]) -> None:
+def _guard(st: HostStatus, part: str, fn: Callable[[], None], connect_timeout: float | None = None) -> None:
     try:
         fn()
     except UnreachableError as exc:  # report the connection error itself, once
         st.unreachable = True
-        st.errors.append(f"{part}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        st.unreachable_cause = st.unreachable_cause or unreachable_cause(str(exc), connect_timeout)
+        st.errors.append(f"unreachable: {st.unreachable_cause}")
+    except AuthError as exc:
+        st.auth_failed = True
+        st.errors.append(f"{part}: {str(exc).splitlines()[0].removeprefix(f'{st.host}: ')}")
     except Exception as exc:  # noqa: BLE001 - one failing probe must not hide the rest
         st.errors.append(f"{part}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def _container_problem(st: HostStatus, found: ContainerState) -> None:
+    """Record a container that is not running where the inventory says (never filed elsewhere)."""
+    st.container = found.to_dict()
+    st.ready, st.ready_detail = False, found.detail
+    if found.state != "stopped":                       # stopped is a state; the others are errors
+        st.errors.append(f"container: {found.detail}")
 
 
 def host_status(host: Host, transport, *, expected_release: str | None = None, gpus: bool = True) -> HostStatus:
     """Everything `status` shows for one host (never raises)."""
     st = HostStatus(host.name, host.service.kind, expected_release=expected_release)
     manager = manager_for(host, transport)
+    timeout = getattr(getattr(transport, "node", transport), "connect_timeout", None)
+
+    def container() -> None:
+        found = container_ops.check(transport)
+        if found.state != "n/a":
+            st.container = found.to_dict()
+            if not found.running:
+                _container_problem(st, found)
 
     def unit() -> None:
-        st.unit = manager.state().to_dict()
+        state = manager.diagnose()                      # a failed unit: also whether its start limit hit
+        st.unit = state.to_dict()
+        if state.active == "unknown":
+            st.errors.append(f"unit: the state of {host.unit} could not be read")
 
     def http() -> None:
         with api_client(host, transport, timeout=30.0) as client:
-            r = client.get(health_path(host))
+            def get(path: str):
+                r = client.get(path)
+                if r.status_code in AUTH_CODES:              # an answer, not a state: not ok (exit 3)
+                    raise auth_error(host, f"{path} {r.status_code}")
+                return r
+
+            r = get(health_path(host))
             st.ready, st.ready_detail = r.status_code == 200, f"{health_path(host)} {r.status_code}"
             st.ready_state = _state_of(r)
             if st.ready_state and not st.ready:
                 st.ready_detail += f" state={st.ready_state}"
-            r = client.get("/v1/models")
+            r = get("/v1/models")
             if r.status_code == 200:
                 st.models = [m.get("id") for m in r.json().get("data", [])]
-            r = client.get("/metrics")
+            r = get("/metrics")
             if r.status_code == 200:
                 st.acceptance_length, st.tokens_per_second = parse_metrics(r.text)
 
     def gpu() -> None:
         res = transport.run(gpu_ops.QUERY_ARGV, timeout=60)
+        if res.exit_code == 2 and "mig.mode.current" in res.text:       # a driver without MIG fields
+            res = transport.run(gpu_ops.LEGACY_QUERY_ARGV, timeout=60)
+        found = container_ops.pct_failure(res.exit_code, res.err_text)
+        if found is not None:                                # pct's failure, not the GPU's
+            _container_problem(st, found)
+            return
         got = gpu_ops.read_gpus(res.exit_code, res.text, res.err_text)
         if isinstance(got, gpu_ops.GpuError):
             st.gpu_error = got.to_dict()
@@ -148,20 +248,25 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
     def release() -> None:
         st.release = releases.read_link(transport, releases.Layout(host.root, host.unit).current)
 
-    _guard(st, "unit", unit)
-    if st.unreachable:  # nothing else can be asked; do not wait on HTTP/GPU/release timeouts
-        st.ready, st.ready_detail = False, "unreachable"
+    _guard(st, "container", container, timeout)
+    if st.unreachable and host.node is not None:
+        st.errors[-1] += f" (node {host.node_name} at {host.node.address}:{host.node.port})"
+    if not st.unreachable and (st.container is None or st.container["state"] == "running"):
+        _guard(st, "unit", unit, timeout)
+    if st.unreachable or (st.container and st.container["state"] != "running"):
+        # nothing else can be asked; do not wait on HTTP/GPU/release timeouts
+        st.ready, st.ready_detail = False, st.ready_detail if st.container else "unreachable"
         return st
     if st.unit and st.unit["active"] in ("inactive", "failed"):
         st.ready, st.ready_detail = False, f"service {st.unit['active']}"
     else:
-        _guard(st, "http", http)
+        _guard(st, "http", http, timeout)
     if st.ready is None:
         st.ready, st.ready_detail = False, "unreachable"
     if gpus and (host.kind != "local" or host.service.gpus or getattr(host.service, "device", None) == "cuda"):
-        _guard(st, "gpu", gpu)
-    if host.service.kind == "ddtree":
-        _guard(st, "release", release)
+        _guard(st, "gpu", gpu, timeout)
+    if host.service.kind == "ddtree" and (st.container is None or st.container["state"] == "running"):
+        _guard(st, "release", release, timeout)
     return st
 
 
@@ -172,8 +277,10 @@ def gather(hosts: list[Host], transport_for: Callable[[Host], object], *, parall
         try:
             transport = transport_for(host)
         except Exception as exc:  # noqa: BLE001 - unreachable host: report, continue with the others
+            unreachable = isinstance(exc, UnreachableError)
             return HostStatus(host.name, host.service.kind, ready=False, ready_detail="unreachable",
-                              errors=[f"connect: {exc}"], unreachable=isinstance(exc, UnreachableError))
+                              errors=[f"connect: {exc}"], unreachable=unreachable,
+                              unreachable_cause=unreachable_cause(str(exc)) if unreachable else "")
         try:
             return host_status(host, transport, expected_release=expected_release, gpus=gpus)
         finally:

@@ -8,7 +8,8 @@ resumes and verifies each file. Local digests are cached in $DDTCTL_HOME/cache/s
 (path, size, mtime), so unchanged multi-GB weights are hashed once.
 
 `shared` mode: weights go to the node once (`<models_root>/<name>`) and are bind-mounted read-only
-into each container with `pct set VMID -mpN NODE_PATH,mp=CT_PATH,ro=1` (ops.md §1.4).
+into each container with `pct set VMID -mpN NODE_PATH,mp=CT_PATH,ro=1` (pct(1) "mp[n]"; docs/operations.md
+§1 "Models").
 """
 
 from __future__ import annotations

@@ -161,6 +161,17 @@ def pct_push(
     return argv
 
 
+def timeout_argv(argv: Sequence[str], seconds: float, kill_after: float = 5.0) -> list[str]:
+    """``timeout -k <kill_after> -- <seconds> argv...`` (GNU coreutils timeout(1)): SIGTERM after
+    ``seconds``, SIGKILL ``kill_after`` s later; exit 124 on timeout (137 when it had to be killed).
+
+    Raises ArgvError as :func:`validate_argv`, or for a duration that is not positive."""
+    items = validate_argv(argv)
+    if not seconds > 0:
+        raise ArgvError(f"timeout must be positive, got {seconds!r}")
+    return ["timeout", "-k", f"{kill_after:g}", "--", f"{seconds:g}", *items]
+
+
 def bash_script(script: str, *args: str) -> list[str]:
     """``bash -lc <script> ddtctl <args...>``: the script is ONE argv element and the values reach it
     only as positional parameters ``"$1"``, ``"$2"``, ... (``$0`` is ``ddtctl``), never as code.

@@ -34,13 +34,15 @@ def _pump(sock: socket.socket, chan: paramiko.Channel, stop: threading.Event) ->
 
 @contextlib.contextmanager
 def forward_local(get_transport: Callable[[], paramiko.Transport], host: str, port: int,
-                  bind: str = "127.0.0.1") -> Iterator[tuple[str, int]]:
+                  bind: str = "127.0.0.1", open_timeout: float = 10.0) -> Iterator[tuple[str, int]]:
     """Yield ``(bind, local_port)``; connections to it reach ``host:port`` from the SSH server.
 
     get_transport returns the (live) Paramiko transport for each new connection. It is called once
     before anything is yielded, so a node that cannot be reached raises here, in the caller's
     thread (UnreachableError, exit 3), instead of in the acceptor thread while the client waits.
-    A later failure to reach the node closes that one connection (the client sees a disconnect).
+    A later failure to reach the node closes that one connection (the client sees a disconnect);
+    opening each tunnel channel waits at most ``open_timeout`` s (a silent node: the HTTP client
+    sees a disconnect instead of waiting for its own read timeout).
     On exit the listener and all tunnelled connections are closed."""
     get_transport()  # connect now: errors propagate to the caller
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -59,7 +61,8 @@ def forward_local(get_transport: Callable[[], paramiko.Transport], host: str, po
             except OSError:
                 return
             try:
-                chan = get_transport().open_channel("direct-tcpip", (host, port), peer)
+                chan = get_transport().open_channel("direct-tcpip", (host, port), peer,
+                                                   timeout=open_timeout)
             except Exception:  # noqa: BLE001 - unreachable node, refused channel: drop this connection
                 sock.close()
                 continue

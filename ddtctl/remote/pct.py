@@ -16,6 +16,11 @@
   (pct push holds the CT config lock for the whole copy).
 * ``forward(host, port)`` delegates to the node: host must be the container's address as the node
   sees it (from the inventory).
+* ``stream(argv, ...)`` (``ddtctl exec``): ``pct exec`` relayed byte for byte both ways; with a
+  timeout the command runs under ``timeout -k 5 -- N`` INSIDE the container, so it is the
+  container's process that is stopped (exit 124 as timeout(1)).
+* Deadlines: ``pct push`` PCT_PUSH_TIMEOUT s (a small file; pct holds the CT lock meanwhile), the
+  staging clean-up META_TIMEOUT s, the primitives as in remote/push.py.
 """
 
 from __future__ import annotations
@@ -26,16 +31,17 @@ import threading
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import ContextManager
+from typing import BinaryIO, ContextManager
 
-from ddtctl.errors import TransferError
-from ddtctl.remote.command import pct_exec, pct_push
-from ddtctl.remote.push import CHUNK, ExecFileOps, Progress, local_sha256, push_file
+from ddtctl.errors import DdtctlError, TransferError
+from ddtctl.remote.command import pct_exec, pct_push, timeout_argv
+from ddtctl.remote.push import CHUNK, META_TIMEOUT, ExecFileOps, Progress, local_sha256, push_file
 from ddtctl.remote.result import PutResult, Result
 from ddtctl.remote.transport import Transport
 
 SMALL_FILE = 8 * 1024 * 1024  # bytes; at or above this, stream instead of pct push
 STREAM_CHUNK = 8 * CHUNK  # bytes per `pct exec -- dd` call when streaming
+PCT_PUSH_TIMEOUT = 300.0  # s for `pct push` of a file below SMALL_FILE
 _locks: dict[tuple[str, str], threading.Lock] = {}
 _locks_guard = threading.Lock()
 
@@ -66,6 +72,15 @@ class ContainerTransport:
                             **kwargs)
         return Result(tuple(argv), res.exit_code, res.stdout, res.stderr, res.seconds, self.name)
 
+    def stream(self, argv: Sequence[str], *, stdin: BinaryIO | None, stdout: BinaryIO,
+               stderr: BinaryIO, timeout: float | None = None,
+               env: Mapping[str, str] | None = None) -> int:
+        """Run argv in the container relaying bytes as they come (see module docstring); returns
+        its exit status. Raises as the node transport's ``stream``."""
+        inner = timeout_argv(argv, timeout) if timeout else argv
+        return self.node.stream(pct_exec(self.vmid, inner, env=env), stdin=stdin, stdout=stdout,
+                                stderr=stderr, timeout=timeout, wrap_timeout=False)
+
     def put(self, local: Path, remote: str, *, mode: int = 0o644,
             progress: Progress | None = None) -> PutResult:
         """Push a local file to the absolute path ``remote`` in the container; see module doc."""
@@ -81,7 +96,7 @@ class ContainerTransport:
         if not remote.startswith("/") or remote.endswith("/"):
             raise TransferError(f"{self.name}: destination must be an absolute file path: {remote!r}")
         digest, size = local_sha256(local), os.path.getsize(local)
-        if ops.size(remote) == size and ops.sha256(remote) == digest:
+        if ops.size(remote) == size and ops.sha256(remote, size) == digest:
             ops.chmod(remote, mode)
             return PutResult(0, digest, True)
         staging = posixpath.join(self.staging_dir, f"ddtctl-{uuid.uuid4().hex}-{local.name}")
@@ -89,16 +104,19 @@ class ContainerTransport:
         try:
             self.node.put(local, staging, mode=0o600)
             ops.makedirs(posixpath.dirname(remote) or "/")
-            res = self.node.run(pct_push(self.vmid, staging, part, perms=0o600))
-            got = ops.sha256(part)  # pct push may exit 0 after a failed copy: verify, always
+            res = self.node.run(pct_push(self.vmid, staging, part, perms=0o600), timeout=PCT_PUSH_TIMEOUT)
+            got = ops.sha256(part, size)  # pct push may exit 0 after a failed copy: verify, always
             if not res.ok or got != digest:
-                self.run(["rm", "-f", "--", part])
+                self.run(["rm", "-f", "--", part], timeout=META_TIMEOUT)
                 detail = res.err_text.strip() or f"sha256 {got} != {digest}"
                 raise TransferError(f"{self.name}: pct push of {local} to {remote} failed "
                                     f"(exit {res.exit_code}): {detail}", res)
             ops.commit(part, remote, mode)
         finally:
-            self.node.run(["rm", "-f", "--", staging])
+            try:
+                self.node.run(["rm", "-f", "--", staging], timeout=META_TIMEOUT)
+            except DdtctlError:
+                pass  # the node went away: the push's own error is the one to report
         if progress:
             progress(size, size)
         return PutResult(size, digest, False)

@@ -13,6 +13,11 @@
 ``dd of=<part> bs=1M seek=<offset> oflag=seek_bytes conv=notrunc status=none`` fed on stdin (GNU
 coreutils ``dd`` needed on the destination). Transports with a better byte channel (SFTP, local
 files) override :meth:`ExecFileOps.write` only.
+
+Deadlines (every step has one; a silent SSH peer is noticed sooner by the keepalive): metadata
+commands (``stat``, ``mkdir``, ``rm``, ``chmod``, ``mv``) ``META_TIMEOUT`` s; ``sha256sum``
+``hash_timeout(size)`` (60 s + 20 MB/s); each chunk ``CHUNK_TIMEOUT`` s (``dd`` of up to 8 MiB, or
+the SFTP acknowledgement of a 1 MiB chunk).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from ddtctl.errors import RemoteError, TransferError
 from ddtctl.remote.result import PutResult, Result
 
 CHUNK = 1024 * 1024  # bytes read and sent at a time
+CHUNK_TIMEOUT = 120.0  # s for one chunk to be written on the destination
+META_TIMEOUT = 60.0  # s for stat/mkdir/rm/chmod/mv
 Progress = Callable[[int, int], None]  # (bytes done incl. a resumed prefix, bytes total)
 RunFn = Callable[..., Result]  # run(argv, *, stdin=None, timeout=None, idempotent=False)
 
@@ -81,6 +88,11 @@ def resume_offset(part_size: int | None, local_size: int, prefix_matches: Callab
     return part_size if prefix_matches() else 0
 
 
+def hash_timeout(size: int | None) -> float:
+    """Deadline in seconds for ``sha256sum`` of ``size`` bytes: 60 s + 20 MB/s (slow disks)."""
+    return 60.0 + (size or 0) / 20e6
+
+
 def parse_sha256sum(stdout: bytes) -> str:
     """The digest from ``sha256sum`` output (a leading ``\\`` marks an escaped file name).
 
@@ -101,6 +113,7 @@ class ExecFileOps:
     def _do(self, argv: Sequence[str], *, idempotent: bool = False, **kw) -> Result:
         if idempotent:  # a read: the transport may retry it after a dropped connection
             kw["idempotent"] = True
+        kw.setdefault("timeout", META_TIMEOUT)
         return self._run(list(argv), **kw)
 
     def size(self, path: str) -> int | None:
@@ -111,8 +124,9 @@ class ExecFileOps:
         kind, _, size = res.text.strip().rpartition(":")
         return int(size) if kind.startswith("regular") else None
 
-    def sha256(self, path: str) -> str | None:
-        res = self._do(["sha256sum", "--", path], idempotent=True)
+    def sha256(self, path: str, size: int | None = None) -> str | None:
+        """Hex sha256 of ``path`` (None when missing); ``size`` (bytes) sets the deadline."""
+        res = self._do(["sha256sum", "--", path], idempotent=True, timeout=hash_timeout(size))
         return parse_sha256sum(res.stdout) if res.ok else None
 
     def makedirs(self, path: str) -> None:
@@ -137,7 +151,7 @@ class ExecFileOps:
         for chunk in itertools.chain([next(chunks, b"")], chunks):
             argv = ["dd", f"of={path}", "bs=1M", f"seek={offset}", "oflag=seek_bytes",
                     "conv=notrunc", "status=none"]
-            self._do(argv, stdin=chunk, timeout=600).check()
+            self._do(argv, stdin=chunk, timeout=CHUNK_TIMEOUT).check()
             offset += len(chunk)
             sent(len(chunk))
 
@@ -155,14 +169,14 @@ def push_file(ops: ExecFileOps, local: Path | str, remote: str, *, mode: int = 0
         raise TransferError(f"{ops.name}: destination must be an absolute file path: {remote!r}")
     total = os.path.getsize(local)
     digest = local_sha256(local)
-    if ops.size(remote) == total and ops.sha256(remote) == digest:
+    if ops.size(remote) == total and ops.sha256(remote, total) == digest:
         ops.chmod(remote, mode)
         return PutResult(0, digest, True)
     ops.makedirs(posixpath.dirname(remote) or "/")
     part = remote + ".part"
     part_size = ops.size(part)
     offset = resume_offset(part_size, total,
-                           lambda: ops.sha256(part) == local_sha256(local, limit=part_size))
+                           lambda: ops.sha256(part, part_size) == local_sha256(local, limit=part_size))
     if offset == 0 and part_size is not None:
         ops.remove(part)
         part_size = None
@@ -176,7 +190,7 @@ def push_file(ops: ExecFileOps, local: Path | str, remote: str, *, mode: int = 0
 
     if offset < total or part_size is None:
         ops.write(part, offset, read_chunks(local, offset, chunk_size), sent)
-    got = ops.sha256(part)
+    got = ops.sha256(part, total)
     if got != digest:
         try:
             ops.remove(part)

@@ -16,9 +16,10 @@ import subprocess
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import ContextManager, Protocol, runtime_checkable
+from typing import BinaryIO, ContextManager, Protocol, runtime_checkable
 
-from ddtctl.errors import CommandTimeout
+from ddtctl import cancel
+from ddtctl.remote import localproc, relay
 from ddtctl.remote.command import validate_argv
 from ddtctl.remote.push import ExecFileOps, Progress, push_file
 from ddtctl.remote.result import PutResult, Result
@@ -37,6 +38,9 @@ class Transport(Protocol):
         verified; progress(done_bytes, total_bytes). Raises TransferError / RemoteError.
     forward(host, port): context manager yielding an (address, port) on THIS machine that reaches
         host:port as seen from the transport's side.
+    stream(argv, stdin=, stdout=, stderr=, timeout=None, env=None) -> int: ``ddtctl exec``: bytes
+        relayed both ways as they come (remote/relay.py), the exit status returned; with timeout
+        the command is stopped like timeout(1) (exit 124). Raises UnreachableError, Interrupted.
     close(): release connections; idempotent.
     """
 
@@ -49,6 +53,10 @@ class Transport(Protocol):
             progress: Progress | None = None) -> PutResult: ...
 
     def forward(self, host: str, port: int) -> ContextManager[tuple[str, int]]: ...
+
+    def stream(self, argv: Sequence[str], *, stdin: BinaryIO | None, stdout: BinaryIO,
+               stderr: BinaryIO, timeout: float | None = None,
+               env: Mapping[str, str] | None = None) -> int: ...
 
     def close(self) -> None: ...
 
@@ -71,8 +79,11 @@ class _LocalFileOps(ExecFileOps):
 class LocalTransport:
     """Runs argv with ``subprocess`` on this machine (never ``shell=True``).
 
-    env is added to (not substituted for) this process's environment. Timeout kills the process
-    (SIGKILL) and raises CommandTimeout with the output collected so far."""
+    env is added to (not substituted for) this process's environment. Each command runs in its
+    own session, so the terminal's Ctrl-C reaches ddtctl only: a command that was running when
+    Ctrl-C came is stopped (SIGTERM to its group, SIGKILL 5 s later) and Interrupted raised;
+    commands started afterwards (rollback, clean-up) run to completion (remote/localproc.py).
+    Timeout kills the group (SIGKILL) and raises CommandTimeout with the output collected so far."""
 
     name = "local"
 
@@ -84,28 +95,33 @@ class LocalTransport:
             idempotent: bool = False) -> Result:
         items = validate_argv(argv)
         full_env = {**os.environ, **env} if env else None
+        interruptible = not cancel.requested()       # begun after Ctrl-C: clean-up, let it finish
         start = time.monotonic()
         try:
-            proc = subprocess.run(
-                list(items),
-                input=stdin if stdin is not None else None,
-                stdin=subprocess.DEVNULL if stdin is None else None,
-                capture_output=True,
-                timeout=timeout,
-                env=full_env,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            partial = Result(items, -9, exc.stdout or b"", exc.stderr or b"",
-                             time.monotonic() - start, self.name)
-            raise CommandTimeout(f"{self.name}: timed out after {timeout} s: {items[0]}",
-                                 partial) from None
+            proc = subprocess.Popen(list(items), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+                                    start_new_session=True)
         except OSError as exc:  # program not found / not executable: report like a shell would
             return Result(items, 127 if isinstance(exc, FileNotFoundError) else 126, b"",
                           f"{items[0]}: {exc.strerror}\n".encode(), time.monotonic() - start,
                           self.name)
-        code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-        return Result(items, code, proc.stdout, proc.stderr, time.monotonic() - start, self.name)
+        return localproc.collect(proc, items, stdin, timeout, self.name, interruptible)
+
+    def stream(self, argv: Sequence[str], *, stdin: BinaryIO | None, stdout: BinaryIO,
+               stderr: BinaryIO, timeout: float | None = None,
+               env: Mapping[str, str] | None = None) -> int:
+        """Run argv relaying bytes as they come; returns its exit status (128+N when killed by
+        signal N); see remote/localproc.py for timeout and Ctrl-C."""
+        items = validate_argv(argv)
+        full_env = {**os.environ, **env} if env else None
+        try:
+            proc = subprocess.Popen(list(items), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=full_env,
+                                    start_new_session=True, bufsize=0)
+        except OSError as exc:
+            relay.emit(stderr, f"{items[0]}: {exc.strerror}\n".encode())
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+        return localproc.relay(proc, stdin, stdout, stderr, timeout)
 
     def put(self, local: Path, remote: str, *, mode: int = 0o644,
             progress: Progress | None = None) -> PutResult:

@@ -11,6 +11,7 @@ import typer
 
 from ddtree_server import __version__
 from ddtree_server.commands import bench, generate, serve, train
+from ddtree_server.commands.help_format import use_plain_help
 
 # rich_markup_mode=None: click's plain help, as ddtctl's. Typer's Rich help shows a type column for
 # every option, flags included (`--json <bool>`, even `--help <bool>`); plain help shows flags as
@@ -34,6 +35,7 @@ def _root(
 
 for _module in (serve, generate, train, bench):
     _module.register(app)
+use_plain_help(app)      # no Typer `<type>` placeholders in --help
 
 
 def main() -> None:

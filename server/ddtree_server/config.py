@@ -10,6 +10,8 @@ Model files are only *named* here; `ddtree_server.models` locates and verifies t
 * `mode` `None` -> the engine picks ddtree when a drafter is loaded and the target supports tree
   attention, else ar (targets that cannot verify trees, e.g. hybrids, are served with plain decoding).
 * `device` / `dtype` are resolved here: cuda when available, else cpu; bf16 on cuda, fp32 on cpu.
+* `max_tree_budget` `None` -> `DEFAULT_MAX_TREE_BUDGET[device]`, raised to `tree_budget` when that
+  is larger (`tree_budget_limit`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,43 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
      "padding", "truncation", "max_length", "tools", "documents", "chat_template",
      "continue_final_message", "return_assistant_tokens_mask", "tokenizer_kwargs"}
 )
+
+
+# Largest per-request DDTree budget by default (nodes). CUDA: 256, the largest budget the benchmark
+# measured (docs/benchmarks/RESULTS.md: speed falls past 64-128 nodes as the verify forward grows);
+# a tree of up to 511 nodes still replays from the target's CUDA graphs (buckets up to 512 tokens,
+# models/graphs.py), larger trees run eagerly and a 4096-node round was ~18x slower. CPU: 64, four
+# times the default budget (block_size - 1 = 15), because on the CPU the verify forward costs about
+# linearly in the node count.
+DEFAULT_MAX_TREE_BUDGET = {"cuda": 256, "cpu": 64}
+
+
+def check_api_key(value: str | None) -> str | None:
+    """The API key as the server uses it: None (authentication off) for None or "".
+
+    A key must be visible ASCII (0x21-0x7E): clients send it in an `Authorization: Bearer` header,
+    whose value is ASCII (RFC 9110 §5.5; RFC 6750 §2.1 allows no spaces in the token). Raises
+    ValueError for a blank key (only whitespace), a non-ASCII character, a control character or
+    whitespace; the message names the position, never the key.
+    """
+    if not value:
+        return None
+    where = "(the key comes from --api-key or $DDTREE_API_KEY)"
+    if not value.strip():
+        raise ValueError(f"the API key is blank (only whitespace) {where}: give a key of visible ASCII "
+                         "characters, or an empty value to turn authentication off")
+    for i, ch in enumerate(value):
+        if ord(ch) > 0x7E:
+            kind = "a non-ASCII character" if ord(ch) > 0x7F else "a control character (DEL)"
+        elif ch in " \t\n\r\v\f":
+            kind = "whitespace"
+        elif ord(ch) < 0x20:
+            kind = f"a control character (0x{ord(ch):02x})"
+        else:
+            continue
+        raise ValueError(f"the API key contains {kind} at position {i} {where}: clients send the key in "
+                         "an Authorization header, so it must be visible ASCII (0x21-0x7E) without spaces")
+    return value
 
 
 def _cuda_available() -> bool:
@@ -55,11 +94,19 @@ class ServerConfig(BaseModel):
     )
     mode: Mode | None = Field(None, description="Default decoding mode; requests may override it.")
     tree_budget: int | None = Field(None, ge=1, le=4096, description="Default DDTree node budget (nodes).")
+    max_tree_budget: int | None = Field(
+        None, ge=1, le=4096,
+        description="Largest decoding.tree_budget a request may ask for (nodes; larger: 400). "
+                    "Default: 256 on cuda, 64 on cpu, or --tree-budget when that is larger.")
+    stall_seconds: float = Field(
+        300.0, gt=0, allow_inf_nan=False,
+        description="An engine round running this long makes /health 503 (stuck, not busy) (s).")
     host: str = Field("127.0.0.1", min_length=1, description="Listen address.")
     port: int = Field(8000, ge=0, le=65535, description="Listen port (0: any free port).")
     device: Device = Field(None, validate_default=False, description="cuda | cpu (default: cuda if available).")
     dtype: DType = Field(None, validate_default=False, description="bf16 | fp32 (default: bf16 on cuda, fp32 on cpu).")
-    api_key: str | None = Field(None, repr=False, description="Bearer token required on /v1/* when set.")
+    api_key: str | None = Field(None, repr=False, description=(
+        "Bearer token required on /v1/* when set: visible ASCII, no spaces; None or '' turns authentication off."))
     served_model_name: str | None = Field(None, description="Model id shown in /v1/models and responses.")
     max_model_len: int | None = Field(None, ge=16, description="Context window in tokens (default: the model's).")
     max_queue: int = Field(64, ge=0, description="Requests waiting for the worker before 429 (requests).")
@@ -80,6 +127,11 @@ class ServerConfig(BaseModel):
             if data.get("dtype") is None:
                 data["dtype"] = "bf16" if data["device"] == "cuda" else "fp32"
         return data
+
+    @field_validator("api_key")
+    @classmethod
+    def _usable_api_key(cls, value: str | None) -> str | None:
+        return check_api_key(value)
 
     @field_validator("target_layer_ids", mode="before")
     @classmethod
@@ -132,7 +184,18 @@ class ServerConfig(BaseModel):
             raise ValueError(f"--gguf {self.gguf}: no such file")
         if self.drafter is not None and not self.drafter.is_dir():
             raise ValueError(f"--drafter {self.drafter}: not a directory")
+        if (self.tree_budget is not None and self.max_tree_budget is not None
+                and self.tree_budget > self.max_tree_budget):
+            raise ValueError(f"--tree-budget {self.tree_budget} is above --max-tree-budget {self.max_tree_budget}")
         return self
+
+    @property
+    def tree_budget_limit(self) -> int:
+        """The largest tree budget a request may use (nodes): `max_tree_budget`, else the device
+        default (`DEFAULT_MAX_TREE_BUDGET`) or `tree_budget` when that is larger."""
+        if self.max_tree_budget is not None:
+            return self.max_tree_budget
+        return max(DEFAULT_MAX_TREE_BUDGET[self.device], self.tree_budget or 0)
 
     @property
     def torch_dtype(self):

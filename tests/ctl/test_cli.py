@@ -248,7 +248,8 @@ def test_status_unreachable_host_is_exit_3_with_the_connection_error(env: Path, 
     assert res.exit_code == 3, res.stderr
     ct, here = json.loads(res.stdout)["hosts"]
     assert ct["unreachable"] is True and ct["ready_detail"] == "unreachable"
-    assert any("cannot connect" in e for e in ct["errors"]) and not any("Timeout" in e for e in ct["errors"])
+    assert ct["unreachable_cause"] and any(e.startswith("unreachable: ") for e in ct["errors"])
+    assert not any("Timeout" in e for e in ct["errors"])
     assert here["unreachable"] is False and here["host"] == "here"
 
 

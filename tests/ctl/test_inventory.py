@@ -98,16 +98,16 @@ def test_good_inventory_resolves() -> None:
      "inventory.yaml:33: containers.ct129.service.port: Input should be a valid integer, not the string 'many'"),
     ("    service: {kind: ddtree, port: 8411, device: cpu}\n", "    service: {kind: ddtree, device: cpu}\n",
      "inventory.yaml:37: local.here.service.port: required key is missing"),
-    ("  web: [ct201, here]\n", "  web: [ct201, ct999]\n", "inventory.yaml:39: groups.web[1]: unknown host 'ct999'"),
+    ("  web: [ct201, here]\n", "  web: [ct201, ct999]\n", "inventory.yaml:39: groups.web[1]: unknown host 'ct999'; did you mean 'ct129'?"),
     ("  ct201:\n    vmid: 201\n", "  ct201:\n    vmid: 200\n",
      "inventory.yaml:19: containers.ct201.vmid: vmid 200 already used by ct200 on node pve1"),
     ("      target: {path: /models/q}\n", "",
      "inventory.yaml:23: containers.ct201.service.kind: a vllm service needs `target:` (the model path)"),
     ("      gpus: [0]\n", "      gpus: [0]\n      environment: {BAD-NAME: x}\n",
-     "inventory.yaml:18: containers.ct200.service.environment: Value error, 'BAD-NAME' is not a valid "
-     "environment variable name"),
+     "inventory.yaml:18: containers.ct200.service.environment: 'BAD-NAME' is not a valid "
+     "environment variable name (letters, digits, _)"),
     ("      target: {path: /models/q}\n", "      target: {path: models/q}\n",
-     "inventory.yaml:25: containers.ct201.service.target.path: Value error, must be an absolute path"),
+     "inventory.yaml:25: containers.ct201.service.target.path: must be an absolute path (starting with /)"),
 ])
 def test_error_lines(old: str, new: str, expected: str) -> None:
     assert _errors(_edit(old, new)) == expected.split("\n")
@@ -187,6 +187,9 @@ def test_shipped_inventories_validate() -> None:
         "ct200": ("pve1", 200, "ddtree"), "ct129": ("pro6000", 129, "sglang")}
     assert fleet.hosts["ct129"].service.port == 30000
     assert fleet.hosts["ct200"].service.gpus == ["0"] and fleet.hosts["ct200"].service.weights == "shared"
+    assert (fleet.hosts["ct200"].packages.mode, fleet.hosts["ct200"].packages.extra_index_urls) == (
+        "index", ("https://download.pytorch.org/whl/cu124",))
+    assert local.packages.mode == "system"
 
 
 def test_not_utf8_is_an_inventory_error(tmp_path: Path) -> None:
@@ -224,3 +227,195 @@ def test_duplicate_endpoints_are_refused() -> None:
     assert _errors(text) == [
         "inventory.yaml:6: containers.c3.service.port: port 8000 already used by c1 at 127.0.0.5 on node n1",
         "inventory.yaml:10: local.c.service.port: port 8000 already used by a on this machine"]
+
+
+# ----------------------------------------------------------------------------- one pass, every value class
+
+BROKEN = """\
+nodes:
+  pve1: {address: 10.0.0.1}
+containers:
+  ct1:
+    vmid: 200
+    node: pve2
+    address: 10.0.0.5
+    service: {kind: ddtree, port: 8000, colour: red}
+  ct2:
+    vmid: 200
+    node: pve1
+    address: 10.0.0.6
+    service: {kind: ddtree, port: eighty}
+  ct3:
+    vmid: 200
+    node: pve1
+    address: 10.0.0.6
+    service: {kind: ddtree, port: 8000, environment: {BAD-NAME: x}}
+local:
+  ct3:
+    service: {kind: ddtree, port: 8411}
+groups:
+  web: [ct1, ct9]
+"""
+
+
+def test_schema_and_cross_reference_errors_in_one_pass() -> None:
+    assert _errors(BROKEN) == [
+        "inventory.yaml:6: containers.ct1.node: undefined node 'pve2'; did you mean 'pve1'?",
+        "inventory.yaml:8: containers.ct1.service.colour: unknown key",
+        "inventory.yaml:13: containers.ct2.service.port: Input should be a valid integer, not the string 'eighty'",
+        "inventory.yaml:15: containers.ct3.vmid: vmid 200 already used by ct2 on node pve1",
+        "inventory.yaml:18: containers.ct3.service.environment: 'BAD-NAME' is not a valid environment variable "
+        "name (letters, digits, _)",
+        "inventory.yaml:20: local.ct3: name already used under containers:",
+        "inventory.yaml:23: groups.web[1]: unknown host 'ct9'; did you mean 'ct3'?",
+    ]
+
+
+def test_cli_prints_every_error_once_with_exit_2(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ddtctl.cli.app import app
+
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text(BROKEN)
+    res = CliRunner().invoke(app, ["--inventory", str(bad), "inventory"])
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 7 and all(f"{bad}:" in ln for ln in lines), res.stderr
+    assert "Value error" not in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("text", ["", "# nothing\n", "{}\n", "nodes: {pve1: {address: 10.0.0.1}}\n",
+                                  "containers: {}\nlocal: {}\n"])
+def test_an_inventory_without_hosts_is_an_error(text: str) -> None:
+    (err,) = _errors(text)
+    assert err.endswith("the inventory defines no hosts: add one under `containers:` or `local:`")
+
+
+def _one_host(key: str, value: str, *, service: str = "", node: str = "") -> str:
+    """A container entry with one setting replaced, and its node."""
+    svc = {"kind": "ddtree", "port": "8000", "weights": "push"}
+    ct = {"vmid": "200", "node": "pve1", "address": "10.0.0.5"}
+    nd = {"address": "10.0.0.1"}
+    target = ct if key in ct or key in ("root", "groups") else nd if node else svc
+    target[key if not node else node] = value
+    body = ", ".join(f"{k}: {v}" for k, v in svc.items()) + (f", {service}" if service else "")
+    return ("nodes:\n  pve1: {" + ", ".join(f"{k}: {v}" for k, v in nd.items()) + "}\ncontainers:\n  ct1:\n"
+            + "".join(f"    {k}: {v}\n" for k, v in ct.items()) + f"    service: {{{body}}}\n")
+
+
+REFUSED = [
+    # install roots: shell syntax of pip's /bin/sh launcher, venv's PATH separator, systemd
+    ("root", '"/opt/a$b"', "containers.ct1.root", "contains '$'"),
+    ("root", '"/opt/a`b`"', "containers.ct1.root", "contains '`'"),
+    ("root", "'/opt/a\"b'", "containers.ct1.root", "contains '\"'"),
+    ("root", '"/opt/a\'b"', "containers.ct1.root", "contains \"'\""),
+    ("root", '"/opt/a\\\\b"', "containers.ct1.root", "contains '\\\\'"),
+    ("root", '"/opt/a;b&c|d"', "containers.ct1.root", "contains '&' ';' '|'"),
+    ("root", '"/opt/a(b)<c>"', "containers.ct1.root", "contains '(' ')' '<' '>'"),
+    ("root", '"/opt/a*b?[c]"', "containers.ct1.root", "contains '*' '?' '[' ']'"),
+    ("root", '"/opt/a:b"', "containers.ct1.root", "contains ':'"),
+    ("root", '"/opt/a\\tb"', "containers.ct1.root", "contains '\\t'"),
+    ("root", '"/opt/a\\nb"', "containers.ct1.root", "contains '\\n'"),
+    ("root", '"/opt/caf\u00e9"', "containers.ct1.root", "contains 'é'"),
+    ("root", "/opt/../etc", "containers.ct1.root", "must not contain `..` components"),
+    ("root", "opt/ddtree", "containers.ct1.root", "must be an absolute path"),
+    ("root", "/", "containers.ct1.root", "must be a folder below /"),
+    ("root", '"/opt/ddtree "', "containers.ct1.root", "starts or ends with a space"),
+    ("root", "/opt/" + "x" * 256, "containers.ct1.root", "longer than 255 bytes"),
+    # model paths: argv words, push destinations, Proxmox mount options
+    ("target", "{path: /models/../x}", "containers.ct1.service.target.path", "`..`"),
+    ("target", '{path: "/models/a\\nb"}', "containers.ct1.service.target.path", "control character"),
+    ("target", "{path: /}", "containers.ct1.service.target.path", "below /"),
+    ("weights", "shared", "containers.ct1.service.target.path", "`,` and `=` are syntax"),
+    # executables, addresses, GPUs, units, environment, names, numbers, JSON
+    ("python", "'/usr/bin/py\"thon'", "containers.ct1.service.python", "quotes or backslashes"),
+    ("python", '"python 3"', "containers.ct1.service.python", "absolute path or a command name"),
+    ("address", '"10.0.0.5 "', "containers.ct1.address", "IP address or a host name"),
+    ("address", "http://10.0.0.5", "containers.ct1.address", "IP address or a host name"),
+    ("bind", '"0.0.0.0:80"', "containers.ct1.service.bind", "IP address or a host name"),
+    ("gpus", '["0,1"]', "containers.ct1.service.gpus[0]", "joined with ','"),
+    ("gpus", '["0 1"]', "containers.ct1.service.gpus[0]", "not a GPU index"),
+    ("unit", "ddtree@.service", "containers.ct1.service.unit", "template unit"),
+    ("environment", '{A: "x\\uFEFFy"}', "containers.ct1.service.environment.A", "U+FEFF"),
+    ("environment", '{A: "x\\uFFFEy"}', "containers.ct1.service.environment.A", "noncharacter U+FFFE"),
+    ("api_key_env", "MY-KEY", "containers.ct1.service.api_key_env", "not a valid environment variable name"),
+    ("ready_timeout_s", ".inf", "containers.ct1.service.ready_timeout_s", "finite number"),
+    ("model_id", '"a\\nb"', "containers.ct1.service.model_id", "control character"),
+    ("groups", "['a,b']", "containers.ct1.groups[0]", "group names use letters"),
+    ("extra_args", '["--x", "a\\0b"]', "containers.ct1.service.extra_args[1]", "NUL"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "path", "reason"), REFUSED,
+                         ids=[f"{k}={v[:24]}" for k, v, *_ in REFUSED])
+def test_values_that_cannot_deploy_are_refused_with_the_reason(key: str, value: str, path: str, reason: str) -> None:
+    service = "target: {path: '/srv/models/a,b', source: /src/a}" if key == "weights" else ""
+    errors = _errors(_one_host(key, value, service=service))
+    assert len(errors) == 1 and f": {path}: " in errors[0] and reason in errors[0], errors
+    assert "Value error" not in errors[0]
+
+
+@pytest.mark.parametrize(("node_key", "value", "reason"), [
+    ("models_root", '"/srv/a,b"', "`,` and `=` are syntax"),
+    ("models_root", "srv/models", "absolute path"),
+    ("address", '"pve 1"', "must not contain spaces"),
+    ("ssh_options", "{Identity-File: /k}", "'Identity-File' is not an ssh_config keyword"),
+    ("ssh_options", "{StrictHostKeyChecking: maybe}", "StrictHostKeyChecking 'maybe': use yes, accept-new, no, off, ask, strict"),
+])
+def test_node_values_that_cannot_work_are_refused(node_key: str, value: str, reason: str) -> None:
+    (err,) = _errors(_one_host("", value, node=node_key).replace("\n    : " + value, ""))
+    assert f"nodes.pve1.{node_key}" in err and reason in err, err
+
+
+def test_accepted_values_are_normalised() -> None:
+    text = _one_host("root", '"/opt//my dir/./x%y,z=w@v+u~t/"', service="target: {path: /models//q/}")
+    ct = parse_inventory(text, Path("inventory.yaml")).hosts["ct1"]
+    assert ct.root == "/opt/my dir/x%y,z=w@v+u~t" and ct.service.target.path == "/models/q"
+    ok = parse_inventory(_one_host("ssh_options", "", node="ssh_options").replace(
+        "ssh_options: }", "ssh_options: {StrictHostKeyChecking: yes}}"), Path("i.yaml"))
+    assert ok.hosts["ct1"].node.ssh_options == {"StrictHostKeyChecking": "yes"}    # YAML `yes` is a boolean
+    v6 = parse_inventory(_one_host("address", '"fd00::5"'), Path("i.yaml")).hosts["ct1"]
+    assert v6.url == "http://[fd00::5]:8000/v1"
+
+
+def test_local_roots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "state"))
+    text = "local:\n  a: {root: ~/srv//a/, service: {kind: ddtree, port: 8000}}\n  b: {service: {kind: ddtree, port: 8001}}\n"
+    inv = parse_inventory(text, Path("i.yaml"))
+    assert inv.hosts["a"].root == str(tmp_path / "home" / "srv" / "a")
+    assert inv.hosts["b"].root == str(tmp_path / "state" / "hosts" / "b")
+    (err,) = _errors("local:\n  a: {root: srv/a, service: {kind: ddtree, port: 8000}}\n")
+    assert "inventory.yaml:2: local.a.root: must be an absolute path or start with ~/" in err
+    monkeypatch.setenv("DDTCTL_HOME", "/tmp/state:x")                # the default root comes from it
+    (err,) = _errors("local:\n  b: {service: {kind: ddtree, port: 8001}}\n")
+    assert err.startswith("inventory.yaml:2: local.b: the default root ($DDTCTL_HOME/hosts/<name>) "
+                          "/tmp/state:x/hosts/b contains ':'"), err
+
+
+def test_nul_in_any_string_and_key() -> None:
+    errors = _errors('local:\n  a:\n    service: {kind: ddtree, port: 8000, environment: {"A\\0": x}}\n'
+                     '    groups: ["g\\0"]\n')
+    assert errors == [
+        "inventory.yaml:3: local.a.service.environment: unusable string: contains a NUL character (\\0), "
+        "which no argv, path or file can carry",
+        "inventory.yaml:4: local.a.groups[0]: unusable string: contains a NUL character (\\0), which no argv, "
+        "path or file can carry"]
+
+
+def test_shared_models_with_one_node_path_and_two_sources() -> None:
+    text = textwrap.dedent("""\
+        nodes:
+          n1: {address: 10.0.0.1}
+        containers:
+          a: {vmid: 101, node: n1, address: 10.0.0.5, service: {kind: ddtree, port: 8000, weights: shared,
+              target: {path: /models/q/model, source: /src/q/model}}}
+          b: {vmid: 102, node: n1, address: 10.0.0.6, service: {kind: ddtree, port: 8000, weights: shared,
+              target: {path: /models/q/model, source: /src/q/model}}}
+          c: {vmid: 103, node: n1, address: 10.0.0.7, service: {kind: ddtree, port: 8000, weights: shared,
+              target: {path: /models/r/model, source: /src/r/model}}}
+        """)
+    (err,) = _errors(text)
+    assert err.startswith("inventory.yaml:9: containers.c.service.target.source: shared models of node n1 go to "
+                          "/srv/ddtctl/models/model, which a.service.target fills from /src/q/model"), err

@@ -1,15 +1,19 @@
 """The local host end to end, on real processes and files (no mocks).
 
-Fast: the local process supervisor on real child processes; weight manifests and release links
-through the real LocalTransport. Slow (`-m slow`): `ddtctl deploy local` as a user runs it: real
-wheel build, venv, the real ddtree-server with the embedded SmolLM2, wait-ready, smoke; a second
-deploy changes nothing; a broken deploy rolls back; stop.
+Fast: the local process supervisor on real child processes; weight manifests, release links and
+release verification (manifest, settings, entry point, dependencies) through the real
+LocalTransport. Slow (`-m slow`): `ddtctl deploy local` as a user runs it: real wheel build, venv,
+the real ddtree-server with the embedded SmolLM2, wait-ready, smoke; a second deploy changes
+nothing; a tampered file is seen; a deleted venv is reinstalled and restarted; a broken deploy
+rolls back; stop.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import posixpath
+import shutil
 import socket
 import subprocess
 import sys
@@ -142,6 +146,163 @@ def test_release_links_list_and_prune(tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "releases").iterdir()) == ["0.1.0-a", "0.1.0-b", "0.1.0-d"]
 
 
+# ----------------------------------------------------------------------------- release verification
+
+def _stub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A local host, a verified stub release of it (tests/ctl/release_stub.py), and verify()."""
+    from ddtctl.inventory import parse_inventory
+    from ddtctl.ops import packages
+    from ddtctl.ops.release_step import venv_python
+    from tests.ctl.release_stub import stub_release
+
+    monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "home"))
+    host = parse_inventory("local:\n  h: {service: {kind: ddtree, port: 18990}}\n", tmp_path / "i.yaml").hosts["h"]
+    rel = stub_release(host, "0.1.0-abc")
+    (rel / "venv" / "lib").mkdir()
+    (rel / "venv" / "lib" / "libbig.so").write_bytes(os.urandom(3 << 20))     # above the hash limit
+    (rel / "venv" / "lib64").symlink_to("lib")
+    fingerprint = packages.install_plan(host, venv_python(host), "x.whl").fingerprint
+    from ddtctl.ops import release_probe
+    release_probe.write(str(rel), json.dumps({"version_id": "0.1.0-abc", "fingerprint": fingerprint}))
+    layout = releases.Layout(host.root, host.unit)
+
+    def verify(fp=fingerprint, version="0.1.0"):
+        return releases.verify(LocalTransport(), layout, "0.1.0-abc", venv_python(host), fp, version)
+    return rel, verify
+
+
+def test_an_intact_release_verifies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rel, verify = _stub(tmp_path, monkeypatch)
+    check = verify()
+    assert check.ok, check
+    assert check.files == 4 and check.hashed == 1 and check.dependencies > 10     # script, python link, lib64, big
+    assert check.summary().startswith("verified: 4 files (1 hashed), entry point ok")
+
+
+@pytest.mark.parametrize(("damage", "stage", "problem"), [
+    ("edit", "manifest", "venv/bin/ddtree-server: sha256 differs"),
+    ("delete-venv", "manifest", "venv/bin/ddtree-server: missing"),
+    ("extra", "manifest", "venv/bin/evil.pth: not in the manifest"),
+    ("relink", "manifest", "venv/lib64: symlink changed"),
+    ("big-size", "manifest", "venv/lib/libbig.so: size"),
+    ("big-mtime", "manifest", "venv/lib/libbig.so: modified (mtime)"),
+    ("no-manifest", "manifest", "no manifest .ddtctl-release.json"),
+])
+def test_a_damaged_release_fails_verification(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str,
+                                              stage: str, problem: str) -> None:
+    rel, verify = _stub(tmp_path, monkeypatch)
+    script, big = rel / "venv" / "bin" / "ddtree-server", rel / "venv" / "lib" / "libbig.so"
+    if damage == "edit":                     # same size, same mtime: only the hash tells
+        st = script.stat()
+        script.write_text(script.read_text().replace("exit 0", "exit 7"))
+        os.utime(script, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif damage == "delete-venv":
+        shutil.rmtree(rel / "venv")
+    elif damage == "extra":
+        (rel / "venv" / "bin" / "evil.pth").write_text("import os\n")
+    elif damage == "relink":
+        (rel / "venv" / "lib64").unlink()
+        (rel / "venv" / "lib64").symlink_to("/usr/lib")
+    elif damage == "big-size":
+        with open(big, "ab") as fh:
+            fh.write(b"x")
+    elif damage == "big-mtime":
+        os.utime(big, ns=(1, 1))
+    else:
+        (rel / ".ddtctl-release.json").unlink()
+        (rel / ".complete").touch()          # what ddtctl before verification trusted
+    check = verify()
+    assert (check.ok, check.stage) == (False, stage) and any(p.startswith(problem) for p in check.problems), check
+
+
+def test_large_files_are_checked_by_size_and_mtime_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The documented limit: a file above 1 MiB changed in place with size and mtime kept."""
+    rel, verify = _stub(tmp_path, monkeypatch)
+    big = rel / "venv" / "lib" / "libbig.so"
+    st = big.stat()
+    with open(big, "r+b") as fh:
+        fh.write(b"\0" * 16)
+    os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert verify().ok
+
+
+def test_a_failed_reinstall_puts_the_release_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reinstalling a release (here: one installed with other settings) that then fails to
+    install leaves the folder exactly as it was, still verifying with its own settings."""
+    from ddtctl.errors import RemoteError
+    from ddtctl.ops import packages
+
+    rel, verify = _stub(tmp_path, monkeypatch)
+    before = sorted(str(p.relative_to(rel)) for p in rel.rglob("*"))
+    layout = releases.Layout(str(rel.parents[1]), "ddtree.service")
+    broken = tmp_path / "ddtree_server-0.1.0-py3-none-any.whl"
+    broken.write_bytes(b"not a zip")
+    plan = packages.InstallPlan("index", [], [["--no-index", "--no-deps", str(rel / broken.name)]], {"mode": "index"})
+    with pytest.raises(RemoteError, match="exit code"):
+        releases.install(LocalTransport(), layout, "0.1.0-abc", broken, sys.executable, plan, version="0.1.0")
+    assert sorted(str(p.relative_to(rel)) for p in rel.rglob("*")) == before
+    assert verify().ok and not any(p.name.startswith(".ddtctl-reinstall") for p in rel.parents[1].iterdir())
+
+
+def test_other_settings_a_broken_entry_point_and_missing_dependencies_fail(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddtctl.ops import release_probe
+
+    rel, verify = _stub(tmp_path, monkeypatch)
+    fp = json.loads((rel / ".ddtctl-release.json").read_text())["fingerprint"]
+    other = verify(fp={**fp, "mode": "index", "index_url": "http://127.0.0.1:9/simple/"})
+    assert other.stage == "settings" and "index_url: None -> 'http://127.0.0.1:9/simple/'" in other.problems[0]
+    assert "mode: 'system' -> 'index'" in other.problems[0]
+    wrong = verify(version="9.9.9")
+    assert wrong.stage == "entry-point" and "expected 'ddtree-server 9.9.9'" in wrong.problems[0]
+    # the dependency check, on a distribution that needs one that is not installed
+    site = tmp_path / "site"
+    info = site / "needy-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: needy\nVersion: 1.0\n"
+                                   "Requires-Dist: numpy\nRequires-Dist: no-such-dist-xyz>=1\n"
+                                   "Requires-Dist: other-xyz; extra == \"bench\"\n")
+    out = subprocess.run([sys.executable, "-c", release_probe.source(), "deps", "needy"], capture_output=True,
+                         text=True, env={**os.environ, "PYTHONPATH": str(site)}, timeout=60)
+    doc = json.loads(out.stdout)
+    assert doc["ok"] is False and doc["problems"] == ["no-such-dist-xyz (needed by needy): not installed"]
+
+
+@pytest.mark.slow
+def test_an_install_root_the_inventory_accepts_deploys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The characters the inventory allows in a root, in a path long enough (> 127 bytes) that pip
+    writes the console script as a /bin/sh launcher: venv, pip install, the console script, the
+    manifest and a unit that systemd-analyze accepts."""
+    from ddtctl.inventory import parse_inventory
+    from ddtctl.ops import packages
+    from ddtctl.ops.bundle import build_wheel
+    from ddtctl.ops.release_step import venv_python
+    from ddtctl.ops.units import render_unit, service_spec
+
+    monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "home"))
+    root = str(tmp_path / "my srv %x,y=z@v+u~t" / ("long-" * 20))
+    inv = parse_inventory(f"nodes: {{n: {{address: 10.0.0.1}}}}\n"
+                          f"containers: {{c: {{vmid: 100, node: n, address: 10.0.0.5, root: '{root}', "
+                          f"service: {{kind: ddtree, port: 8000}}}}}}\n"
+                          f"local: {{h: {{root: '{root}', service: {{kind: ddtree, port: 18991}}}}}}\n", tmp_path / "i.yaml")
+    host, ct = inv.hosts["h"], inv.hosts["c"]
+    bundle, t = build_wheel(), LocalTransport()
+    layout = releases.Layout(host.root, host.unit)
+    plan = packages.install_plan(host, venv_python(host), posixpath.join(layout.release(bundle.version_id), bundle.wheel.name))
+    releases.install(t, layout, bundle.version_id, bundle.wheel, venv_python(host), plan, version=bundle.identity.version)
+    launcher = Path(layout.release(bundle.version_id), "venv", "bin", "ddtree-server").read_text()
+    assert launcher.startswith("#!/bin/sh\n")                              # pip's launcher for such paths
+    check = releases.verify(t, layout, bundle.version_id, venv_python(host), plan.fingerprint, bundle.identity.version)
+    assert check.ok, check.summary()
+    releases.switch(t, layout, bundle.version_id)
+    if shutil.which("systemd-analyze"):
+        unit = tmp_path / "units" / ct.unit
+        unit.parent.mkdir()
+        unit.write_text(render_unit(service_spec(ct)))
+        res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=120)
+        assert not [ln for ln in res.stderr.splitlines() if ct.unit in ln], res.stderr
+
+
 # ----------------------------------------------------------------------------- slow end to end
 
 def _free_port() -> int:
@@ -182,6 +343,31 @@ def test_deploy_local_end_to_end(tmp_path: Path) -> None:
         assert code == 0, err
         assert (second["changed"], second["restarted"], second["weights_bytes_sent"]) == (False, False, 0)
         assert {s["name"]: s["status"] for s in second["steps"]}["restart"] == "ok"
+        steps = {s["name"]: s for s in second["steps"]}
+        assert steps["release"]["status"] == "ok" and "already installed (verified: " in steps["release"]["detail"]
+
+        # a release is verified, not trusted: a changed file is seen (dry run: nothing done) ...
+        rel = tmp_path / "home" / "hosts" / "local" / "releases" / release
+        cli = next(rel.glob("venv/lib/python*/site-packages/ddtree_server/cli.py"))
+        st = cli.stat()                                          # same size, same mtime: only the hash tells
+        cli.write_text(cli.read_text().replace("Print the version.", "Print the versi0n."))
+        os.utime(cli, ns=(st.st_atime_ns, st.st_mtime_ns))
+        code, doc, err = _ddtctl(env, "deploy", "local", "--json", "--dry-run")
+        planned = {s["name"]: s for s in doc["hosts"][0]["steps"]}["release"]
+        assert code == 0 and planned["status"] == "planned", err
+        assert planned["detail"].startswith(f"reinstall {release} (system mode, venv from "), planned
+        assert "; it failed verification: manifest: " in planned["detail"] and "cli.py: sha256 differs" in planned["detail"]
+        # ... and a deleted venv is installed again, the service restarted on it, ready
+        shutil.rmtree(rel / "venv")
+        code, doc, err = _ddtctl(env, "deploy", "local", "--json", "--no-smoke")
+        third = doc["hosts"][0]
+        assert code == 0, err
+        assert (third["ok"], third["changed"], third["restarted"], third["release"]) == (True, True, True, release)
+        steps = {s["name"]: s for s in third["steps"]}
+        assert steps["release"]["status"] == "changed" and "re-installed, was manifest: " in steps["release"]["detail"]
+        assert steps["wait-ready"]["status"] == "ok" and "current" not in steps       # same release, in place
+        code, doc, err = _ddtctl(env, "deploy", "local", "--json", "--no-smoke")
+        assert code == 0 and (doc["hosts"][0]["changed"], doc["hosts"][0]["restarted"]) == (False, False), err
 
         code, doc, err = _ddtctl(env, "status", "local", "--json", "--no-gpu")
         assert code == 0, err

@@ -6,6 +6,8 @@ import hashlib
 from contextlib import closing as _closing
 import http.server
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -16,10 +18,11 @@ import paramiko
 import pytest
 
 from ddtctl.errors import CommandTimeout, HostKeyError, UnreachableError
+from ddtctl.remote.hostkeys import host_matches
 from ddtctl.remote.ssh import SshTransport
 from tests.fleet.conftest import (  # noqa: F401 - fixtures
     fleet_client_key, make_node, pve1, pve1_transport)
-from tests.fleet.sshd import SshServer, keygen, write_client_files
+from tests.fleet.sshd import SshServer, free_port, keygen, with_home_ssh, write_client_files
 
 pytestmark = pytest.mark.fleet
 
@@ -75,11 +78,11 @@ def test_parallel_channels_share_one_connection_at_most_8_at_once(pve1_transport
 
 
 def test_accept_new_appends_unknown_key(pve1, tmp_path):  # noqa: F811
-    known = tmp_path / "sub" / "known_hosts"
-    with _closing(pve1.transport(known_hosts=known)) as t:
+    known = tmp_path / "known_hosts"
+    with _closing(pve1.transport(known_hosts=known, host_key_policy="accept-new")) as t:
         assert t.run(["true"]).ok
     assert known.read_text() == pve1.sshd.known_hosts_line + "\n"
-    with _closing(pve1.transport(known_hosts=known)) as t:  # now known: nothing appended
+    with _closing(pve1.transport(known_hosts=known, host_key_policy="accept-new")) as t:  # known now
         assert t.run(["true"]).ok
     assert known.read_text().count("\n") == 1
 
@@ -100,26 +103,40 @@ def test_changed_host_key_is_refused_with_hint(pve1, tmp_path):  # noqa: F811
 def test_strict_refuses_unknown_and_accepts_known(pve1, tmp_path):  # noqa: F811
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    with pytest.raises(HostKeyError, match="strict"):
+    with pytest.raises(HostKeyError, match="StrictHostKeyChecking is yes"):
         pve1.transport(known_hosts=empty, host_key_policy="strict", attempts=1).run(["true"])
     assert empty.read_text() == ""
     with _closing(pve1.transport(host_key_policy="strict")) as t:
         assert t.run(["true"]).ok
 
 
-def test_home_ssh_config_is_honoured(pve1, fleet_client_key, tmp_path, monkeypatch):  # noqa: F811
-    monkeypatch.setenv("HOME", str(tmp_path))
-    ssh_dir = tmp_path / ".ssh"
-    write_client_files(ssh_dir, [pve1.sshd], fleet_client_key, known=False)
+def test_home_ssh_config_is_honoured(pve1, fleet_client_key, tmp_path):  # noqa: F811
+    """~/.ssh/config of the user's home as OpenSSH finds it (the password database, not $HOME):
+    a private mount namespace puts a test .ssh directory over it, for ssh and ddtctl alike."""
+    ssh_dir = tmp_path / "dotssh"
+    write_client_files(ssh_dir, [pve1.sshd], fleet_client_key,
+                       extra={"pve1": {"StrictHostKeyChecking": "accept-new"}}, known=False)
     (ssh_dir / "known_hosts").unlink()
-    with _closing(SshTransport("pve1", attempts=1)) as t:  # alias only: all from ~/.ssh/config
-        assert t.run(["id", "-un"]).text == "root\n"
-    assert (ssh_dir / "known_hosts").read_text() == pve1.sshd.known_hosts_line + "\n"
+    code = ("from ddtctl.remote.ssh import SshTransport; t = SshTransport('pve1', attempts=1); "
+            "print(t.run(['id', '-un']).text.strip()); t.close()")
+    res = with_home_ssh(ssh_dir, [sys.executable, "-c", code])
+    assert res.returncode == 0 and res.stdout.strip() == "root", res.stderr
+    # written to ~/.ssh/known_hosts; hashed when the system ssh_config says HashKnownHosts yes
+    hashed = "hashknownhosts yes" in subprocess.run(["ssh", "-G", "x"], capture_output=True,
+                                                    text=True, stdin=subprocess.DEVNULL).stdout
+    (line,) = (ssh_dir / "known_hosts").read_text().splitlines()
+    name, key = line.split(" ", 1)
+    assert key == pve1.sshd.host_key_line
+    assert name.startswith("|1|") if hashed else name == f"[127.0.0.1]:{pve1.sshd.port}"
+    assert host_matches(f"[127.0.0.1]:{pve1.sshd.port}", name)
 
 
 def test_proxyjump_through_second_sshd(pve1, jump, fleet_client_key, tmp_path):  # noqa: F811
+    known = tmp_path / "known_hosts"
+    both = {"StrictHostKeyChecking": "accept-new", "UserKnownHostsFile": str(known)}
     config, known = write_client_files(tmp_path, [pve1.sshd, jump], fleet_client_key,
-                                       extra={"pve1": {"ProxyJump": "jump"}}, known=False)
+                                       extra={"pve1": {"ProxyJump": "jump", **both}, "jump": both},
+                                       known=False)
     before = jump.log.count("Accepted publickey")
     with _closing(SshTransport("pve1", ssh_config=config, known_hosts=known)) as t:
         assert t.run(["sh", "-c", "echo $DDT_FAKE_PVE"]).text.strip() == str(pve1.state)
@@ -131,7 +148,7 @@ def test_proxyjump_through_second_sshd(pve1, jump, fleet_client_key, tmp_path): 
 def test_unreachable_and_auth_failure(pve1, tmp_path):  # noqa: F811
     started = time.monotonic()
     with pytest.raises(UnreachableError) as info:
-        SshTransport("127.0.0.1", port=1, attempts=2, known_hosts=tmp_path / "kh").run(["true"])
+        SshTransport("127.0.0.1", port=free_port(), attempts=2, known_hosts=tmp_path / "kh").run(["true"])
     assert info.value.exit_code == 3 and time.monotonic() - started < 10
     stranger = keygen(tmp_path / "stranger")
     t = SshTransport("127.0.0.1", port=pve1.sshd.port, user="root", identity_file=stranger,

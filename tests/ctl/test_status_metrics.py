@@ -90,13 +90,13 @@ def test_status_shows_loading_not_failed(monkeypatch: pytest.MonkeyPatch, tmp_pa
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loading)
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
-    class Unit:
-        def to_dict(self):
-            return {"active": "active", "sub": "running", "restarts": 0}
+    from ddtctl.ops.unitstate import UnitState
 
     class Manager:
         def state(self):
-            return Unit()
+            return UnitState("active", "running", "success")
+
+        diagnose = state
 
     monkeypatch.setattr(status_ops, "manager_for", lambda host, transport: Manager())
     monkeypatch.setenv("DDTCTL_HOME", str(tmp_path))
@@ -106,7 +106,7 @@ def test_status_shows_loading_not_failed(monkeypatch: pytest.MonkeyPatch, tmp_pa
         st = status_ops.host_status(inv.hosts["here"], LocalTransport("here"), gpus=False)
     finally:
         server.shutdown()
-    assert (st.ready, st.ready_state) == (False, "loading")
+    assert (st.ready, st.ready_state, st.errors) == (False, "loading", [])
     assert st.ready_detail == "/ready 503 state=loading"
     report.status_table([st])
     row = next(line for line in capsys.readouterr().err.splitlines() if "here" in line)

@@ -188,7 +188,8 @@ class Fleet:
         containers = {}
         for s in self.specs.values():
             service = {"kind": "ddtree", "port": s.port, "bind": "127.0.0.1", "unit": s.unit, "device": "cpu",
-                       "dtype": "fp32", "python": sys.executable, "ready_timeout_s": 600, **s.extra}
+                       "dtype": "fp32", "python": sys.executable, "ready_timeout_s": 600,
+                       "packages": {"mode": "system"}, **s.extra}     # deps: this Python's, bound in
             if s.weights == "push":
                 gguf = default_gguf()
                 service.update(weights="push", model_id=SHARED_MODEL,

@@ -11,14 +11,24 @@ Works as root on a fresh machine after ``apt-get install openssh-server`` (creat
 privilege-separation directory, when missing). :func:`write_client_files` writes an
 ``~/.ssh/config``-style file and a known_hosts file for the servers, so the ssh-config code path
 of the transport is exercised.
+
+Faults (tests by class): :func:`freeze` SIGSTOPs a server's sshd processes (all of them: a frozen
+node whose TCP connections stay open and whose listener still completes TCP handshakes in the
+kernel; or ``sessions_only``: the per-connection processes of the sessions open now), :func:`thaw`
+continues them, :func:`kill_sshd` SIGKILLs them (the peer's side of every connection closes).
+:func:`with_home_ssh` runs a command in a private mount namespace whose ``~/.ssh`` (the home of
+the password database, which OpenSSH uses, not $HOME) is a test directory.
 """
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -171,3 +181,75 @@ def write_client_files(directory: Path, servers: Iterable[SshServer], identity: 
     known_hosts = directory / "known_hosts"
     known_hosts.write_text("".join(s.known_hosts_line + "\n" for s in servers) if known else "")
     return config, known_hosts
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def sshd_pids(server: SshServer, *, sessions_only: bool = False) -> list[int]:
+    """The server's sshd processes: the listener and every sshd below it (not the shells and
+    commands they run); ``sessions_only`` leaves the listener out."""
+    if server.proc is None:
+        return []
+    tree, found, todo = _children(), [], [server.proc.pid]
+    while todo:
+        pid = todo.pop()
+        if _comm(pid) == "sshd" and (pid != server.proc.pid or not sessions_only):
+            found.append(pid)
+        todo += tree.get(pid, [])
+    return found
+
+
+def freeze(server: SshServer, *, sessions_only: bool = False) -> list[int]:
+    """SIGSTOP the server's sshd processes (see the module docstring); returns their pids."""
+    pids = sshd_pids(server, sessions_only=sessions_only)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def thaw(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def kill_sshd(server: SshServer) -> None:
+    """SIGKILL every sshd process of the server (listener included); stop() it afterwards."""
+    for pid in sshd_pids(server):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def with_home_ssh(ssh_dir: Path, argv: list[str], *, env: Mapping[str, str] | None = None,
+                  timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run argv with ``ssh_dir`` bind-mounted over ``~/.ssh`` in a private mount namespace."""
+    home_ssh = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh"
+    home_ssh.mkdir(mode=0o700, exist_ok=True)
+    script = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                           str(ssh_dir), str(home_ssh), *argv], capture_output=True, text=True,
+                          timeout=timeout, env=dict(env) if env is not None else None,
+                          cwd=cwd or Path(__file__).resolve().parents[2], stdin=subprocess.DEVNULL)

@@ -1,6 +1,6 @@
 """Unit tests of the nvidia-smi emulation (tests/fleet/nvidia-smi): formats, sentinels, exit codes.
 
-The expected strings are nvidia-smi's own (nvidia-smi(1); ops.md §4.6). The healthy outputs are
+The expected strings are nvidia-smi's own (nvidia-smi(1)). The healthy outputs are
 also fed to ddtctl's parser (ddtctl.ops.gpu) to check the two agree.
 """
 
@@ -48,12 +48,15 @@ def test_header_carries_units_and_values_keep_them_without_nounits(tmp_path):
     ]
 
 
-def test_na_sentinels_pass_through_and_parse_as_none(tmp_path):
-    sc = {"gpus": [{"memory.used": "[N/A]", "utilization.gpu": "[Not Supported]"}]}
-    res = nvsmi(tmp_path, sc, f"--query-gpu={FIELDS}", "--format=csv,noheader,nounits")
-    assert res.stdout == "0, NVIDIA H200, 143771, [N/A], [Not Supported], 570.133.20\n"
+def test_sentinels_pass_through_and_ddtctl_keeps_them_with_their_meaning(tmp_path):
+    sc = {"gpus": [{"memory.used": "[Insufficient Permissions]", "utilization.gpu": "[N/A]",
+                    "mig.mode.current": "Enabled"}]}
+    res = nvsmi(tmp_path, sc, *gpu.QUERY_ARGV[1:])
+    assert res.stdout == "0, NVIDIA H200, 143771, [Insufficient Permissions], [N/A], 570.133.20, Enabled\n"
     row = gpu.read_gpus(0, res.stdout)[0]
-    assert row.memory_used_mib is None and row.utilization_pct is None and row.memory_total_mib == 143771
+    assert (row.memory_used_mib, row.utilization_pct, row.memory_total_mib) == \
+        ("[Insufficient Permissions]", "[N/A]", 143771)
+    assert row.mig_mode == "Enabled" and "MIG mode" in row.notes()["[N/A]"]
 
 
 def test_unknown_field_is_exit_2_with_nvidia_smi_message(tmp_path):

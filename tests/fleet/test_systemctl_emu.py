@@ -2,7 +2,7 @@
 
 What is checked is the behaviour of systemctl(1), systemd.service(5), systemd.exec(5),
 systemd.kill(5) and journalctl(1) that ddtctl relies on (ops.md §3): job waiting per Type=, exit
-codes, Restart=/start-limit-hit, stop timeouts, environment/specifier/`$` handling, daemon-reload.
+codes, Restart= and the start rate limit as systemd 252 applies it, stop timeouts, environment/specifier/`$` handling, daemon-reload.
 """
 
 from __future__ import annotations
@@ -94,7 +94,10 @@ def test_missing_executable_fails_exec_unit_with_203(emu):
     assert emu.ctl("is-failed", "x").returncode == 0
 
 
-def test_crash_loop_ends_in_start_limit_hit_and_reset_failed(emu):
+def test_crash_loop_hits_the_start_limit_keeping_the_failed_runs_result(emu):
+    """systemd 252: a Restart= loop refused by the start limit ends failed with the crash's
+    Result (exit-code), not start-limit-hit; the journal says why; a manual start is refused too
+    (exit 1, the message for Result=exit-code); reset-failed clears it and the next start runs."""
     emu.unit("c.service", """[Unit]
 Description=Crasher
 StartLimitIntervalSec=60
@@ -111,24 +114,88 @@ RestartSec=100ms
     while emu.show("c.service")["ActiveState"] != "failed" and time.monotonic() < deadline:
         time.sleep(0.05)
     props = emu.show("c.service")
-    assert (props["ActiveState"], props["Result"], props["NRestarts"]) == ("failed", "start-limit-hit", "3")
+    assert (props["ActiveState"], props["Result"], props["NRestarts"]) == ("failed", "exit-code", "3")
     log = emu.journal("c")
-    assert log.count("exiting 1") == 3 and "c.service: Start request repeated too quickly." in log
-    assert "c.service: Main process exited, code=exited, status=1/FAILURE" in log
-    again = emu.ctl("start", "c")                          # still rate limited
-    assert again.returncode == 1 and "start of the service was attempted too often" in again.stderr
+    assert log.count("exiting 1") == 3 and "c.service: Main process exited, code=exited, status=1/FAILURE" in log
+    limit = log.index("c.service: Start request repeated too quickly.")
+    assert log[limit + 1:limit + 3] == ["c.service: Failed with result 'exit-code'.", "Failed to start Crasher."]
+    again = emu.ctl("start", "c")                          # still rate limited: refused, nothing runs
+    assert again.returncode == 1 and again.stderr.startswith(
+        "Job for c.service failed because the control process exited with error code.\n")
+    assert "reset-failed" not in again.stderr and emu.journal("c").count("exiting 1") == 3
     assert emu.ctl("reset-failed", "c").returncode == 0
-    assert emu.ctl("is-active", "c").stdout == "inactive\n"
+    props = emu.show("c.service")
+    assert (props["ActiveState"], props["Result"], props["NRestarts"]) == ("inactive", "success", "0")
+    assert emu.ctl("start", "c").returncode == 1             # allowed again: it runs (and crashes)
+    assert emu.journal("c").count("exiting 1") > 3
+
+
+def test_restarting_a_healthy_unit_too_often_is_start_limit_hit(emu):
+    """Default limit (10 s / 5 starts): the 6th start within the window is refused; the unit was
+    stopped cleanly, so Result=start-limit-hit; systemctl 252 prints the plain job failure."""
+    emu.unit("q.service", "[Unit]\nDescription=Quick\n[Service]\nType=exec\nExecStart=@SVC@\n")
+    assert emu.ctl("start", "q").returncode == 0
+    for _ in range(4):
+        assert emu.ctl("restart", "q").returncode == 0
+    res = emu.ctl("restart", "q")
+    assert res.returncode == 1
+    assert res.stderr == ('Job for q.service failed.\nSee "systemctl status q.service" and '
+                          '"journalctl -xeu q.service" for details.\n')
+    props = emu.show("q.service")
+    assert (props["ActiveState"], props["SubState"], props["Result"]) == ("failed", "failed", "start-limit-hit")
+    assert props["MainPID"] == "0" and emu.ctl("is-failed", "q").returncode == 0
+    assert "Active: failed (Result: start-limit-hit)" in emu.ctl("status", "q").stdout
+    assert emu.journal("q")[-3:] == ["q.service: Start request repeated too quickly.",
+                                     "q.service: Failed with result 'start-limit-hit'.", "Failed to start Quick."]
+    assert emu.ctl("start", "q").returncode == 1             # a plain start is refused as well
+    assert emu.ctl("reset-failed", "q").returncode == 0
+    assert emu.ctl("start", "q").returncode == 0 and emu.show("q")["ActiveState"] == "active"
+
+
+def test_daemon_reload_forgets_the_start_limit_as_in_252(emu):
+    emu.unit("q.service", "[Unit]\nStartLimitBurst=1\n[Service]\nType=exec\nExecStart=@SVC@\n")
+    assert emu.ctl("start", "q").returncode == 0
+    assert emu.ctl("restart", "q").returncode == 1 and emu.show("q")["Result"] == "start-limit-hit"
+    assert emu.ctl("daemon-reload").returncode == 0          # 252 re-creates units: fresh rate limit
+    assert emu.ctl("start", "q").returncode == 0
+
+
+def test_reset_failed_of_a_running_unit_zeroes_nrestarts_and_a_missing_unit_exits_1(emu):
+    emu.unit("r.service", "[Service]\nType=exec\nExecStart=@SVC@ exit=3 delay=0.3\n"
+                          "Restart=on-failure\nRestartSec=0.2\nStartLimitBurst=50\n")
+    assert emu.ctl("start", "r").returncode == 0
+    deadline = time.monotonic() + 20
+    while int(emu.show("r")["NRestarts"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    res = emu.ctl("reset-failed", "r", "nope")
+    assert res.returncode == 1
+    assert res.stderr == "Failed to reset failed state of unit nope.service: Unit nope.service not loaded.\n"
+    assert int(emu.show("r")["NRestarts"]) <= 1                # r was reset (a restart may follow)
+    assert emu.ctl("stop", "r").returncode == 0
+
+
+def test_start_rate_limit_is_a_fixed_window(tmp_path):
+    """ratelimit_below(): the window opens at the first start and reopens only after the interval,
+    refused starts count too (a sliding window would refuse the start at t=10.5)."""
+    from tests.fleet.emu import ratelimit
+
+    paths, unit = Paths(tmp_path), {"id": "w.service", "start_limit_interval": 10.0, "start_limit_burst": 2}
+    verdicts = [ratelimit.start_allowed(paths, unit, now=t) for t in (100.0, 109.0, 109.5, 110.5, 110.6, 110.7)]
+    assert verdicts == [True, True, False, True, True, False]
+    assert ratelimit.snapshot(paths, "w.service") == {"begin": 110.5, "num": 3}
+    ratelimit.reset(paths, "w.service")
+    assert ratelimit.start_allowed(paths, unit, now=110.8)
+    assert ratelimit.start_allowed(paths, {**unit, "start_limit_burst": 0}, now=110.9)   # 0 disables it
 
 
 def test_restart_on_failure_counts_nrestarts_with_new_main_pids(emu):
-    emu.unit("r.service", "[Service]\nType=exec\nExecStart=@SVC@ exit=3 delay=0.3\n"
+    emu.unit("r.service", "[Service]\nType=exec\nExecStart=@SVC@ exit=3 delay=1\n"
                           "Restart=on-failure\nRestartSec=0.1\nStartLimitBurst=50\n")
     assert emu.ctl("start", "r").returncode == 0
     pids = set()
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and int(emu.show("r.service").get("NRestarts", 0)) < 2:
-        pids.add(emu.show("r.service")["MainPID"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (int(emu.show("r.service")["NRestarts"]) < 2 or len(pids - {"0"}) < 2):
+        pids.add(emu.show("r.service")["MainPID"])          # each run lives 1 s: sampling sees it
         time.sleep(0.05)
     assert int(emu.show("r.service")["NRestarts"]) >= 2 and len(pids - {"0"}) >= 2
     assert emu.ctl("stop", "r").returncode == 0

@@ -74,3 +74,19 @@ def randomize(module: nn.Module, seed: int = 0, scale: float = 0.2) -> nn.Module
             noise = torch.randn(p.shape, generator=g, dtype=torch.float32)
             p.copy_((1.0 + 0.1 * noise) if name.endswith("norm.weight") else scale * noise)
     return module
+
+
+def qwen36_drafter_config(hidden: int = 64, vocab: int = 260, mask: int = 257,
+                          layer_ids=(1, 2, 4, 5, 7), target_layers: int = 8, window: int = 8) -> dict:
+    """A scaled-down copy of z-lab/Qwen3.6-27B-DFlash's config.json (ddtree_server.models.hybrid
+    .shapes.QWEN36_27B_DRAFTER: 4 sliding layers + 1 full layer, block 16, target ids
+    [1, 16, 31, 46, 61] of 64 layers) for a tiny hybrid target: widths / 80, ids scaled to
+    ``target_layers`` layers, the 2048 window scaled to ``window``."""
+    from ddtree_server.models.hybrid.shapes import QWEN36_27B_DRAFTER
+
+    cfg = copy.deepcopy(QWEN36_27B_DRAFTER)
+    cfg.update(hidden_size=hidden, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+               vocab_size=vocab, num_target_layers=target_layers, sliding_window=window,
+               max_position_embeddings=4096)
+    cfg["dflash_config"] = {"mask_token_id": mask, "target_layer_ids": list(layer_ids)}
+    return cfg

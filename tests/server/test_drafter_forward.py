@@ -10,11 +10,13 @@ from ddtree_server.models.drafter_config import DrafterConfig
 from tests.server.drafter_fixtures import randomize, target_parts, zlab_config
 
 BS, MASK = 8, 250
+SLIDING = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6}
 
 
-@pytest.fixture(scope="module")
-def drafter() -> DFlashDrafter:
-    raw = zlab_config(block_size=BS)
+@pytest.fixture(scope="module", params=["full", "sliding"])
+def drafter(request) -> DFlashDrafter:
+    """The plain z-lab layout, and the Qwen3.6 drafters' one (sliding layers, then a full one)."""
+    raw = zlab_config(block_size=BS, **(SLIDING if request.param == "sliding" else {}))
     emb, head = target_parts(seed=1)
     return randomize(DFlashDrafter(DrafterConfig.from_dict(raw), emb, head), seed=2).eval()
 
@@ -113,3 +115,21 @@ def test_shared_modules_are_not_parameters(drafter):
     names = {n for n, _ in drafter.named_parameters()}
     assert not any("embed" in n or "lm_head" in n for n in names)
     assert drafter.embed_tokens.weight.shape == (256, 64)
+
+
+def test_sliding_layers_are_causal_and_windowed():
+    """A sliding layer hides later block slots and context older than its window (z-lab rule)."""
+    emb, head = target_parts(seed=1)
+    raw = zlab_config(block_size=BS, num_hidden_layers=2, layer_types=["sliding_attention"] * 2, sliding_window=4)
+    d = randomize(DFlashDrafter(DrafterConfig.from_dict(raw), emb, head), seed=2).eval()
+    ctx = _ctx(12)
+    block = torch.tensor([[3] + [MASK] * (BS - 1)])
+    later, old = block.clone(), ctx.clone()
+    later[0, -1] = 17
+    old[:12 - 3 - 2 * 3] += 1.0  # older than any row's 2-layer receptive window: never seen
+    with torch.no_grad():
+        a, b = d(ctx[None], block), d(ctx[None], later)
+        c = d(old[None], block)
+    assert torch.allclose(a[0, :-1], b[0, :-1]) and not torch.allclose(a[0, -1], b[0, -1])
+    torch.testing.assert_close(a, c)
+    assert not torch.allclose(_reference(d, ctx, 3)[0], _reference(d, _ctx(12, seed=9), 3)[0])

@@ -14,9 +14,12 @@ BS = 8
 ROUNDS = [(13, 7), (1, 9), (3, 100), (5, 3), (8, 44), (20, 5), (2, 250), (7, 1)]  # (new context rows, bonus)
 
 
-def _drafter(device="cpu", dtype=torch.float32) -> DFlashDrafter:
+SLIDING = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6}
+
+
+def _drafter(device="cpu", dtype=torch.float32, **extra) -> DFlashDrafter:
     emb, head = target_parts(seed=1)
-    d = randomize(DFlashDrafter(DrafterConfig.from_dict(zlab_config(block_size=BS)), emb, head), seed=2)
+    d = randomize(DFlashDrafter(DrafterConfig.from_dict(zlab_config(block_size=BS, **extra)), emb, head), seed=2)
     emb.to(device=device, dtype=dtype)
     head.to(device=device, dtype=dtype)
     return d.to(device=device, dtype=dtype).eval()
@@ -35,9 +38,10 @@ def _compare(graphed: GraphedDrafter, eager: DFlashDrafter, device, atol: float,
         torch.testing.assert_close(c_g.k[:, :, :start].float(), c_e.k[:, :, :start].float(), rtol=atol, atol=atol)
 
 
+@pytest.mark.parametrize("layout", ["full", "sliding"])
 @pytest.mark.parametrize("max_len", [96, 300])  # key window = whole cache / 256 of 300 rows (masked tail)
-def test_static_path_equals_eager_cpu(max_len):
-    d = _drafter()
+def test_static_path_equals_eager_cpu(max_len, layout):
+    d = _drafter(**(SLIDING if layout == "sliding" else {}))
     graphed = GraphedDrafter(d, capture=False)
     _compare(graphed, d, "cpu", 1e-5, max_len)
     assert graphed.enabled and graphed._checked

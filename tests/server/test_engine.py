@@ -125,10 +125,21 @@ def _chi2_ok(joint, counts, n):
     return chi2, crit
 
 
+@pytest.fixture(scope="module")
+def hybrid_model():
+    from tests.server.hybrid_fixtures import tiny_hybrid
+
+    torch.set_num_threads(1)
+    return tiny_hybrid("3gdn+attn", seed=31, scale=4.0)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
 @pytest.mark.parametrize("mode", ["ddtree", "dflash"])
-def test_sampling_distribution_equals_ar(model, mode):
+def test_sampling_distribution_equals_ar(request, kind, mode):
     """The first 3 tokens (prefill token, root sample, child sample when it matches) follow
-    exactly the law of plain ar sampling with the same temperature / top-p."""
+    exactly the law of plain ar sampling with the same temperature / top-p; on a dense target
+    and on a hybrid one (Gated DeltaNet states committed along sampled paths)."""
+    model = request.getfixturevalue("model" if kind == "dense" else "hybrid_model")
     ids = list(b"Hello")
     joint, second, third = _exact_joint(model, ids)
     rows = [sorted(second, key=second.get, reverse=True)[:3], sorted(third, key=third.get, reverse=True)[:3]]

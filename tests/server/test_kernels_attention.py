@@ -37,7 +37,9 @@ cases = [(dt, hq, hkv, d, n, s, mode) for dt in ("float32",) for hq, hkv, d in (
          for n in (1, 6, 17) for s in (0, 70) for mode in ("causal", "tree", "full")]
 cases += [("float16", 8, 2, 128, 5, 90, "tree"), ("float16", 9, 3, 64, 1, 200, "causal"),
           ("float32", 8, 8, 32, 3, 40, "full")]
-for dt, hq, hkv, d, n, s, mode in cases:
+cases = [c + (0,) for c in cases] + [("float32", 8, 2, 32, n, s, mode, w) for n, s, mode, w in
+                                     ((1, 200, "causal", 5), (9, 70, "causal", 70), (9, 70, "full", 7), (16, 0, "full", 3))]
+for dt, hq, hkv, d, n, s, mode, window in cases:
     dtype = getattr(torch, dt)
     rows = 256
     k, v = (torch.randn(hkv, rows, d, generator=g).to(dtype) for _ in range(2))
@@ -45,10 +47,11 @@ for dt, hq, hkv, d, n, s, mode in cases:
     v[:, s + n:] = float("nan")
     q = torch.randn(n, hq, d, generator=g).to(dtype)
     blk = tree_mask(n) if mode == "tree" else None
-    ref = A.attention_ref(q, k, v, s, mode, blk)
+    ref = A.attention_ref(q, k, v, s, mode, blk, window=window)
     splits = A.plan(n, hq // hkv, hkv, d, rows, "cpu")[2]
-    got = A.decode_attention(q, k, v, torch.tensor(s), mode, blk)
-    att[f"{dt}/{hq}x{hkv}x{d}/n{n}/s{s}/{mode}/splits{splits}"] = [dt, list(got.shape), str(got.dtype)[6:], err(got, ref)]
+    got = A.decode_attention(q, k, v, torch.tensor(s), mode, blk, window=window)
+    att[f"{dt}/{hq}x{hkv}x{d}/n{n}/s{s}/{mode}/w{window}/splits{splits}"] = [dt, list(got.shape), str(got.dtype)[6:],
+                                                                           err(got, ref)]
 # forced split counts: one split (no merge) and many mostly empty splits; a strided q; an out buffer
 q = torch.randn(7, 12, 64, generator=g)[:, 2:10]
 k, v = torch.randn(2, 300, 64, generator=g), torch.randn(2, 300, 64, generator=g)
@@ -66,7 +69,9 @@ bad = {"shape": lambda: A.decode_attention(torch.randn(2, 3, 16), torch.randn(2,
        "mode": lambda: A.decode_attention(torch.randn(2, 4, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16), torch.tensor(0), "sliding"),
        "mask": lambda: A.decode_attention(torch.randn(2, 4, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16), torch.tensor(0), "tree"),
        "head_dim": lambda: A.decode_attention(torch.randn(2, 4, 24), torch.randn(2, 9, 24), torch.randn(2, 9, 24), torch.tensor(0)),
-       "start": lambda: A.decode_attention(torch.randn(2, 4, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16), torch.tensor([0]))}
+       "start": lambda: A.decode_attention(torch.randn(2, 4, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16), torch.tensor([0])),
+       "window": lambda: A.decode_attention(torch.randn(2, 4, 16), torch.randn(2, 9, 16), torch.randn(2, 9, 16), torch.tensor(0),
+                                            "tree", torch.ones(2, 2, dtype=torch.bool), window=4)}
 for name, call in bad.items():
     try:
         call()
@@ -120,7 +125,7 @@ def _tol(dtype: str) -> float:
 
 def test_attention_matches_reference(report):
     res = report["attention"]
-    assert len(res) == 36 + 3 + 3
+    assert len(res) == 36 + 3 + 4 + 3
     splits = {int(key.rsplit("splits", 1)[1]) for key in res}
     assert 1 in splits and max(splits) > 8  # both the direct store and the merge kernel ran
     for key, (dtype, shape, out_dtype, err) in res.items():
@@ -131,9 +136,9 @@ def test_attention_matches_reference(report):
 
 def test_attention_bad_inputs(report):
     e = report["errors"]
-    assert set(e) == {"shape", "mode", "mask", "head_dim", "start"}
+    assert set(e) == {"shape", "mode", "mask", "head_dim", "start", "window"}
     assert "hkv | hq" in e["shape"] and "sliding" in e["mode"] and "block mask" in e["mask"]
-    assert "head_dim 24" in e["head_dim"] and "0-d" in e["start"]
+    assert "head_dim 24" in e["head_dim"] and "0-d" in e["start"] and "tree mask" in e["window"]
 
 
 def test_fused_match_reference(report):

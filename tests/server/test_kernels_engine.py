@@ -28,7 +28,7 @@ from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.models.drafter_graphs import GraphedDrafter
 from ddtree_server.models.graphs import GraphedTarget
-from tests.server.test_drafter_graphs import _compare, _drafter
+from tests.server.test_drafter_graphs import SLIDING, _compare, _drafter
 from tests.server.test_graphs import _tree_mask
 from tests.server.tiny import EOS, VOCAB, ByteTokenizer, OracleDrafter, tiny_target
 
@@ -84,6 +84,10 @@ out["drafter"] = {"enabled": graphed_d.enabled, "keys": sorted(graphed_d._static
                   "fused": [f is not None for f in graphed_d._fused],
                   "weights_kept": all(torch.equal(before[k], after[k]) for k in before),
                   "shared_storage": q0.data_ptr() == graphed_d._fused[0][0].data_ptr()}
+slide = _drafter(**SLIDING)  # a sliding-window (causal) layer, then a full one
+graphed_s = GraphedDrafter(slide, capture=False)
+_compare(graphed_s, slide, "cpu", 1e-5, 96)
+out["drafter"]["sliding"] = {"enabled": graphed_s.enabled, "kinds": slide.kinds, "keys": sorted(graphed_s._static)}
 print(json.dumps(out))
 """
 
@@ -119,6 +123,9 @@ def test_drafter_kernel_path_equals_eager(report):
     # q|k|v and gate|up fused into one weight each, the layers' weights now views of them
     d = report["drafter"]
     assert all(d["fused"]) and d["weights_kept"] and d["shared_storage"]
+    # sliding-window layers take the kernel path too (causal + window in the attention kernel)
+    assert d["sliding"]["enabled"] and d["sliding"]["kinds"] == [[True, 6], [False, None]]
+    assert {kv for _, kv in d["sliding"]["keys"]} == {0}
 
 
 def test_switch(monkeypatch):

@@ -14,41 +14,29 @@ from ddtree_server.models.drafter_load import load_drafter
 from ddtree_server.train.data import GenSettings
 from ddtree_server.train.pipeline import PipelineOptions, run
 from ddtree_server.train.trainer import TrainSettings
-
-WORDS = "the a cat dog sat on mat ran fast slow why how what is are you me we it to and".split()
-CHAT = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} <eos> {% endfor %}"
-        "{% if add_generation_prompt %}<s> assistant {% endif %}")
+from tests.server.train_fixtures import make_tiny_target
 
 
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    return make_tiny_target(tmp_path_factory.mktemp("target"))
 
-    folder = tmp_path_factory.mktemp("target")
-    vocab = {w: i for i, w in enumerate(["<unk>", "<eos>", "<mask>", "<s>", "user", "assistant"] + WORDS)}
-    tk = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
-    tok.chat_template = CHAT
-    tok.save_pretrained(folder)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      tie_word_embeddings=True, eos_token_id=1, pad_token_id=1, bos_token_id=3)
-    LlamaForCausalLM(cfg).save_pretrained(folder)
-    prompts = folder / "prompts.jsonl"
-    rng = torch.Generator().manual_seed(1)
-    with open(prompts, "w") as fh:
-        for _ in range(8):
-            words = [WORDS[int(i)] for i in torch.randint(0, len(WORDS), (6,), generator=rng)]
-            fh.write(json.dumps({"prompt": " ".join(words)}) + "\n")
-    return folder
+
+@pytest.fixture(scope="module")
+def eval_wheels():
+    """The four evaluation wheels in the wheel cache (the CLI's contamination check reads them)."""
+    from ddtree_server.bench.wheels import DataFileError
+    from ddtree_server.train.contamination import load_index
+
+    try:
+        return load_index()
+    except DataFileError as exc:
+        pytest.skip(f"evaluation wheels unavailable here: {exc}")
 
 
 def _opts(tiny_target, tmp_path, **kw):
     base = dict(out_dir=tmp_path / "out", work_dir=tmp_path / "work", target_dir=tiny_target,
-                prompts_source=tiny_target / "prompts.jsonl", num_prompts=6,
+                prompts_source=tiny_target / "prompts.jsonl", num_prompts=6, check_contamination=False,
                 gen=GenSettings(max_new_tokens=12, batch_size=4, sampled_fraction=0.5),
                 layers=2, layer_ids=[1, 2], block_size=4, mask_token_id=2, device="cpu",
                 train=TrainSettings(steps=3, batch_size=2, anchors=4, log_every=1, warmup_steps=1))
@@ -70,7 +58,7 @@ def test_three_steps_then_load(tiny_target, tmp_path):
     assert drafter.fc.weight.dtype == torch.bfloat16 and tuple(drafter.fc.weight.shape) == (64, 128)
 
 
-def test_cli_resume_continues(tiny_target, tmp_path):
+def test_cli_resume_continues(tiny_target, tmp_path, eval_wheels):
     run(_opts(tiny_target, tmp_path))
     args = ["train-drafter", "--out", str(tmp_path / "out"), "--work-dir", str(tmp_path / "work"),
             "--target", str(tiny_target), "--prompts", str(tiny_target / "prompts.jsonl"),
@@ -197,3 +185,15 @@ def test_extra_data_folders_are_checked(tiny_target, tmp_path):
         check_extra_folder(tmp_path / "wb" / "data", own, doc["target"], (1, 2))
     with pytest.raises(ValueError, match="no such directory"):  # the pipeline checks before loading
         run(_opts(tiny_target, tmp_path, work_dir=tmp_path / "wa", extra_data=[tmp_path / "typo"]))
+
+
+@pytest.mark.parametrize("extra,text", [
+    (["--gen-engine", "vllm"], "--gen-engine"),
+    (["--passes", "0"], "--passes"),
+    (["--bucket", "0"], "--bucket"),
+    (["--resume-from", "."], "not a state folder"),
+])
+def test_cli_rejects_bad_piece_options(tiny_target, tmp_path, extra, text):
+    result = CliRunner().invoke(app, ["train-drafter", "--out", str(tmp_path / "o"), "--target", str(tiny_target),
+                                      "--steps", "1", *extra])
+    assert result.exit_code == 2 and text in result.output, result.output

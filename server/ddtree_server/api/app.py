@@ -1,10 +1,13 @@
-"""FastAPI app factory: the routes of the OpenAI-compatible server, its error shapes and auth.
+"""FastAPI app factory: the routes of the OpenAI-compatible server and its error shapes.
 
-Routes: GET /health, /ready, /metrics, /v1/models[/{id}]; POST /v1/chat/completions,
-/v1/completions. Every error is `{"error": {message, type, param, code}}`; request validation
-errors are 400 (not FastAPI's 422); everything a client can get wrong is decided before the
-first byte of a stream. With an API key, /v1/* needs `Authorization: Bearer <key>` (401);
-/health, /ready and /metrics stay open.
+Routes: GET /health, /ready, /metrics, /openapi.json, /v1/models[/{id}]; POST
+/v1/chat/completions, /v1/completions. /health and /ready report how old the engine round in
+progress and the oldest queued request are (busy vs stuck); /health is 503 while a round is
+older than --stall-seconds. Every error is `{"error": {message, type, param, code}}`; request
+validation errors are 400 (not FastAPI's 422); everything a client can get wrong is decided
+before the first byte of a stream. With an API key, /v1/* needs `Authorization: Bearer <key>` (401);
+/health, /ready, /metrics and /openapi.json (api/openapi.py) stay open. A request body over
+MAX_BODY_BYTES (api/middleware.py) is a 413 before it is parsed.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
 import time
 from typing import Any
 
@@ -22,8 +24,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ddtree_server.api import prompts
+from ddtree_server.api import openapi, prompts
 from ddtree_server.api.metrics import Metrics
+from ddtree_server.api.middleware import Middleware
 from ddtree_server.api.responses import (ApiError, chat_response, completion_response, error_body, model_card,
                                          new_id, now)
 from ddtree_server.api.schemas import ChatCompletionRequest, CompletionRequest
@@ -56,41 +59,6 @@ def vocab_size(engine: Any) -> int:
     return min(sizes)
 
 
-class _Middleware:
-    """Pure ASGI middleware: API-key check on /v1/* and per-request metrics (status by endpoint)."""
-
-    def __init__(self, app: Any, *, api_key: str | None, metrics: Metrics) -> None:
-        self.app, self.api_key, self.metrics = app, api_key, metrics
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path, status = scope.get("path", ""), [500]
-
-        async def send_wrapper(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            if self.api_key and path.startswith("/v1/") and not self._authorised(scope):
-                status[0] = 401
-                body = error_body("invalid or missing API key (send Authorization: Bearer <key>)",
-                                  code="invalid_api_key")
-                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
-                return await response(scope, receive, send)
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            self.metrics.count_request(path, status[0])
-
-    def _authorised(self, scope: dict) -> bool:
-        for name, value in scope.get("headers", []):
-            if name == b"authorization":
-                scheme, _, token = value.decode("latin-1").partition(" ")
-                return scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), self.api_key)
-        return False
-
-
 _BRANCH_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}
 
 
@@ -106,6 +74,15 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     if first.get("type") == "missing":
         return f"missing required field {param!r}", param
     return (f"{param}: {msg}" if param else msg), param
+
+
+def _parse_failure(exc: BaseException) -> str:
+    """Why json.loads refused a body, in one short clause."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"invalid {exc.encoding.upper()} at byte {exc.start} ({exc.reason})"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc).split(";")[0] or type(exc).__name__
 
 
 def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAPI:
@@ -131,8 +108,12 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = "not_found" if exc.status_code == 404 else None
-        return JSONResponse(error_body(str(exc.detail), code=code), status_code=exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        message = str(exc.detail)
+        if exc.status_code == 400 and exc.__cause__ is not None:   # FastAPI could not decode the body
+            message = f"the request body is not valid JSON: {_parse_failure(exc.__cause__)}"
+        return JSONResponse(error_body(message, code=code), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))   # e.g. Allow on a 405
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, exc: Exception) -> JSONResponse:
@@ -151,21 +132,39 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             raise ApiError(404, f"the model {name!r} does not exist; this server serves {engine.model_id!r}",
                            param="model", code="model_not_found")
 
+    def load() -> dict[str, Any]:
+        """The worker's load: ages in seconds (None when nothing runs / waits), counts."""
+        def seconds(value: float | None) -> float | None:
+            return None if value is None else round(value, 3)
+
+        return {"round_age_s": seconds(worker.round_age()), "oldest_queued_age_s": seconds(worker.oldest_queued_age()),
+                "running": worker.running, "queued": worker.queued, "stall_seconds": worker.stall_seconds,
+                "stalled": worker.stalled()}
+
+    app.openapi = lambda: openapi.document(app, api_key=bool(config.api_key))
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_route() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
     @app.get("/health")
     async def health() -> JSONResponse:
-        alive = worker.alive()
-        return JSONResponse({"status": "ok" if alive else "unhealthy", "state": worker.state},
-                            status_code=200 if alive else 503)
+        reason = worker.unhealthy_reason()
+        body = {"status": "ok" if reason is None else "unhealthy", "state": worker.state, "reason": reason, **load()}
+        return JSONResponse(body, status_code=200 if reason is None else 503)
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        body = {"state": worker.state, "detail": worker.detail, "elapsed_s": round(worker.elapsed(), 3)}
+        body = {"state": worker.state, "detail": worker.detail, "elapsed_s": round(worker.elapsed(), 3), **load()}
         return JSONResponse(body, status_code=200 if worker.state == "ready" else 503)
 
     @app.get("/metrics")
     async def metrics_route() -> Response:
         metrics.queue_depth.set(worker.queued)
         metrics.running.set(worker.running)
+        metrics.round_age.set(worker.round_age() or 0.0)
+        metrics.oldest_queued_age.set(worker.oldest_queued_age() or 0.0)
+        metrics.stalled.set(1 if worker.stalled() else 0)
         return Response(metrics.render(), media_type=metrics.content_type)
 
     def card(engine: Any) -> dict[str, Any]:
@@ -178,6 +177,7 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         extra = {"target": target, "drafter": drafter,
                  "decoding": {"default_mode": engine.default_mode, "modes": sorted(available_modes(engine)),
                               "tree_budget": getattr(engine, "tree_budget", None),
+                              "max_tree_budget": config.tree_budget_limit,
                               "block_size": getattr(engine, "block_size", None)}}
         return model_card(model_id=engine.model_id, created=int(time.time() - worker.elapsed()),
                           max_model_len=engine.max_model_len, extra=extra)
@@ -208,7 +208,10 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         return await _generate(request, engine, body, ids, "completion")
 
     async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str) -> Response:
-        mode, budget = prompts.check_decoding(body, available_modes(engine))
+        limit = config.tree_budget_limit
+        mode, budget = prompts.check_decoding(body, available_modes(engine), limit)
+        if budget is None and (getattr(engine, "tree_budget", None) or 0) > limit:
+            budget = limit   # the engine's default never exceeds --max-tree-budget either
         from ddtree_server.engine.sampling import SamplingParams
 
         params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams)
@@ -276,5 +279,5 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             if event is not _PENDING:
                 return event
 
-    app.add_middleware(_Middleware, api_key=config.api_key, metrics=metrics)
+    app.add_middleware(Middleware, api_key=config.api_key, metrics=metrics)
     return app

@@ -13,6 +13,9 @@ Names (all prefixed `ddtree_`):
   decode_tokens_total / decode_seconds_total (rates over any window: ratio of `rate()`s);
 * `time_to_first_token_seconds` — queue wait + prefill + first round, per request (s);
 * `queue_depth` / `running_requests` — requests waiting for / running on the worker;
+* `round_age_seconds` — how long the engine round in progress has run (0 when none runs) (s);
+* `oldest_queued_age_seconds` — how long the oldest queued request has waited (0 when none) (s);
+* `worker_stalled` — 1 while the round in progress is older than `--stall-seconds`, else 0;
 * `requests_cancelled_total` — generations stopped because the client went away;
 * `server_state` — loading | warming | ready | draining | stopped | failed.
 """
@@ -23,7 +26,8 @@ from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, Counter, 
                                Histogram, generate_latest)
 
 STATES = ["loading", "warming", "ready", "draining", "stopped", "failed"]
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics",
+             "/openapi.json")
 
 
 class Metrics:
@@ -53,6 +57,12 @@ class Metrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=r)
         self.queue_depth = Gauge("ddtree_queue_depth", "Requests waiting for the worker.", registry=r)
         self.running = Gauge("ddtree_running_requests", "Requests running on the worker.", registry=r)
+        self.round_age = Gauge("ddtree_round_age_seconds",
+                               "Age of the engine round in progress (0 when none runs) (s).", registry=r)
+        self.oldest_queued_age = Gauge("ddtree_oldest_queued_age_seconds",
+                                       "Wait of the oldest queued request (0 when none waits) (s).", registry=r)
+        self.stalled = Gauge("ddtree_worker_stalled",
+                             "1 while the round in progress is older than --stall-seconds, else 0.", registry=r)
         self.state = Enum("ddtree_server_state", "Server lifecycle state.", states=STATES, registry=r)
         self.state.state("loading")
 

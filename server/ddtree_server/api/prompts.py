@@ -80,14 +80,20 @@ def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: i
     return ids
 
 
-def check_decoding(request: ChatCompletionRequest | CompletionRequest, modes: set[str]) -> tuple[str | None, int | None]:
-    """The per-request (mode, tree_budget) override. Raises ApiError(400) for a mode not available."""
+def check_decoding(request: ChatCompletionRequest | CompletionRequest, modes: set[str],
+                   max_tree_budget: int) -> tuple[str | None, int | None]:
+    """The per-request (mode, tree_budget) override. Raises ApiError(400) for a mode not available
+    or a tree budget above `max_tree_budget` nodes (the server's --max-tree-budget)."""
     override = request.decoding
     if override is None:
         return None, None
     if override.mode is not None and override.mode not in modes:
         raise ApiError(400, f"decoding mode {override.mode!r} is not available on this server "
                             f"(available: {', '.join(sorted(modes))})", param="decoding.mode")
+    if override.tree_budget is not None and override.tree_budget > max_tree_budget:
+        raise ApiError(400, f"decoding.tree_budget {override.tree_budget} is above this server's limit of "
+                            f"{max_tree_budget} nodes (--max-tree-budget)", param="decoding.tree_budget",
+                       code="tree_budget_too_large")
     return override.mode, override.tree_budget
 
 

@@ -45,7 +45,8 @@ class DecodingOverride(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     mode: Literal["ar", "dflash", "ddtree"] | None = None
-    tree_budget: int | None = Field(None, ge=1, le=4096)
+    tree_budget: int | None = Field(None, ge=1, le=4096, description=(
+        "DDTree node budget; at most the server's --max-tree-budget (model card: decoding.max_tree_budget)."))
 
 
 class StreamOptions(BaseModel):
@@ -102,8 +103,10 @@ class _GenerationRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
     max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate (tokens).")
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description=(
+        "Omitted: 1.0. Below 1e-5 (0 included): greedy decoding (engine/sampling.py GREEDY_TEMPERATURE)."))
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description=(
+        "Nucleus mass; the most probable token is always kept (a top_p that rounds to 0 in fp32 is top-1)."))
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1,
                              description="OpenAI's int64 range; negative seeds are taken modulo 2**64.")
     stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)

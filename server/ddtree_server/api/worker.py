@@ -8,6 +8,12 @@ Requests are `Job`s: the asyncio side submits them (`submit`, never blocks) and 
 (`Job.next_event`); the worker thread runs up to `max_concurrency` engine generators, interleaved
 one engine round at a time, and hands every `GenerationEvent` back through the job's event loop.
 Setting `Job.cancel` stops a generation at the engine's next round (finish_reason "cancelled").
+
+Busy or stuck: `round_age()` is how long the engine round in progress (the prefill or one decode
+round of one request) has run, `oldest_queued_age()` how long the oldest request not yet started
+has waited (seconds, None when there is none). A round older than `stall_seconds` makes `alive()`
+False (/health 503): one round of a capped tree budget takes well under a second on a GPU, so a
+round that runs for minutes is stuck, not busy; a long queue with young rounds is busy.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from typing import Any, Callable, Iterator
 
 log = logging.getLogger("ddtree_server.worker")
 
-HEARTBEAT_STALE_S = 300.0   # /health fails when one engine round has blocked this long (s)
+STALL_SECONDS = 300.0   # default: /health fails when one engine round has run this long (s)
 _END = object()             # delivered after a job's last event
 
 
@@ -87,16 +93,19 @@ class Worker:
     `load(status)` builds the engine (it may call `status(text)` to report progress);
     `warmup(engine)` runs one short generation; `on_state(state, detail)` is called on every state
     change (from the worker thread or the caller of `begin_drain`/`stop`); `on_finished(job, event)`
-    after each job's final event (metrics).
+    after each job's final event (metrics); `stall_seconds`: a round running this long is stuck.
     """
 
     def __init__(self, *, load: Callable[[Callable[[str], None]], Any], warmup: Callable[[Any], None],
-                 max_queue: int = 64, max_concurrency: int = 1,
+                 max_queue: int = 64, max_concurrency: int = 1, stall_seconds: float = STALL_SECONDS,
                  on_state: Callable[[str, str], None] | None = None,
                  on_finished: Callable[[Job, Any], None] | None = None) -> None:
         self._load, self._warmup = load, warmup
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=max(max_queue, 1))
         self._max_queue, self._max_concurrency = max_queue, max_concurrency
+        self.stall_seconds = float(stall_seconds)
+        self._waiting: dict[str, float] = {}       # rid -> submitted_at of queued jobs, oldest first
+        self._round_started: float | None = None   # monotonic start of the round in progress
         self._on_state = on_state or (lambda state, detail: None)
         self._on_finished = on_finished or (lambda job, event: None)
         self._lock = threading.Lock()
@@ -107,7 +116,6 @@ class Worker:
         self.engine: Any = None
         self.state, self.detail = "loading", "starting"
         self.started_at = time.monotonic()
-        self.heartbeat = time.monotonic()
 
     # ---- control (any thread) -----------------------------------------------------------------
     def start(self) -> None:
@@ -127,6 +135,7 @@ class Worker:
             except queue.Full:
                 raise QueueFull(f"{self._max_queue} requests are already waiting") from None
             self._inflight += 1
+            self._waiting[job.rid] = job.submitted_at
 
     def begin_drain(self) -> None:
         """Refuse new jobs from now on; queued and running jobs still complete."""
@@ -160,13 +169,37 @@ class Worker:
     def running(self) -> int:
         return self._running
 
+    def round_age(self) -> float | None:
+        """Seconds the engine round in progress has run; None when no round runs."""
+        started = self._round_started
+        return None if started is None else max(time.monotonic() - started, 0.0)
+
+    def oldest_queued_age(self) -> float | None:
+        """Seconds the oldest queued (not yet started) request has waited; None when none waits."""
+        with self._lock:
+            oldest = next(iter(self._waiting.values()), None)
+        return None if oldest is None else max(time.monotonic() - oldest, 0.0)
+
+    def stalled(self) -> bool:
+        """True while the round in progress has run `stall_seconds` or longer."""
+        age = self.round_age()
+        return age is not None and age >= self.stall_seconds
+
+    def unhealthy_reason(self) -> str | None:
+        """Why the worker is not alive (None when it is): thread gone, failed, or a stuck round."""
+        if self.state == "failed":
+            return f"failed: {self.detail}"
+        if not self._thread.is_alive():
+            return "the worker thread is not running"
+        age = self.round_age()
+        if self.state not in ("loading", "warming") and age is not None and age >= self.stall_seconds:
+            return (f"stalled: the engine round in progress has run {age:.1f} s "
+                    f"(--stall-seconds {self.stall_seconds:g})")
+        return None
+
     def alive(self) -> bool:
-        """Liveness: the thread runs and, once serving, no engine round has blocked too long."""
-        if not self._thread.is_alive() or self.state == "failed":
-            return False
-        if self.state in ("loading", "warming"):
-            return True
-        return time.monotonic() - self.heartbeat < HEARTBEAT_STALE_S
+        """Liveness: the thread runs, the state is not failed and no engine round is stuck."""
+        return self.unhealthy_reason() is None
 
     def elapsed(self) -> float:
         """Seconds since the worker was created."""
@@ -200,7 +233,6 @@ class Worker:
             log.debug("model load / warm-up traceback", exc_info=True)
             self._set_state("failed", detail)
             return
-        self.heartbeat = time.monotonic()
         with self._lock:
             if self.state == "warming":
                 self._set_state("ready", "ready")
@@ -209,7 +241,6 @@ class Worker:
     def _serve(self) -> None:
         active: deque[tuple[Job, Iterator[Any]]] = deque()
         while True:
-            self.heartbeat = time.monotonic()
             self._admit(active)
             if not active:
                 if self._stop.is_set() and self._queue.empty():
@@ -230,6 +261,7 @@ class Worker:
                 return
             with self._lock:
                 self._running += 1
+                self._waiting.pop(job.rid, None)
             if job.cancel.is_set():   # the client left while the job waited
                 self._finish(job, None, cancelled=True)
                 with self._lock:
@@ -246,6 +278,7 @@ class Worker:
 
     def _step(self, job: Job, events: Iterator[Any]) -> bool:
         """Advance one job by one engine round; False when it is finished."""
+        self._round_started = time.monotonic()
         try:
             event = next(events)
         except StopIteration:
@@ -257,6 +290,8 @@ class Worker:
             job.deliver(exc)
             self._finish(job, None, cancelled=False)
             return False
+        finally:
+            self._round_started = None
         if job.first_event_at is None:
             job.first_event_at = time.monotonic()
         job.deliver(event)

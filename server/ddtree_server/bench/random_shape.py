@@ -1,7 +1,7 @@
 """Per-stage times of the engine at a named model shape with random weights (`bench --random-shape`).
 
 The target and its drafter are built on the device from `bench/shapes.py` with random weights
-(`models.load.target_from_config`, `models.drafter_load.drafter_from_config`) and wrapped by the
+(`models.random_init.target_from_config`, `drafter_from_config`) and wrapped by the
 server's `Engine` (on CUDA: `GraphedTarget` / `GraphedDrafter`). A prompt of random token ids fills
 the KV cache to `context` tokens. Each stage is then timed call by call through the engine's own
 code (`engine/decode.py`'s builders and loops, `KVCache.keep`, `spec/walk.py`), synchronising the
@@ -57,14 +57,12 @@ def resolve_device(device: str = "auto", dtype: str | None = None) -> tuple[str,
 def build_engine(shape: Shape, *, device: str, dtype: str, max_len: int, tree_budget: int = 64):
     """The server's Engine over a random target (+ drafter) of ``shape``; no tokenizer."""
     from ddtree_server.engine.engine import Engine
-    from ddtree_server.models.drafter_load import drafter_from_config
-    from ddtree_server.models.load import resolve_dtype, target_from_config
+    from ddtree_server.models.random_init import drafter_from_config, target_from_config
 
     target = target_from_config(shape.target, device=device, dtype=dtype)
     drafter = None
     if shape.drafter is not None:
-        drafter = drafter_from_config(shape.drafter, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
-                                      device=device, dtype=resolve_dtype(dtype))
+        drafter = drafter_from_config(shape.drafter, target, device=device, dtype=dtype, seed=1)
     return Engine(target, None, drafter, model_id=shape.name, max_model_len=max_len, eos_token_ids=[],
                   tree_budget=tree_budget)
 

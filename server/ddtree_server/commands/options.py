@@ -16,8 +16,10 @@ def int_list(text: str) -> list[int]:
 def run_single(command) -> None:
     """Run one command function as a program (the ``python -m`` entry points) with click's plain
     help, like the ``ddtree-server`` CLI (Typer's Rich help shows ``<bool>`` for flags)."""
+    from ddtree_server.commands.help_format import PlainHelpCommand
+
     app = typer.Typer(add_completion=False, rich_markup_mode=None)
-    app.command()(command)
+    app.command(cls=PlainHelpCommand)(command)
     app()
 
 

@@ -35,7 +35,12 @@ def load_engine(config: Any, status: Any) -> Any:
 
     target = config.target or config.gguf or "the embedded SmolLM2 GGUF"
     status(f"loading {target} on {config.device} ({config.dtype})")
-    return engine_from_config(config)
+    engine = engine_from_config(config)
+    limit = config.tree_budget_limit
+    if engine.tree_budget is not None and engine.tree_budget > limit:
+        log.warning("default tree budget %d lowered to --max-tree-budget %d", engine.tree_budget, limit)
+        engine.tree_budget = limit
+    return engine
 
 
 def warmup(engine: Any) -> None:
@@ -72,6 +77,15 @@ def bind_sockets(host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
+def log_auth(config: Any) -> None:
+    """One line saying whether /v1/* needs the API key (never the key itself)."""
+    if config.api_key:
+        log.info("authentication on: /v1/* needs Authorization: Bearer <the --api-key / $DDTREE_API_KEY key>")
+    else:
+        log.warning("authentication off: no API key (--api-key / $DDTREE_API_KEY unset or empty); /v1/* "
+                    "answers every client that reaches %s:%d", config.host, config.port)
+
+
 def run_server(config: Any) -> int:
     """Serve until SIGTERM/SIGINT. Returns the process exit status (0 drained, 1 load or bind failure)."""
     if config.device == "cuda":
@@ -96,6 +110,7 @@ def run_server(config: Any) -> int:
 
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log_auth(config)
     metrics = Metrics()
     outcome = {"status": 0}
     server: Any = None
@@ -114,7 +129,8 @@ def run_server(config: Any) -> int:
                                  cancelled=job.cancel.is_set() or getattr(event, "finish_reason", None) == "cancelled")
 
     worker = Worker(load=lambda status: load_engine(config, status), warmup=warmup, max_queue=config.max_queue,
-                    max_concurrency=config.max_concurrency, on_state=on_state, on_finished=on_finished)
+                    max_concurrency=config.max_concurrency, stall_seconds=config.stall_seconds,
+                    on_state=on_state, on_finished=on_finished)
     app = create_app(config, worker, metrics)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
                                log_level=config.log_level, timeout_graceful_shutdown=30)
@@ -181,12 +197,17 @@ def register(app: typer.Typer) -> None:
                                                        help="Override the drafter's target layers, e.g. 1,9,17."),
         mode: Optional[str] = typer.Option(None, "--mode", help="ar | dflash | ddtree (default: best available)."),
         tree_budget: Optional[int] = typer.Option(None, "--tree-budget", help="DDTree node budget (nodes)."),
+        max_tree_budget: Optional[int] = typer.Option(
+            None, "--max-tree-budget",
+            help="Largest decoding.tree_budget a request may ask for (nodes; above it: 400). Default 256 on "
+                 "cuda (larger trees leave the CUDA graphs and slow every round), 64 on cpu (cost grows with "
+                 "the node count), or --tree-budget when larger."),
         host: str = typer.Option("127.0.0.1", "--host", help="Listen address."),
         port: int = typer.Option(8000, "--port", help="Listen port."),
         device: Optional[str] = typer.Option(None, "--device", help="cuda | cpu (default: cuda if available)."),
         dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16 | fp32 (default: bf16 cuda, fp32 cpu)."),
         api_key: Optional[str] = typer.Option(None, "--api-key", envvar="DDTREE_API_KEY",
-                                              help="Require this Bearer token on /v1/* (env DDTREE_API_KEY)."),
+                                              help="Require this Bearer token on /v1/* (env DDTREE_API_KEY): visible ASCII without spaces; empty: no authentication."),
         served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model id for clients."),
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context window (tokens)."),
         max_queue: int = typer.Option(64, "--max-queue", help="Waiting requests before 429."),
@@ -194,6 +215,9 @@ def register(app: typer.Typer) -> None:
         chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
                                                            help='Default template kwargs as JSON, e.g. \'{"enable_thinking": false}\'.'),
         drain_timeout: float = typer.Option(120.0, "--drain-timeout", help="Longest drain on SIGTERM (s)."),
+        stall_seconds: float = typer.Option(
+            300.0, "--stall-seconds",
+            help="/health answers 503 while one engine round has run this long (s): stuck, not busy."),
         log_level: str = typer.Option("info", "--log-level", help="debug | info | warning | error."),
     ) -> None:
         """Serve the OpenAI-compatible API (chat, completions, streaming) with speculative decoding."""
@@ -202,15 +226,15 @@ def register(app: typer.Typer) -> None:
         from ddtree_server.config import ServerConfig
 
         values = dict(target=target, gguf=gguf, drafter=drafter, target_layer_ids=target_layer_ids, mode=mode,
-                      tree_budget=tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
+                      tree_budget=tree_budget, max_tree_budget=max_tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
                       served_model_name=served_model_name, max_model_len=max_model_len, max_queue=max_queue,
                       max_concurrency=max_concurrency, chat_template_kwargs=chat_template_kwargs,
-                      drain_timeout_s=drain_timeout, log_level=log_level)
+                      drain_timeout_s=drain_timeout, stall_seconds=stall_seconds, log_level=log_level)
         try:
             config = ServerConfig(**values)
         except ValidationError as exc:
             for err in exc.errors():
                 where = "--" + "-".join(str(p) for p in err["loc"]).replace("_", "-") if err["loc"] else "config"
-                typer.echo(f"error: {where}: {err['msg']}", err=True)
+                typer.echo(f"error: {where}: {err['msg'].removeprefix('Value error, ')}", err=True)
             raise typer.Exit(2) from None
         raise typer.Exit(run_server(config))

@@ -20,6 +20,8 @@ from ddtree_server.engine.stopping import StopChecker
 from ddtree_server.models.drafter import DFlashDrafter
 from ddtree_server.models.drafter_graphs import GraphedDrafter
 from ddtree_server.models.graphs import GraphedTarget
+from ddtree_server.models.hybrid.graphs import GraphedHybrid
+from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.target import TargetModel
 
 MODES = ("ar", "dflash", "ddtree")
@@ -74,7 +76,8 @@ class Engine:
     """Decoding engine over a TargetModel (or HFRunner) and an optional DFlash drafter.
 
     Args:
-        target: TargetModel / HFRunner (``new_cache``, ``forward``, ``capture_layers``).
+        target: TargetModel / HybridTarget / HFRunner (``new_cache``, ``forward``, ``capture_layers``);
+            on CUDA wrapped in GraphedTarget / GraphedHybrid.
         tokenizer: HF tokenizer (with chat template).
         drafter: DFlashDrafter-like (``config.block_size``, ``config.target_layer_ids``,
             ``new_cache``, ``propose``) or None.
@@ -94,8 +97,8 @@ class Engine:
                  default_mode: str | None = None, tree_budget: int | None = None,
                  eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True):
         device = target.embed_tokens.weight.device
-        if cuda_graphs and device.type == "cuda" and isinstance(target, TargetModel):
-            target = GraphedTarget(target)
+        if cuda_graphs and device.type == "cuda" and isinstance(target, (TargetModel, HybridTarget)):
+            target = GraphedHybrid(target) if isinstance(target, HybridTarget) else GraphedTarget(target)
             if isinstance(drafter, DFlashDrafter):  # checks itself against eager on first use
                 drafter = GraphedDrafter(drafter)
         self.target = target

@@ -1,25 +1,36 @@
 """Sampling parameters and the target's token choice (greedy or seeded sampling).
 
-Verification (ddtree.md §2.4) applies the request's temperature / top-p to the TARGET logits of
+Verification (DDTree, arXiv 2604.12989; docs/server.md §3) applies the request's temperature / top-p to the TARGET logits of
 every verified position and then either takes the argmax (T = 0) or draws one token per position
-(sample-and-match); draft probabilities never enter. Everything here works on whole ``[n, vocab]``
+(sample-and-match); draft probabilities never enter. Temperatures below GREEDY_TEMPERATURE are
+greedy; see `SamplingParams` for how extreme values are treated. Everything here works on whole ``[n, vocab]``
 blocks so a round needs one kernel sequence and one device-to-host copy.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+# Temperatures below this are greedy decoding (argmax), the limit of softmax(logits / T) as T -> 0.
+# Same threshold as vLLM's `_SAMPLING_EPS` (vllm/sampling_params.py). Below it, logits / T can
+# overflow fp32 (T = 1e-39 is a denormal, 5e-324 rounds to 0 in fp32) and the sampler would see
+# NaN; at or above it, `processed_probs` is finite for every finite logit row (it subtracts the
+# row maximum before dividing, so the largest scaled logit is exactly 0).
+GREEDY_TEMPERATURE = 1e-5
+
 
 @dataclass
 class SamplingParams:
     """Per-request decoding parameters (docs/architecture.md, Engine contract).
 
-    max_tokens: >= 1 new tokens; temperature: 0 -> greedy (exact); top_p in (0, 1];
+    max_tokens: >= 1 new tokens; temperature: finite, >= 0; below GREEDY_TEMPERATURE (1e-5,
+    0 included) -> greedy (exact); top_p in (0, 1]: a top_p so small that it rounds to 0 in fp32
+    keeps only the most probable token (the nucleus is never empty);
     seed: seeds the request's torch.Generator (None: random); stop: stop strings;
     stop_token_ids: extra stop tokens (EOS is always added by the engine unless ignore_eos).
     """
@@ -39,8 +50,8 @@ class SamplingParams:
         """Raise ValueError for out-of-range values."""
         if int(self.max_tokens) < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -48,8 +59,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True when decoding is argmax (temperature 0)."""
-        return self.temperature == 0.0
+        """True when decoding is argmax: temperature below GREEDY_TEMPERATURE (0 included)."""
+        return self.temperature < GREEDY_TEMPERATURE
 
 
 def processed_probs(logits: Tensor, temperature: float, top_p: float) -> Tensor:
@@ -57,14 +68,23 @@ def processed_probs(logits: Tensor, temperature: float, top_p: float) -> Tensor:
 
     logits: ``[n, vocab]`` (any float dtype); returns fp32 probabilities ``[n, vocab]``.
     The nucleus keeps the smallest set of highest-probability tokens whose mass reaches top_p
-    (always at least the most probable token). Requires temperature > 0.
+    (always at least the most probable token, also when top_p rounds to 0 in fp32).
+    Requires temperature >= GREEDY_TEMPERATURE (smaller ones are greedy: SamplingParams.greedy);
+    the row maximum is subtracted before dividing, so no finite logit row overflows to inf/NaN;
+    temperatures above fp32's range act as fp32's largest value (a uniform distribution).
     """
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    scaled = logits.float()
+    # a temperature above fp32's largest value would become inf (and -inf / inf is NaN)
+    temperature = min(temperature, torch.finfo(torch.float32).max)
+    scaled = (scaled - scaled.amax(dim=-1, keepdim=True)) / temperature
+    probs = torch.softmax(scaled, dim=-1)
     if top_p >= 1.0:
         return probs
     sorted_p, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_p.cumsum(dim=-1) - sorted_p
-    sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
+    drop = mass_before >= top_p
+    drop[..., 0] = False   # the most probable token is always in the nucleus
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
     out = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     return out / out.sum(dim=-1, keepdim=True)
 

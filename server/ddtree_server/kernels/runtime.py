@@ -1,4 +1,4 @@
-"""When the engine uses its own Triton kernels (kernels/attention.py, kernels/fused.py).
+"""When the engine uses its own Triton kernels (kernels/attention.py, fused.py, gdn_*.py).
 
 ``DDTREE_KERNELS`` decides, read at every forward (CUDA graphs are keyed by the answer):
 

@@ -7,6 +7,8 @@ this module's state dict or parameters (so an optimizer over `parameters()` neve
 Forward (§1.5): target features of the context -> `hidden_norm(fc(.))`, shared by every layer as
 extra keys/values; the block `[bonus, MASK * (bs-1)]` gives the queries; attention is
 non-causal over all context and the whole block; row j >= 1 predicts the token AT position s+j.
+Sliding-window layers (``layer_types``, e.g. the z-lab Qwen3.6 drafters) are causal with a key
+window instead (``drafter_layers.visibility``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch import Tensor, nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ddtree_server.models.drafter_config import DrafterConfig
+from ddtree_server.models.drafter_attention import visibility
 from ddtree_server.models.drafter_layers import DFlashLayer, RMSNorm, hf_config, sdpa_backends
 
 
@@ -57,6 +60,7 @@ class DFlashDrafter(nn.Module):
         self._inv_freq = rot.inv_freq.detach().float().cpu()  # kept in fp32 whatever the module dtype
         self._rope_scale = float(rot.attention_scaling)
         self._inv_freq_dev: dict[torch.device, Tensor] = {}
+        self.kinds = [config.attention_kind(i) for i in range(config.num_hidden_layers)]
         self._rope_tab: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     @property
@@ -141,6 +145,7 @@ class DFlashDrafter(nn.Module):
         ids[0, 0] = bonus_token  # an int or a device tensor: no host sync either way
         x = self.embed_tokens(ids).to(self.dtype)  # [1, bs, H]
         cos, sin = self.rope_range(s, s + bs, x.device, x.dtype)
+        masks = self._masks(torch.arange(s, s + bs, device=x.device), torch.arange(s + bs, device=x.device))
         with sdpa_backends(x.device):
             for i, layer in enumerate(self.layers):
                 attn = layer.self_attn
@@ -149,9 +154,17 @@ class DFlashDrafter(nn.Module):
                 cache.k[i, :, s:s + bs] = k[0]
                 cache.v[i, :, s:s + bs] = v[0]
                 out = attn.attend(attn.q(xn, cos, sin), cache.k[i, None, :, :s + bs],
-                                  cache.v[i, None, :, :s + bs], None)
+                                  cache.v[i, None, :, :s + bs], masks[self.kinds[i]])
                 x = layer.finish(x, out)
         return self.lm_head(self.norm(x[0, 1:]))
+
+    def _masks(self, q_pos: Tensor, k_pos: Tensor) -> dict:
+        """kind -> bool mask ``[..., 1, Tq, Tk]`` (None for full layers), one per distinct kind."""
+        out = {}
+        for kind in set(self.kinds):
+            see = visibility(q_pos, k_pos, kind)
+            out[kind] = None if see is None else see.unsqueeze(-3) if see.dim() > 2 else see[None, None]
+        return out
 
     def propose(self, cache: DraftCache, ctx: Tensor, bonus_token: int | Tensor, start_pos: int) -> Tensor:
         """Contract call (docs/architecture.md): append ctx [n, L*H] (positions [cache.length,
@@ -171,12 +184,13 @@ class DFlashDrafter(nn.Module):
         h = self.project_context(ctx)
         x = self.embed_tokens(block_ids).to(self.dtype)
         cos, sin = self.rope(torch.arange(s + bs, device=x.device).expand(b, -1), x.dtype)
+        masks = self._masks(torch.arange(s, s + bs, device=x.device), torch.arange(s + bs, device=x.device))
         with sdpa_backends(x.device):
-            for layer in self.layers:
+            for i, layer in enumerate(self.layers):
                 attn = layer.self_attn
                 xn = layer.input_layernorm(x)
                 k, v = attn.kv(torch.cat([h, xn], dim=1), cos, sin)
-                x = layer.finish(x, attn.attend(attn.q(xn, cos[:, s:], sin[:, s:]), k, v, None))
+                x = layer.finish(x, attn.attend(attn.q(xn, cos[:, s:], sin[:, s:]), k, v, masks[self.kinds[i]]))
         return self.lm_head(self.norm(x[:, 1:]))
 
     def forward_train(self, ctx: Tensor, input_ids: Tensor, anchors: Tensor, anchor_valid: Tensor) -> Tensor:
@@ -198,9 +212,13 @@ class DFlashDrafter(nn.Module):
         see_ctx = (torch.arange(t, device=x.device) < anchors[:, :, None]) & anchor_valid[:, :, None]  # [B, A, T]
         blk = torch.arange(a * bs, device=x.device) // bs
         see_blk = (blk[:, None] == blk[None, :]).expand(b, -1, -1)  # [B, A*bs, A*bs]
-        mask = torch.cat([see_ctx.repeat_interleave(bs, dim=1), see_blk], dim=2)[:, None]
+        see = torch.cat([see_ctx.repeat_interleave(bs, dim=1), see_blk], dim=2)  # [B, A*bs, T + A*bs]
+        k_pos = torch.cat([torch.arange(t, device=x.device).expand(b, -1), blk_pos], dim=1)
+        masks = {kind: (see if extra is None else see & extra)[:, None]
+                 for kind in set(self.kinds) for extra in [visibility(blk_pos, k_pos, kind)]}
         with sdpa_backends(x.device):
-            for layer in self.layers:
+            for i, layer in enumerate(self.layers):
+                mask = masks[self.kinds[i]]
                 attn = layer.self_attn
                 xn = layer.input_layernorm(x)
                 kc, vc = attn.kv(h, cos_c, sin_c)

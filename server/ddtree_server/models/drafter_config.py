@@ -11,6 +11,12 @@ Rules applied here:
 * `target_layer_ids`: `dflash_config.target_layer_ids`; when absent the operator must pass ids
   explicitly. The default rule of the reference code is only printed as a hint, never applied.
 * RoPE: `rope_parameters` first, then top-level `rope_theta` / `rope_scaling`; never the target's.
+* `layer_types`: `full_attention` (non-causal over context and block) or `sliding_attention`
+  (causal, a key at distance >= `sliding_window` hidden), as z-lab's reference `dflash/model.py`
+  (`Qwen3DFlashAttention`: a sliding layer is causal unless the config's `is_causal` says
+  otherwise; the z-lab Qwen3.6-27B drafter has 4 sliding layers of window 2048 then 1 full layer).
+* `dflash_config` scalings of other DFlash variants (`input_embedding_scale`, `output_multiplier`,
+  `final_logit_softcapping`) are refused unless neutral.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ddtree_server.models.drafter_attention import attention_layout
 
 ARCHITECTURE = "DFlashDraftModel"
 _OTHER_ARCHS = ("DFlash2", "DSpark", "Domino")
@@ -67,8 +75,18 @@ class DrafterConfig:
     num_target_layers: int | None = None
     max_position_embeddings: int = 32768
     tie_word_embeddings: bool = False
+    layer_types: tuple[str, ...] = ()        # empty: all full_attention
+    sliding_window: int | None = None
+    is_causal: bool | None = None            # overrides the per-layer causality when set
     source: str = field(default="<dict>", compare=False)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def attention_kind(self, layer: int) -> tuple[bool, int | None]:
+        """(causal, window) of draft layer ``layer``: full layers (False, None) by default,
+        sliding layers (True, sliding_window); ``is_causal`` overrides the causality."""
+        sliding = bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+        causal = sliding if self.is_causal is None else self.is_causal
+        return causal, (self.sliding_window if sliding else None)
 
     @property
     def context_width(self) -> int:
@@ -124,9 +142,7 @@ class DrafterConfig:
             raise DrafterConfigError(source, "dflash_config.mask_token_id", f"{mask} >= vocab_size {vocab}")
 
         layer_ids = _layer_ids(dflash.get("target_layer_ids"), target_layer_ids, source, num_target, n_layers)
-        layer_types = raw.get("layer_types")
-        if layer_types and any(t != "full_attention" for t in layer_types):
-            raise DrafterConfigError(source, "layer_types", "only full_attention draft layers are supported")
+        layer_types, window, causal = attention_layout(raw, dflash, source, n_layers)
         return cls(
             block_size=block, mask_token_id=mask, target_layer_ids=tuple(layer_ids),
             num_hidden_layers=n_layers, hidden_size=hidden,
@@ -138,7 +154,8 @@ class DrafterConfig:
             hidden_act=str(raw.get("hidden_act", "silu")), model_type=str(raw.get("model_type", "qwen3")),
             num_target_layers=num_target,
             max_position_embeddings=r.int("max_position_embeddings", minimum=1, default=32768),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), source=source,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)), layer_types=layer_types,
+            sliding_window=window, is_causal=causal, source=source,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -165,7 +182,9 @@ class DrafterConfig:
             "tie_word_embeddings": self.tie_word_embeddings,
             "rope_parameters": rope,
             "rope_theta": rope["rope_theta"],
-            "layer_types": ["full_attention"] * self.num_hidden_layers,
+            "layer_types": list(self.layer_types or ["full_attention"] * self.num_hidden_layers),
+            **({"sliding_window": self.sliding_window} if self.sliding_window else {}),
+            **({"is_causal": self.is_causal} if self.is_causal is not None else {}),
         }
 
 

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from ddtree_server.models import fast
 from ddtree_server.models.drafter import DFlashDrafter, DraftCache
+from ddtree_server.models.drafter_attention import visibility
 
 log = logging.getLogger(__name__)
 CTX_BUCKETS = (1, 2, 4, 8, 16)
@@ -91,8 +92,12 @@ class GraphedDrafter:
             cache.v[i].index_copy_(1, rows, v[0])
         x = d.embed_tokens(st.ids[None]).to(d.dtype)
         cos_b, sin_b = st.cos.index_select(0, pos)[None], st.sin.index_select(0, pos)[None]
-        mask = (torch.arange(kv, device=x.device) < st.start + bs).view(1, 1, 1, kv)
+        k_pos = torch.arange(kv, device=x.device)
+        mask = (k_pos < st.start + bs).view(1, 1, 1, kv)
+        masks = {kind: mask if see is None else (see & mask[0, 0])[None, None]
+                 for kind in set(d.kinds) for see in [visibility(pos, k_pos, kind)]}
         for i, layer in enumerate(d.layers):
+            mask = masks[d.kinds[i]]
             attn = layer.self_attn
             xn = layer.input_layernorm(x)
             k, v = attn.kv(xn, cos_b, sin_b)
@@ -111,7 +116,7 @@ class GraphedDrafter:
         x = d.embed_tokens(st.ids).to(d.dtype)
         cos, sin = st.cos.index_select(0, pos), st.sin.index_select(0, pos)
         for i, layer in enumerate(d.layers):
-            x = fast.drafter_layer(layer, x, cos, sin, cache.k[i], cache.v[i], st.start, fused[i])
+            x = fast.drafter_layer(layer, x, cos, sin, cache.k[i], cache.v[i], st.start, fused[i], d.kinds[i])
         return d.lm_head(d.norm(x[1:]))
 
     def _get(self, cache: DraftCache, n_pad: int, kv_len: int) -> _Static:

@@ -115,22 +115,6 @@ def load_drafter(path: str | Path, *, embed_tokens: nn.Module, lm_head: nn.Modul
     return drafter.to(dtype).eval().requires_grad_(False)
 
 
-def drafter_from_config(config: DrafterConfig | dict, *, embed_tokens: nn.Module, lm_head: nn.Module,
-                        device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
-                        seed: int = 1) -> DFlashDrafter:
-    """A DFlashDrafter with random weights (``models.load.init_random_``) built on ``device``,
-    bound to the target's embedding / LM head: for speed measurements without a checkpoint.
-    config: a DrafterConfig or a z-lab config dict. Raises DrafterConfigError for a bad dict."""
-    from ddtree_server.models.load import init_random_
-
-    cfg = config if isinstance(config, DrafterConfig) else DrafterConfig.from_dict(config, source="<shape>")
-    with torch.device("meta"):
-        drafter = DFlashDrafter(cfg, embed_tokens, lm_head)
-    drafter = drafter.to(dtype).to_empty(device=torch.device(device))
-    init_random_(drafter, seed=seed)
-    return drafter.eval().requires_grad_(False)
-
-
 def save_drafter(drafter: DFlashDrafter, out_dir: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write `drafter` as a z-lab folder: config.json (architectures ["DFlashDraftModel"],
     dflash_config{mask_token_id, target_layer_ids, block_size}, rope_parameters, ...) and
@@ -157,4 +141,4 @@ def _atomic(dest: Path, write) -> None:
             os.unlink(tmp)
 
 
-__all__ = ["DrafterConfigError", "DrafterLoadError", "drafter_from_config", "load_drafter", "save_drafter"]
+__all__ = ["DrafterConfigError", "DrafterLoadError", "load_drafter", "save_drafter"]

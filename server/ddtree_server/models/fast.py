@@ -127,9 +127,11 @@ def drafter_context_kv(attn, h: Tensor, cos: Tensor, sin: Tensor, k_cache: Tenso
 
 
 def drafter_layer(layer, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                  start: Tensor, fused: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                  start: Tensor, fused: tuple[Tensor, Tensor] | None = None,
+                  kind: tuple[bool, int | None] = (False, None)) -> Tensor:
     """One DFlash layer over the block x ``[bs, hidden]`` at rows ``start + 0..bs-1``: its K/V go
-    to the cache, its queries see every cached row and the whole block (non-causal)."""
+    to the cache; its queries see the cached rows and the block as the layer's ``kind`` =
+    (causal, sliding window) says (``DrafterConfig.attention_kind``; (False, None): everything)."""
     attn, mlp = layer.self_attn, layer.mlp
     bs, hq, hkv, d = x.shape[0], attn.n_heads, attn.n_kv, attn.head_dim
     xn = layer.input_layernorm(x)
@@ -141,7 +143,9 @@ def drafter_layer(layer, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v
                    attn.v_proj(xn).view(bs, hkv, d))
     q = qkv_prep(q, k, v, attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps, cos, sin, k_cache, v_cache,
                  start, signed_sin=False)
-    out = decode_attention(q, k_cache, v_cache, start, "full", scale=d ** -0.5)
+    causal, window = kind
+    out = decode_attention(q, k_cache, v_cache, start, "causal" if causal else "full", scale=d ** -0.5,
+                           window=window or 0)
     x = _addmm(x, out.view(bs, hq * d), attn.o_proj)
     xn = layer.post_attention_layernorm(x)
     if fused is not None:

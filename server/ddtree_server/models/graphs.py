@@ -96,7 +96,8 @@ class GraphedTarget:
         return next((b for b in self.buckets if b >= n), None)
 
     def _fast(self) -> bool:
-        return fast.usable(self.model.head_dim, self.model.embed_tokens.weight)
+        """TargetModel layers on the kernel path (subclasses over other models keep their window)."""
+        return isinstance(self.model, TargetModel) and fast.usable(self.model.head_dim, self.model.embed_tokens.weight)
 
     def kv_rows(self, cache: KVCache, s: int, n: int) -> int | None:
         """Key rows attention reads for n new tokens after s cached ones on the graphed path:

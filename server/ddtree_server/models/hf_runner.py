@@ -1,9 +1,9 @@
 """Fallback runner: plain decoding through transformers' own model.
 
-Used for targets our TargetModel cannot run with a tree (hybrid / recurrent / linear-attention
-architectures such as Qwen3.5, Qwen3-Next, Mamba, Jamba, and any other model_type we do not
-implement; ddtree.md §4.9). It offers the TargetModel calling convention for the ``ar`` loop only:
-no tree masks, no compaction, no captured features.
+Used for targets neither TargetModel nor HybridTarget (Qwen3.5 / Qwen3.6 dense hybrids) runs:
+other hybrid / recurrent / linear-attention architectures such as Qwen3.5-MoE, Qwen3-Next, Mamba,
+Jamba, and any other model_type we do not implement. It offers the TargetModel calling
+convention for the ``ar`` loop only: no tree masks, no compaction, no captured features.
 """
 
 from __future__ import annotations

@@ -4,9 +4,11 @@ GGUF files are dequantised once by transformers (``gguf_file=``) and written as 
 (config.json, model.safetensors in fp32 with transformers' tensor names, tokenizer files) under
 ``$DDTREE_CACHE/<sha256[:16]>/`` (default ``~/.cache/ddtree-server``); later loads read that folder.
 
-Family detection: llama / mistral / qwen2 / qwen3 run on our TargetModel (tree mode available).
-Hybrid / recurrent architectures and any other model_type are served by ``HFRunner`` (plain
-decoding through transformers' model) with ``tree_mode_available=False``.
+Family detection: llama / mistral / qwen2 / qwen3 run on our TargetModel; Qwen3.5 / Qwen3.6
+hybrids (``qwen3_5``, ``qwen3_5_text``: Gated DeltaNet + gated attention, text-only or multimodal
+folder) run on our HybridTarget (models/hybrid/); both verify trees. Other hybrid / recurrent
+architectures (incl. the MoE ``qwen3_5_moe``) and any other model_type are served by ``HFRunner``
+(plain decoding through transformers' model) with ``tree_mode_available=False``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from ddtree_server.models.default import sha256_file
 from ddtree_server.models.hf_runner import HFRunner
+from ddtree_server.models.random_init import as_config, target_from_config  # noqa: F401 (bench --random-shape)
 from ddtree_server.models.target import TREE_FAMILIES, TargetModel
 
 log = logging.getLogger(__name__)
@@ -62,10 +65,19 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown dtype {dtype!r}; use fp32, bf16 or fp16") from None
 
 
+def _attr(config, key, default=None):
+    return config.get(key, default) if isinstance(config, dict) else getattr(config, key, default)
+
+
 def detect_family(config) -> tuple[bool, str]:
-    """(tree_capable, start-up message) for a transformers config."""
-    mt = str(getattr(config, "model_type", "?"))
-    layer_types = set(getattr(config, "layer_types", None) or [])
+    """(tree_capable, start-up message) for a transformers config (or its config.json dict)."""
+    from ddtree_server.models.hybrid.config import hybrid_model_type
+
+    mt = str(_attr(config, "model_type", "?"))
+    if hybrid_model_type(config):
+        return True, (f"target {mt}: hybrid Gated DeltaNet + gated attention (our HybridTarget), "
+                      "tree mode available")
+    layer_types = set(_attr(config, "layer_types", None) or [])
     if mt.startswith(_HYBRID_TYPES) or (layer_types - _ATTENTION_LAYER_TYPES):
         return False, (f"target {mt} is a hybrid/recurrent architecture: tree mode unavailable, "
                        "serving with plain autoregressive decoding (transformers model)")
@@ -197,57 +209,6 @@ def build_target(config, state: dict[str, torch.Tensor], dtype: torch.dtype, dev
     return model.eval().requires_grad_(False)
 
 
-def as_config(config):
-    """A transformers config from a raw ``config.json`` dict (``model_type`` required), or the
-    config itself. Raises ValueError for a dict without a known ``model_type``."""
-    if not isinstance(config, dict):
-        return config
-    from transformers import AutoConfig
-
-    raw = dict(config)
-    model_type = raw.pop("model_type", None)
-    if not model_type:
-        raise ValueError("config dict has no model_type")
-    return AutoConfig.for_model(model_type, **raw)
-
-
-def init_random_(module: torch.nn.Module, std: float = 0.02, seed: int = 0) -> torch.nn.Module:
-    """Fill a module's parameters in place: 1-D tensors (norm weights, biases) with ones / zeros,
-    matrices with N(0, std) from a generator seeded with ``seed`` on the parameter's device.
-    Small std keeps activations and logits finite through any depth (RMSNorm rescales)."""
-    gens: dict[torch.device, torch.Generator] = {}
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.dim() == 1:
-                p.fill_(0.0 if name.endswith("bias") else 1.0)
-                continue
-            g = gens.get(p.device)
-            if g is None:
-                g = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
-            p.normal_(0.0, std, generator=g)
-    return module
-
-
-def target_from_config(config, *, device: str | torch.device = "cpu", dtype: str | torch.dtype = "bf16",
-                       seed: int = 0) -> TargetModel:
-    """A target with random weights built straight on ``device`` (no download, no CPU copy).
-
-    config: a transformers config or a raw ``config.json`` dict of a tree-capable family
-    (llama / mistral / qwen2 / qwen3). The module is created on the meta device, cast, then
-    materialised on ``device`` and filled by ``init_random_``. Raises ValueError for another family.
-    """
-    config = as_config(config)
-    tree_ok, message = detect_family(config)
-    if not tree_ok:
-        raise ValueError(f"target_from_config cannot build this family: {message}")
-    with torch.device("meta"):
-        model = TargetModel(config)
-    model = model.to(resolve_dtype(dtype)).to_empty(device=torch.device(device))
-    model.tie_weights()
-    init_random_(model, seed=seed)
-    return model.eval().requires_grad_(False)
-
-
 def _eos_ids(folder: Path, config, tokenizer) -> list[int]:
     ids: list[int] = []
 
@@ -284,6 +245,16 @@ def load_target(folder: str | Path | None = None, *, gguf: str | Path | None = N
     src = gguf_to_folder(Path(gguf), gguf_sha256) if gguf is not None else Path(folder)
     if not (src / "config.json").is_file():
         raise TargetLoadError(f"{src} has no config.json")
+    try:
+        raw = json.loads((src / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TargetLoadError(f"{src / 'config.json'}: not readable JSON ({exc})") from None
+    from ddtree_server.models.hybrid.config import hybrid_model_type
+
+    if isinstance(raw, dict) and hybrid_model_type(raw):
+        from ddtree_server.models.hybrid.load import load_hybrid_folder
+
+        return load_hybrid_folder(src, raw, torch_dtype, torch.device(device))
     from transformers import AutoConfig, AutoTokenizer
 
     config = AutoConfig.from_pretrained(src)
@@ -300,3 +271,4 @@ def load_target(folder: str | Path | None = None, *, gguf: str | Path | None = N
     return LoadedTarget(model=model, tokenizer=tokenizer, config=config, tree_mode_available=tree_ok,
                         message=message, folder=src, eos_token_ids=_eos_ids(src, config, tokenizer),
                         max_position_embeddings=getattr(config, "max_position_embeddings", None))
+

@@ -21,7 +21,9 @@ INIT_MODES = ("random", "target-first", "target-last")
 def _rope_of(target_cfg) -> dict:
     params = getattr(target_cfg, "rope_parameters", None)
     if isinstance(params, dict) and params.get("rope_theta") is not None:
-        return dict(params)
+        # draft layers rotate the whole head: drop a hybrid target's partial / multimodal RoPE keys
+        return {k: v for k, v in params.items() if k not in ("partial_rotary_factor", "mrope_section",
+                                                             "mrope_interleaved")}
     out = dict(getattr(target_cfg, "rope_scaling", None) or {})
     out["rope_theta"] = float(getattr(target_cfg, "rope_theta", 10000.0))
     out.setdefault("rope_type", out.pop("type", "default"))
@@ -82,6 +84,9 @@ def init_drafter(drafter: DFlashDrafter, target: nn.Module | None, mode: str, se
     if target is None:
         raise ValueError(f"init mode {mode} needs the target model")
     dec = decoder_of(target)
+    if getattr(dec, "zero_centered_norms", False):
+        raise ValueError(f"init mode {mode} is not available for this target (zero-centred norms, fused "
+                         "projections: its layers do not map onto draft layers); use --init random")
     norm = getattr(dec, "norm", None)
     if norm is not None and norm.weight.shape == drafter.norm.weight.shape:
         drafter.norm.weight.copy_(norm.weight.float())

@@ -1,10 +1,17 @@
 """Training sequences: chat prompts answered by the target itself, cached on disk in shards.
 
-Each prompt is wrapped in the target's chat template; the target answers it with transformers'
-batched `generate()` (left padding), greedily or with plain temperature sampling (a seeded
-per-prompt choice, `sampled_fraction` of them). Every batch becomes one shard file
-`shard_XXXXX.pt` ({"index", "prompt_ids", "response_ids", "sampled"}) written atomically, so an
-interrupted run resumes where it stopped; `manifest.json` pins the settings of the folder.
+Jobs: job j answers prompt `j mod N` of the prompt pool (N prompts) in pass `j // N`. In pass 0 a
+seeded per-prompt draw picks greedy or temperature sampling (`sampled_fraction` sampled); every
+later pass samples, so each pass adds new answers to the same prompts. A run answers the jobs
+[start_job, ...) in order until its deadline; one past the last job it answered is the cursor the
+next run (on a fresh machine) starts from (train/resume.py keeps it).
+
+Answers come from train/answer.py (the batched static-cache generator, checked once, or
+transformers' `generate()`). Every batch becomes one shard file
+`shard_XXXXX.pt` ({"index": job ids, "sampled": flags, "tokens": int32 prompt + response of the
+kept answers back to back, "prompt_lens" / "lens": int32 per kept answer}; tensors, not lists, so
+that loading 100 K answers takes a second, not minutes) written atomically, so an interrupted run resumes where it stopped on the same machine;
+`manifest.json` pins the settings of the folder.
 """
 
 from __future__ import annotations
@@ -19,6 +26,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ddtree_server.train.answer import Answerer
+
+
+HF_BATCH_ROWS = 1024  # batch cap when answering with transformers' generate()
+
 
 @dataclass(frozen=True)
 class GenSettings:
@@ -27,9 +39,10 @@ class GenSettings:
     max_prompt_tokens: int = 256     # longer chat-formatted prompts are skipped
     max_new_tokens: int = 256
     batch_size: int = 256
-    sampled_fraction: float = 0.25   # share of prompts answered with temperature sampling
+    sampled_fraction: float = 0.25   # share of pass-0 jobs answered with temperature sampling
     temperature: float = 0.8
     seed: int = 0
+    engine: str = "static"           # static (train/generate.py) | hf (transformers generate())
 
 
 @dataclass
@@ -40,27 +53,64 @@ class Sequence:
     prompt_len: int
 
 
+@dataclass
+class GenResult:
+    """What one `generate_shards` call did (counts, seconds, tokens/s of new tokens)."""
+
+    sequences: int = 0          # sequences stored in the folder
+    next_job: int = 0           # the resume cursor: one past the last job answered
+    jobs_done: int = 0          # jobs answered by this call
+    new_tokens: int = 0         # response tokens produced by this call (up to the stop token)
+    seconds: float = 0.0
+    engine: str = "static"
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds else 0.0
+
+
+def _chat_ids(tokenizer, text: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 def encode_prompts(tokenizer, prompts: list[str], max_prompt_tokens: int,
                    indices=None) -> list[tuple[int, list[int]]]:
     """(prompt index, chat-formatted token ids) for the prompts at `indices` (default: all) that
-    fit in max_prompt_tokens."""
-    out = []
-    for i in range(len(prompts)) if indices is None else indices:
-        text = prompts[i]
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
-        if hasattr(ids, "keys"):  # some versions return a BatchEncoding
-            ids = ids["input_ids"]
-        if len(ids) <= max_prompt_tokens:
-            out.append((i, list(ids)))
-    return out
+    fit in max_prompt_tokens. Renders the chat template as text and tokenizes all prompts in one
+    batch call (fast tokenizers run it in parallel); if that differs from
+    `apply_chat_template(tokenize=True)` on the first prompts, encodes one by one."""
+    idx = list(range(len(prompts)) if indices is None else indices)
+    encoded = None
+    try:
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": prompts[i]}],
+                                               add_generation_prompt=True, tokenize=False) for i in idx]
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        if any(list(encoded[k]) != _chat_ids(tokenizer, prompts[i]) for k, i in enumerate(idx[:8])):
+            encoded = None
+    except (TypeError, ValueError, KeyError):
+        encoded = None
+    if encoded is None:
+        encoded = [_chat_ids(tokenizer, prompts[i]) for i in idx]
+    return [(i, list(ids)) for i, ids in zip(idx, encoded) if len(ids) <= max_prompt_tokens]
 
 
-def _done(folder: Path) -> set[int]:
+def job_flags(n_prompts: int, s: GenSettings) -> list[bool]:
+    """Pass-0 sampled flag of every prompt (seeded)."""
+    rng = random.Random(s.seed)
+    return [rng.random() < s.sampled_fraction for _ in range(n_prompts)]
+
+
+def _done(folder: Path) -> tuple[set[int], int]:
+    """(job ids already answered in `folder`, sequences stored there)."""
     done: set[int] = set()
+    stored = 0
     for shard in sorted(folder.glob("shard_*.pt")):
-        done.update(torch.load(shard, weights_only=True)["index"])
-    return done
+        rec = torch.load(shard, weights_only=True)
+        done.update(rec["index"])
+        stored += len(rec["lens"]) if "lens" in rec else len(rec["response_ids"])
+    return done, stored
 
 
 def _check_manifest(folder: Path, doc: dict) -> None:
@@ -73,30 +123,11 @@ def _check_manifest(folder: Path, doc: dict) -> None:
         path.write_text(json.dumps(doc, indent=2))
 
 
-@torch.no_grad()
-def _generate(model: nn.Module, batch: list[list[int]], sampled: bool, s: GenSettings, pad_id: int,
-              eos_ids: list[int]) -> list[list[int]]:
-    dev = next(model.parameters()).device
-    width = max(len(x) for x in batch)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for r, x in enumerate(batch):
-        ids[r, width - len(x):] = torch.tensor(x)
-        mask[r, width - len(x):] = 1
-    kw = dict(do_sample=True, temperature=s.temperature, top_k=0, top_p=1.0) if sampled else dict(do_sample=False)
-    out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=s.max_new_tokens,
-                         pad_token_id=pad_id, eos_token_id=eos_ids, **kw)
-    responses = []
-    for row in out[:, width:].tolist():
-        cut = next((j + 1 for j, t in enumerate(row) if t in eos_ids), len(row))
-        responses.append(row[:cut])
-    return responses
-
-
 def _batch_order(todo: list[tuple[int, list[int]]], flags: list[bool], batch_size: int) -> list[tuple[int, list[int]]]:
-    """Prompt order of a run: the given (shuffled) order, sorted by length only inside windows of
-    4 batches (similar lengths share a batch: less padding), so a run cut short by its deadline
-    still answers prompts of every length, not just the shortest ones."""
+    """Job order of a run: the given order, sorted by prompt length only inside windows of 4
+    batches (similar lengths share a batch: less padding), so a run cut short by its deadline
+    still answers prompts of every length, not just the shortest ones. flags[k] is job k's
+    sampled flag (the HF engine answers greedy and sampled jobs in separate calls)."""
     window = max(1, 4 * batch_size)
     out: list[tuple[int, list[int]]] = []
     for start in range(0, len(todo), window):
@@ -106,13 +137,19 @@ def _batch_order(todo: list[tuple[int, list[int]]], flags: list[bool], batch_siz
 
 def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str | Path, s: GenSettings, *,
                     eos_ids: list[int], mask_token_id: int, target_id: str, deadline: float | None = None,
-                    shard: tuple[int, int] | None = None, progress=None) -> int:
-    """Answer `prompts` with the target into shard files under `folder`; returns the number of
-    sequences now stored. Already-stored prompt indices are skipped (resume). Stops starting new
-    batches after `deadline` (time.monotonic()). Responses containing `mask_token_id` are dropped.
-    shard (i, n): answer only the prompts whose index is i modulo n (several workers, disjoint data;
-    the folder is bound to its shard). progress: optional callable(done, total).
-    Raises ValueError if the folder holds other settings or the shard is not 0 <= i < n."""
+                    shard: tuple[int, int] | None = None, progress=None, start_job: int = 0,
+                    max_jobs: int | None = None, report=lambda kind, rec: None, should_stop=None,
+                    encoded: list[tuple[int, list[int]]] | None = None) -> GenResult:
+    """Answer the jobs [start_job, start_job + max_jobs) (default: one pass over `prompts`) into
+    shard files under `folder`; already-stored jobs are skipped (resume). Stops starting new
+    batches after `deadline` (time.monotonic()) or once should_stop() is true. Responses
+    containing `mask_token_id` are dropped (the first batch runs even past the deadline, so a
+    run always has data to train on). shard (i, n): answer only the jobs j = i mod n
+    (several workers, disjoint data; the folder is bound to its shard). progress: optional
+    callable(done, total); report(kind, record) receives "gen" records with tokens/s.
+    encoded: the (prompt index, ids) pairs of `prompts` if already encoded (else encoded here).
+    Raises ValueError if the folder holds other settings, the shard is not 0 <= i < n, or no
+    prompt fits max_prompt_tokens."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     doc = {"target": target_id, "settings": asdict(s)}
@@ -121,41 +158,66 @@ def generate_shards(model: nn.Module, tokenizer, prompts: list[str], folder: str
             raise ValueError(f"prompt shard {shard[0]}/{shard[1]}: need 0 <= i < n")
         doc["shard"] = list(shard)
     _check_manifest(folder, doc)
-    done = _done(folder)
-    rng = random.Random(s.seed)
-    flags = [rng.random() < s.sampled_fraction for _ in prompts]
-    mine = range(len(prompts)) if shard is None else range(shard[0], len(prompts), shard[1])
-    todo = [(i, ids) for i, ids in encode_prompts(tokenizer, prompts, s.max_prompt_tokens, mine) if i not in done]
-    todo = _batch_order(todo, flags, s.batch_size)
+    pool = encoded if encoded is not None else encode_prompts(tokenizer, prompts, s.max_prompt_tokens)
+    if not pool:
+        raise ValueError(f"no prompt fits in {s.max_prompt_tokens} tokens")
+    n = len(pool)
+    flags0 = job_flags(len(prompts), s)
+    end = start_job + (n if max_jobs is None else max_jobs)
+    done, kept = _done(folder)
+    jobs = [j for j in range(start_job, end) if j not in done and (shard is None or j % shard[1] == shard[0])]
+    flag = {j: (j >= n or flags0[pool[j % n][0]]) for j in jobs}
+    todo = _batch_order([(j, pool[j % n][1]) for j in jobs], flag, s.batch_size)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
+    res = GenResult(next_job=start_job)
     stored, total = len(done), len(done) + len(todo)
     shard_no = len(list(folder.glob("shard_*.pt")))
-    seeded = torch.Generator().manual_seed(s.seed)
-    for start in range(0, len(todo), s.batch_size):
-        if deadline is not None and time.monotonic() > deadline:
+    answer = Answerer(model, s, pad_id, eos_ids, report)
+    t0 = time.monotonic()
+    start = 0
+    while start < len(todo):
+        late = deadline is not None and time.monotonic() > deadline and start > 0  # one batch at least
+        if late or (should_stop and should_stop()):
             break
-        chunk = todo[start:start + s.batch_size]
-        groups = {False: [c for c in chunk if not flags[c[0]]], True: [c for c in chunk if flags[c[0]]]}
-        rec = {"index": [], "prompt_ids": [], "response_ids": [], "sampled": []}
-        for sampled, items in groups.items():
-            if not items:
+        # generate() is ~10x slower per row: smaller batches keep the deadline checks frequent
+        size = s.batch_size if answer.engine == "static" else min(s.batch_size, HF_BATCH_ROWS)
+        chunk = todo[start:start + size]
+        start += len(chunk)
+        tb = time.monotonic()
+        responses = answer([p for _, p in chunk], [flag[j] for j, _ in chunk], seed=s.seed * 1_000_003 + chunk[0][0])
+        rec = {"index": [j for j, _ in chunk], "sampled": [], "tokens": [], "prompt_lens": [], "lens": []}
+        for (j, p), resp in zip(chunk, responses):
+            res.new_tokens += len(resp)
+            if mask_token_id in resp or not resp:
                 continue
-            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=seeded)))
-            for (i, p), resp in zip(items, _generate(model, [p for _, p in items], sampled, s, pad_id, eos_ids)):
-                rec["index"].append(i)
-                if mask_token_id in resp or not resp:
-                    continue
-                rec["prompt_ids"].append(p)
-                rec["response_ids"].append(resp)
-                rec["sampled"].append(sampled)
+            rec["tokens"] += p + resp
+            rec["prompt_lens"].append(len(p))
+            rec["lens"].append(len(p) + len(resp))
+            rec["sampled"].append(flag[j])
+            kept += 1
+        for key in ("tokens", "prompt_lens", "lens"):
+            rec[key] = torch.tensor(rec[key], dtype=torch.int32)
         tmp = folder / f".shard_{shard_no:05d}.pt.tmp"
         torch.save(rec, tmp)
         os.replace(tmp, folder / f"shard_{shard_no:05d}.pt")
         shard_no += 1
         stored += len(chunk)
+        res.jobs_done += len(chunk)
+        done.update(j for j, _ in chunk)
+        now = time.monotonic()
+        report("gen", {"done": stored, "total": total, "batch": len(chunk), "engine": answer.engine,
+                       "batch_tokens_per_s": round(sum(map(len, responses)) / max(now - tb, 1e-9), 1),
+                       "tokens_per_s": round(res.new_tokens / max(now - t0, 1e-9), 1)})
         if progress:
             progress(stored, total)
-    return sum(len(torch.load(p, weights_only=True)["response_ids"]) for p in folder.glob("shard_*.pt"))
+    res.seconds = time.monotonic() - t0
+    res.engine = answer.engine
+    # the cursor moves past the last job answered: the jobs of a window cut by the deadline that
+    # were not answered (the window's longest prompts) are skipped, not redone by the next piece
+    answered = [j for j, _ in todo[:res.jobs_done]]
+    res.next_job = max(answered) + 1 if answered else (end if not todo else start_job)
+    res.sequences = kept
+    return res
 
 
 def check_extra_folder(folder: str | Path, own: str | Path, target_id: str | None = None,
@@ -198,8 +260,11 @@ def load_sequences(folder: str | Path, max_len: int, seen: set[str] | None = Non
                 continue
             seen.add(str(shard))
         rec = torch.load(shard, weights_only=True)
-        for p, r in zip(rec["prompt_ids"], rec["response_ids"]):
-            ids = (p + r)[:max_len]
-            if len(ids) >= len(p) + 2:
-                out.append(Sequence(torch.tensor(ids, dtype=torch.long), len(p)))
+        if "tokens" in rec:
+            pairs = zip(torch.split(rec["tokens"], rec["lens"].tolist()), rec["prompt_lens"].tolist())
+        else:  # lists of ids (shards written before the tensor format)
+            pairs = ((torch.tensor(p + r), len(p)) for p, r in zip(rec["prompt_ids"], rec["response_ids"]))
+        for ids, plen in pairs:
+            if min(len(ids), max_len) >= plen + 2:
+                out.append(Sequence(ids[:max_len], plen))
     return out

@@ -25,25 +25,40 @@ def decoder_of(model: nn.Module) -> nn.Module:
     raise ValueError(f"{type(model).__name__}: no decoder with a .layers ModuleList")
 
 
+class _Enough(Exception):
+    """Raised by the hook of the deepest requested layer: the layers above it are not needed."""
+
+
 @torch.no_grad()
 def capture_features(model: nn.Module, input_ids: Tensor, layer_ids: list[int] | tuple[int, ...]) -> Tensor:
     """Run the decoder on input_ids [B, T] (causal, right padding only) and return the outputs of
-    `layer_ids` concatenated: [B, T, len(layer_ids) * hidden]. The LM head is not run.
-    Raises IndexError for a layer id beyond the decoder depth."""
+    `layer_ids` concatenated: [B, T, len(layer_ids) * hidden]. The forward stops after the deepest
+    requested layer (the layers above it, the final norm and the LM head never run).
+    Raises IndexError for a layer id beyond the decoder depth. A target that brings its own
+    feature path (``target_features``, e.g. train/own_target.py for hybrids) uses it."""
+    own = getattr(model, "target_features", None)
+    if callable(own):
+        return own(input_ids, list(layer_ids))
     dec = decoder_of(model)
     n = len(dec.layers)
     if max(layer_ids) >= n:
         raise IndexError(f"layer id {max(layer_ids)} >= target depth {n}")
     got: dict[int, Tensor] = {}
+    last = max(layer_ids)
 
     def hook(k):
         def fn(_module, _args, out):
             got[k] = out[0] if isinstance(out, (tuple, list)) else out
+            if k == last:
+                raise _Enough
         return fn
 
-    handles = [dec.layers[k].register_forward_hook(hook(k)) for k in layer_ids]
+    handles = [dec.layers[k].register_forward_hook(hook(k)) for k in set(layer_ids)]
     try:
         dec(input_ids=input_ids, use_cache=False)
+    except Exception:  # noqa: BLE001 - our _Enough, possibly re-wrapped by a decorator
+        if last not in got:
+            raise
     finally:
         for h in handles:
             h.remove()

@@ -1,11 +1,18 @@
-"""`train-drafter` end to end: target -> prompts -> self-generated data -> training -> checkpoint.
+"""`train-drafter` end to end: target -> clean prompts -> self-generated data -> training -> state.
 
 Layout of the folders:
-  work_dir/data/shard_*.pt    generated sequences (resumable, see train/data.py)
-  work_dir/train_state.pt     fp32 weights + optimizer + step (for --resume)
+  work_dir/data/shard_*.pt    generated training sequences (resumable on the same machine, data.py)
+  work_dir/val/shard_*.pt     greedy answers to the validation prompts
+  work_dir/train_state.pt     fp32 weights + optimizer + step (exact --resume on the same machine)
   out_dir/config.json, model.safetensors   the servable z-lab drafter (bf16)
-  out_dir/train_log.jsonl     one JSON record per logged step (+ validation records)
   out_dir/summary.json        settings, data counts, timings, final validation metrics, versions
+  state_dir/                  the returnable state for a fresh machine (train/resume.py), with
+                              train_log.jsonl; without state_dir the log goes to out_dir
+
+Prompts: ShareGPT V3 (train/prompts.py) minus every prompt that copies an evaluation prompt
+(train/contamination.py; the check needs the four evaluation wheels). The last `val_prompts` of the
+list are the validation prompts, answered greedily (as the benchmark decodes) and never trained on;
+the rest form the job pool of data.py, answered from the cursor of the carried state on.
 
 Default drafter for SmolLM2-135M (30 layers, hidden 576): 3 draft layers with the target's widths
 (9/3 heads, head_dim 64, MLP 1536) fed by target layers [1, 10, 19, 27]: one early layer (token
@@ -21,19 +28,19 @@ containing the mask id are dropped from training anyway). Other targets must nam
 
 from __future__ import annotations
 
-import json
-import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from ddtree_server.train import build, checkpoint, data
+from ddtree_server.train import contamination, data
+from ddtree_server.train.own_target import OwnTarget, is_own_target_folder
 from ddtree_server.train.prompts import load_prompts
-from ddtree_server.train.trainer import Trainer, TrainSettings, evaluate
+from ddtree_server.train.trainer import TrainSettings
 
 DEFAULT_MASK_TOKEN = "<empty_output>"
+RESERVE_S = 25.0  # kept at the end of a time-limited run for the last validation and save
 
 
 @dataclass
@@ -46,7 +53,10 @@ class PipelineOptions:
     gguf: Path | None = None
     prompts_source: Path | None = None        # wheel / ShareGPT JSON / prepared .jsonl.gz
     data_dir: Path | None = None              # folder of carried wheels
+    eval_data_dir: Path | None = None         # folder of the evaluation wheels (default: data_dir)
+    check_contamination: bool = True
     num_prompts: int = 4096
+    passes: float = 1.0                       # jobs = passes x prompt pool (later passes sample)
     gen: data.GenSettings = field(default_factory=data.GenSettings)
     layers: int = 3
     layer_ids: list[int] = field(default_factory=lambda: [1, 10, 19, 27])
@@ -59,12 +69,15 @@ class PipelineOptions:
     max_minutes: float = 0.0                  # whole command; 0 = no limit (then train.steps > 0)
     gen_minutes: float = 0.0                  # cap on data generation; 0 = no cap
     max_seq_len: int = 512
-    val_fraction: float = 0.02
+    val_prompts: int = 160                    # at most a fifth of the prompts
+    val_every_minutes: float = 1.0
     max_mb: float = 24.0                      # refuse drafters larger than this (bf16, 1 MB = 1e6 bytes)
     save_every_minutes: float = 2.0
-    resume: bool = False
+    resume: bool = False                      # exact resume from work_dir/train_state.pt
+    resume_from: Path | None = None           # a carried state folder (train/resume.py)
+    state_dir: Path | None = None             # write the returnable state here
     device: str = "auto"
-    prompt_shard: tuple[int, int] | None = None  # (i, n): answer only prompts i, i+n, i+2n, ...
+    prompt_shard: tuple[int, int] | None = None  # (i, n): answer only jobs i, i+n, i+2n, ...
     extra_data: list[Path] = field(default_factory=list)  # more shard folders (other processes)
     generate_only: bool = False               # stop after data generation (a data-only worker)
 
@@ -76,16 +89,24 @@ def _device(name: str) -> torch.device:
 
 
 def load_hf_target(opts: PipelineOptions, device: torch.device):
-    """(model, tokenizer, target id) of the frozen target (bf16 on CUDA, fp32 on CPU)."""
+    """(model, tokenizer, target id) of the frozen target (bf16 on CUDA, fp32 on CPU). The id is
+    the GGUF's sha256 prefix or the HF folder's path; a carried state must name the same."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if opts.gguf is not None:
         g = Path(opts.gguf)
-        kw = {"gguf_file": g.name}
-        src, tid = g.parent, f"{g.name}:{g.stat().st_size}"
+        from ddtree_server.models.default import sha256_file
+
+        kw = {"gguf_file": g.name}  # the id names the content, not the file name (pieces may differ)
+        src, tid = g.parent, f"gguf-sha256:{sha256_file(g)[:16]}"
     elif opts.target_dir is not None:
         kw, src, tid = {}, Path(opts.target_dir), str(Path(opts.target_dir).resolve())
+        if is_own_target_folder(src):  # Qwen3.5 / Qwen3.6 hybrids: our own forward (train/own_target.py)
+            from ddtree_server.models.load import load_target
+
+            loaded = load_target(src, device=str(device), dtype=dtype)
+            return OwnTarget(loaded.model, loaded.eos_token_ids), loaded.tokenizer, tid
     else:
         raise ValueError("give --target DIR or --gguf FILE")
     tok = AutoTokenizer.from_pretrained(src, **kw)
@@ -112,100 +133,23 @@ def eos_ids(model, tokenizer) -> list[int]:
     return out
 
 
-def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind, rec: None) -> dict:
-    """Run the pipeline; report(kind, record) receives "stage" / "gen" / "log" / "save" events.
+def clean_prompts(opts: PipelineOptions) -> tuple[list[str], list[dict], int]:
+    """(training + validation prompts without evaluation copies, dropped records, reference count).
+    Raises bench.wheels.DataFileError when the evaluation wheels are missing."""
+    prompts = load_prompts(opts.prompts_source, data_dir=opts.data_dir, seed=opts.gen.seed)
+    if not opts.check_contamination:
+        return prompts, [], 0
+    index = contamination.load_index(opts.eval_data_dir or opts.data_dir, download=False)
+    clean, dropped = contamination.drop_contaminated(prompts, index)
+    return clean, dropped, index.size
+
+
+def run(opts: PipelineOptions, report: Callable[[str, dict], None] = lambda kind, rec: None,
+        should_stop: Callable[[], bool] | None = None) -> dict:
+    """Run the pipeline; report(kind, record) receives "stage" / "gen" / "log" / "save" events;
+    should_stop() (e.g. set by SIGTERM) ends generation and training early, with a final save.
     Returns the summary dict (also written to out_dir/summary.json)."""
-    t0 = time.monotonic()
-    dev = _device(opts.device)
-    torch.manual_seed(opts.train.seed)
-    out, work = Path(opts.out_dir), Path(opts.work_dir)
-    for extra in opts.extra_data:  # before the slow steps; the target id is checked once known
-        data.check_extra_folder(extra, work / "data")
-    out.mkdir(parents=True, exist_ok=True)
-    report("stage", {"stage": "load target", "device": str(dev)})
-    model, tok, tid = load_hf_target(opts, dev)
-    for extra in opts.extra_data:
-        data.check_extra_folder(extra, work / "data", tid, opts.prompt_shard)
-    mask_id = pick_mask_token(tok, opts.mask_token_id)
-    config = build.new_drafter_config(model.config, num_layers=opts.layers, layer_ids=opts.layer_ids,
-                                      block_size=opts.block_size, mask_token_id=mask_id,
-                                      intermediate_size=opts.intermediate_size)
-    drafter = checkpoint.new_or_resumed(config, model.get_input_embeddings(), model.get_output_embeddings(), dev)
-    size = build.drafter_bytes(drafter)
-    if size > opts.max_mb * 1e6:
-        raise ValueError(f"drafter would be {size / 1e6:.1f} MB in bf16 > --max-mb {opts.max_mb}")
+    from ddtree_server.train.session import Session
 
-    report("stage", {"stage": "prompts"})
-    prompts = load_prompts(opts.prompts_source, data_dir=opts.data_dir, n=opts.num_prompts, seed=opts.gen.seed)
-    deadline = t0 + opts.gen_minutes * 60 if opts.gen_minutes else None
-    report("stage", {"stage": "generate", "prompts": len(prompts)})
-    t_gen = time.monotonic()
-    data.generate_shards(model, tok, prompts, work / "data", opts.gen, eos_ids=eos_ids(model, tok),
-                                 mask_token_id=mask_id, target_id=tid, deadline=deadline, shard=opts.prompt_shard,
-                                 progress=lambda d, t: report("gen", {"done": d, "total": t}))
-    gen_s = time.monotonic() - t_gen
-    if opts.generate_only:
-        stored = len(data.load_sequences(work / "data", opts.max_seq_len))
-        report("stage", {"stage": "done", "sequences": stored, "gen_seconds": round(gen_s, 1)})
-        return {"target": tid, "prompts": len(prompts), "sequences": stored, "gen_seconds": round(gen_s, 1)}
-    seen: set[str] = set()
+    return Session(opts, report, should_stop or (lambda: False)).run()
 
-    def arrived() -> list[data.Sequence]:  # shards of the other workers not loaded yet
-        return [q for d in opts.extra_data for q in data.load_sequences(d, opts.max_seq_len, seen)]
-
-    seqs = data.load_sequences(work / "data", opts.max_seq_len, seen) + arrived()
-    order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(opts.train.seed)).tolist()
-    n_val = min(len(seqs) // 2, max(8, int(len(seqs) * opts.val_fraction)))
-    val, train = [seqs[i] for i in order[:n_val]], [seqs[i] for i in order[n_val:]]
-
-    state_path = work / "train_state.pt"
-    settings = opts.train
-    if opts.max_minutes:
-        left = opts.max_minutes - (time.monotonic() - t0) / 60 - 0.5  # keep 30 s for evaluation + save
-        settings = replace(settings, max_minutes=max(0.1, left))
-    trainer = Trainer(drafter, model, train, settings)
-    if opts.extra_data:
-        trainer.more = arrived
-    if opts.resume and state_path.exists():
-        checkpoint.load_checkpoint(trainer, state_path)
-        report("stage", {"stage": "resumed", "step": trainer.step})
-    elif opts.init_from is not None:
-        build.load_weights(drafter, opts.init_from, model)
-        report("stage", {"stage": "initialised", "from": str(opts.init_from)})
-    else:
-        build.init_drafter(drafter, model, opts.init, seed=settings.seed)
-    log_path = out / "train_log.jsonl"
-    with open(log_path, "a", encoding="utf-8") as log:
-        def on_log(rec: dict) -> None:
-            log.write(json.dumps(rec) + "\n")
-            log.flush()
-            report("log", rec)
-
-        def on_save(step: int) -> None:
-            checkpoint.save_checkpoint(trainer, out, state_path)
-            report("save", {"step": step})
-
-        report("stage", {"stage": "train", "sequences": len(train), "val": len(val),
-                         "budget_min": settings.max_minutes, "steps": settings.steps})
-        t_train = time.monotonic()
-        last = trainer.run(on_log, on_save, opts.save_every_minutes * 60)
-        train_s = time.monotonic() - t_train
-        checkpoint.save_checkpoint(trainer, out, state_path)
-        metrics = evaluate(trainer.drafter, model, val, settings)
-        log.write(json.dumps({"step": trainer.step, **metrics}) + "\n")
-    summary = {
-        "target": tid, "mask_token_id": mask_id, "mask_token": tok.convert_ids_to_tokens(mask_id),
-        "drafter_config": config.to_dict(), "drafter_bytes_bf16": size,
-        "init": str(opts.init_from) if opts.init_from else opts.init,
-        "prompts": len(prompts), "sequences": len(val) + len(trainer.seqs), "val_sequences": len(val),
-        "tokens": int(sum(len(s.ids) for s in val + trainer.seqs)), "gen_seconds": round(gen_s, 1),
-        "extra_data": [str(d) for d in opts.extra_data],
-        "train_seconds": round(train_s, 1), "steps": trainer.step, "last_log": last, **metrics,
-        "gen_settings": asdict(opts.gen), "train_settings": asdict(settings), "device": str(dev),
-        "torch": torch.__version__, "total_seconds": round(time.monotonic() - t0, 1),
-    }
-    if dev.type == "cuda":
-        summary["gpu"] = torch.cuda.get_device_name(dev)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    report("stage", {"stage": "done", **metrics})
-    return summary

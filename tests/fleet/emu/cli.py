@@ -8,9 +8,12 @@ Options as systemctl(1): `-p/--property=A,B` (repeatable), `--value`, `--no-bloc
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 
-from . import state, unitfile
+from . import ratelimit, state, unitfile
 from .ctl import FLAGS, JOB_VERBS, Ctl, err
 from .paths import Paths
 
@@ -110,19 +113,30 @@ def cat(paths: Paths, names: list[str]) -> int:
 
 
 def reset_failed(ctl: Ctl, names: list[str]) -> int:
-    """Failed -> inactive, and the start rate-limit counter is forgotten (systemctl(1) reset-failed)."""
+    """systemctl(1) reset-failed as systemd 252's unit_reset_failed() + service_reset_failed():
+    failed -> inactive, Result=success, NRestarts=0, and the start rate limit forgotten (also
+    for a running unit, whose supervisor applies the NRestarts/Result part on SIGUSR1). A unit
+    that is not loaded: "Failed to reset failed state of unit X: Unit X not loaded.", the other
+    names are still reset, exit 1 (verb_reset_failed() returns the bus error)."""
+    rc = 0
     for name in names:
         with state.locked(ctl.p, name):
             u = ctl.unit(name, warn=False)
             if u["load_state"] == "not-found" and not ctl.p.state_file(name).exists():
                 err(f"Failed to reset failed state of unit {name}: Unit {name} not loaded.")
-                return 5
+                rc = 1
+                continue
+            ratelimit.reset(ctl.p, name)
             st = state.effective(state.read(ctl.p, name))
             if state.supervisor_alive(st):
-                continue                    # running: its supervisor owns the state
+                os.kill(st["supervisor"][0], signal.SIGUSR1)
+                deadline = time.monotonic() + 2
+                while state.read(ctl.p, name)["NRestarts"] and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                continue
             if st["ActiveState"] == "failed":
                 state.set_state(st, "inactive", "dead")
-                st.update(Result="success", supervisor=None)
-            st["start_times"] = []
+                st.update(supervisor=None)
+            st.update(Result="success", NRestarts=0)
             state.write(ctl.p, name, st)
-    return 0
+    return rc

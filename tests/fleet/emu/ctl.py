@@ -1,4 +1,5 @@
-"""systemctl emulation: verbs, options, messages and exit codes of systemctl(1).
+"""systemctl emulation: verbs, options, messages and exit codes of systemctl(1), as systemd 252
+(Debian 12, Proxmox VE 8 containers) behaves.
 
 Verbs: daemon-reload, daemon-reexec, enable/disable [--now], start/stop/restart/try-restart/
 reload-or-restart/reload [--no-block], is-active, is-failed, is-enabled, status, show [-p ...]
@@ -11,6 +12,9 @@ Jobs wait like a real `systemctl start`: Type=simple returns after the fork, Typ
 exec, Type=notify after READY=1, Type=oneshot after the process exited; the job fails (exit 1,
 "Job for X failed because ...") as soon as one attempt fails, even when Restart= then restarts
 the unit in the background (systemd's unit_process_job()).
+A start first passes the unit's start rate limit (ratelimit.py); a refused start fails the unit
+(Result=start-limit-hit, or the earlier failure's Result: see state.start_limit_result) and the
+job (exit 1, "Job for X failed." -- see JOB_FAILED for why 252 prints no reset-failed hint).
 A unit file changed on disk without daemon-reload keeps its old loaded definition, and verbs warn
 as systemd does. The unit's supervisor is forked into its own session with stdio on /dev/null, so
 nothing holds the caller's stdout/stderr (an SSH channel would otherwise never close).
@@ -23,21 +27,26 @@ import signal
 import sys
 import time
 
-from . import show, state, supervisor, unitfile
+from . import ratelimit, show, state, supervisor, unitfile
 from .journal import unit_tail
 from .paths import Paths
 
 JOB_VERBS = ("start", "stop", "restart", "try-restart", "reload-or-restart", "reload")
 FLAGS = {"--no-block", "--now", "--value", "-a", "--all", "-q", "--quiet", "--no-pager", "-l", "--full",
          "--plain", "--no-legend", "--system", "--wait", "-f", "--force", "--no-ask-password"}
+# systemd 252 src/shared/bus-wait-for-jobs.c log_job_error_with_service_result(): the explanation
+# for the service's Result=. Its key for the start limit is "start-limit", which no Result value
+# matches (the Result is "start-limit-hit"), so a unit refused by its start limit gets the plain
+# "Job for X failed." and the "To force a start use ..." hint is never printed (still so in 256).
 JOB_FAILED = {
+    "resources": "of unavailable resources or another system error",
+    "protocol": "the service did not take the steps required by its unit configuration",
+    "timeout": "a timeout was exceeded",
     "exit-code": "the control process exited with error code",
     "signal": "a fatal signal was delivered to the control process",
     "core-dump": "a fatal signal was delivered causing the control process to dump core",
-    "timeout": "a timeout was exceeded",
-    "resources": "of unavailable resources or another system error",
-    "start-limit-hit": "start of the service was attempted too often",
-    "protocol": "the service did not take the steps required by its unit configuration",
+    "watchdog": "the service failed to send watchdog ping",
+    "start-limit": "start of the service was attempted too often",
 }
 
 
@@ -80,7 +89,10 @@ class Ctl:
         return "enabled" if any(link.is_symlink() or link.exists() for link in links) else "disabled"
 
     def daemon_reload(self) -> int:
+        """Reload every unit file; as in systemd 252, every unit's start rate limit starts afresh
+        (ratelimit.py)."""
         for name in state.known_units(self.p):
+            ratelimit.reset(self.p, name)
             u = unitfile.load(self.p, name)
             if u["load_state"] == "not-found":
                 st = state.effective(state.read(self.p, name))
@@ -118,17 +130,17 @@ class Ctl:
         st = state.effective(state.read(self.p, name))
         if st["ActiveState"] in ("active", "activating", "reloading"):
             return 0 if "--no-block" in self.opts else -1
-        now = time.time()
-        if state.start_limit_hit(u, st, now):
+        if not ratelimit.start_allowed(self.p, u):     # service_can_start(), before service_start()
+            result = state.start_limit_result(st)
             state.journal(self.p, name, f"{name}: Start request repeated too quickly.")
-            state.journal(self.p, name, f"{name}: Failed with result 'start-limit-hit'.")
+            state.journal(self.p, name, f"{name}: Failed with result '{result}'.")
             state.journal(self.p, name, f"Failed to start {u['description']}.")
             state.set_state(st, "failed", "failed")
-            st["Result"] = "start-limit-hit"
+            st.update(Result=result, JobResult="failed", supervisor=None)
             state.write(self.p, name, st)
-            return self.job_failed(name, "start-limit-hit")
-        st.update(start_times=st["start_times"] + [now], NRestarts=0, Result="success",
-                  InvocationID=state.new_invocation(), MainPID=0, JobResult=None)
+            return 0 if "--no-block" in self.opts else self.job_failed(name, result)
+        st.update(NRestarts=0, Result="success", InvocationID=state.new_invocation(), MainPID=0,
+                  JobResult=None)
         state.set_state(st, "activating", "start")
         self.fork_supervisor(u, st)
         return 0 if "--no-block" in self.opts else -1
@@ -139,7 +151,7 @@ class Ctl:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1})
             os.setsid()
             os.close(w)
             os.read(r, 1)                                   # wait until the parent recorded us
@@ -166,10 +178,11 @@ class Ctl:
             time.sleep(0.05)
 
     def job_failed(self, name: str, result: str) -> int:
+        """systemctl's message for a failed start job (see JOB_FAILED); exit status 1."""
         why = JOB_FAILED.get(result)
         msg = f"Job for {name} failed because {why}." if why else f"Job for {name} failed."
         err(f"{msg}\nSee \"systemctl status {name}\" and \"journalctl -xeu {name}\" for details.")
-        if result == "start-limit-hit":
+        if result == "start-limit":
             err(f"To force a start use \"systemctl reset-failed {name}\"\n"
                 f"followed by \"systemctl start {name}\" again.")
         return 1

@@ -64,6 +64,10 @@ class Paths:
     def lock_file(self, unit: str) -> Path:
         return self.state_dir / f"{unit}.lock"
 
+    def ratelimit_file(self, unit: str) -> Path:
+        """The unit's start rate-limit window (ratelimit.py)."""
+        return self.state_dir / f"{unit}.ratelimit.json"
+
     def notify_socket(self, unit: str) -> str:
         """A filesystem socket path when it fits in sun_path (108 bytes), else an abstract one.
 

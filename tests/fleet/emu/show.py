@@ -118,10 +118,14 @@ def render_status(u: dict, st: dict, file_state: str, journal_lines: list[str]) 
         out.append(f"     Loaded: {u['load_state']} ({u['fragment'] or u['id']}; {file_state})")
     if u["dropins"]:
         out.append(f"    Drop-In: {' '.join(u['dropins'])}")
-    since = st["StateChangeTimestamp"]
-    result = f" (Result: {st['Result']})" if st["Result"] != "success" and a in ("failed", "activating") else ""
+    # systemd 252 print_status_info(): the sub-state only when it differs from the active state,
+    # the Result whenever it is not success, the timestamp of the state's last transition
+    since = st["ActiveEnterTimestamp"] if a in ("active", "reloading") else \
+        st["InactiveEnterTimestamp"] if a in ("inactive", "failed") else \
+        st["InactiveExitTimestamp"] if a == "activating" else st["ActiveExitTimestamp"]
+    result = f" (Result: {st['Result']})" if st["Result"] not in ("", "success") else ""
     when = f" since {state.format_ts(since)}; {_ago(since)}" if since else ""
-    out.append(f"     Active: {a} ({sub}){result}{when}")
+    out.append(f"     Active: {a}{'' if sub == a else f' ({sub})'}{result}{when}")
     if st["MainPID"]:
         out.append(f"   Main PID: {st['MainPID']} ({proc.comm(st['MainPID'])})")
     elif st["ExecMainPID"]:

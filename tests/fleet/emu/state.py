@@ -1,4 +1,4 @@
-"""Persistent unit state, loaded-unit snapshots, the per-unit journal, and the start rate limit.
+"""Persistent unit state, loaded-unit snapshots and the per-unit journal (the start rate limit: ratelimit.py).
 
 Real systemd keeps all of this in PID 1's memory and the journal. The emulation has no PID 1, so a
 unit's runtime properties (the ones `systemctl show` prints: ActiveState, SubState, Result,
@@ -28,7 +28,7 @@ DEFAULT = {
     "ExecMainPID": 0, "ExecMainCode": 0, "ExecMainStatus": 0, "ExecMainStartTimestamp": 0.0,
     "ExecMainExitTimestamp": 0.0, "ActiveEnterTimestamp": 0.0, "ActiveExitTimestamp": 0.0,
     "InactiveEnterTimestamp": 0.0, "InactiveExitTimestamp": 0.0, "StateChangeTimestamp": 0.0,
-    "StatusText": "", "InvocationID": "", "supervisor": None, "start_times": [], "JobResult": None,
+    "StatusText": "", "InvocationID": "", "supervisor": None, "JobResult": None,
 }
 RUNNING_STATES = ("active", "activating", "deactivating", "reloading")
 EXIT_NAMES = {0: "SUCCESS", 1: "FAILURE", 2: "INVALIDARGUMENT", 3: "NOTIMPLEMENTED", 4: "NOPERMISSION",
@@ -106,13 +106,13 @@ def effective(st: dict) -> dict:
     return st
 
 
-def start_limit_hit(unit: dict, st: dict, now: float) -> bool:
-    """StartLimitIntervalSec=/StartLimitBurst= (systemd.unit(5)); 0 for either disables the limit."""
-    interval, burst = unit["start_limit_interval"], unit["start_limit_burst"]
-    if not interval or not burst:
-        return False
-    st["start_times"] = [t for t in st["start_times"] if now - t < interval]
-    return len(st["start_times"]) >= burst
+def start_limit_result(st: dict) -> str:
+    """Result= of a start refused by the start limit. systemd 252's service_can_start() calls
+    service_enter_dead(SERVICE_FAILURE_START_LIMIT_HIT), which keeps an earlier failure's result
+    (`if (s->result == SERVICE_SUCCESS) s->result = f;`): a unit whose last run failed with
+    exit-code stays Result=exit-code (the journal still says "Start request repeated too
+    quickly."); only a unit whose last run ended cleanly gets Result=start-limit-hit."""
+    return st["Result"] if st["Result"] not in ("", "success") else "start-limit-hit"
 
 
 def exit_status(code: int, status: int) -> str:

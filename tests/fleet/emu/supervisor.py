@@ -4,15 +4,18 @@ Emulates systemd.service(5) for Type=simple|exec|notify|oneshot (forking/idle/db
 simple): ExecStartPre= / ExecStart= / ExecStartPost= with the `-` prefix, NOTIFY_SOCKET (an
 AF_UNIX datagram socket; READY=1, STATUS=, STOPPING=1, checked against NotifyAccess= via
 SCM_CREDENTIALS), TimeoutStartSec= (Result=timeout), Restart= with RestartSec=,
-RestartPreventExitStatus=, SuccessExitStatus=, the start rate limit of systemd.unit(5)
-(StartLimitIntervalSec=/StartLimitBurst= -> failed with Result=start-limit-hit), NRestarts, and
+RestartPreventExitStatus=, SuccessExitStatus=, the start rate limit of systemd.unit(5) as systemd
+252 applies it to automatic restarts (ratelimit.py; a refused restart fails the unit, keeping the
+failed run's Result, see state.start_limit_result), NRestarts (reset by reset-failed), and
 systemd.kill(5) stopping: KillSignal= to the control group, TimeoutStopSec=, then SIGKILL
 (SendSIGKILL=). JobResult records how the pending start job ended, as unit_process_job() in
 systemd's src/core/unit.c decides it: "done" when the unit first becomes active; the Result of the
 first failed attempt otherwise -- the unit passes through the failed state before an automatic
 restart, which fails the start job even though restarts continue in the background. The journal gets systemd's own messages ("Starting ...", "Main process exited,
 code=exited, status=1/FAILURE", "Scheduled restart job, restart counter is at N.", ...) and every
-line the service writes to stdout/stderr. A stop request is SIGTERM to the supervisor.
+line the service writes to stdout/stderr. A stop request is SIGTERM to the supervisor;
+`systemctl reset-failed` of a running unit is SIGUSR1 (service_reset_failed(): NRestarts=0,
+Result=success).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import signal
 import time
 import traceback
 
-from . import proc, state
+from . import proc, ratelimit, state
 from .paths import Paths
 from .svio import ServiceIO
 
@@ -179,7 +182,8 @@ class Supervisor(ServiceIO):
 
     def run(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stop_requested", True))
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})    # blocked since the fork
+        signal.signal(signal.SIGUSR1, lambda *_: setattr(self, "reset_requested", True))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGUSR1})  # blocked since the fork
         proc.set_subreaper()
         self.st = state.read(self.p, self.name)
         self.open_notify()
@@ -200,17 +204,16 @@ class Supervisor(ServiceIO):
                 self.set("inactive", "dead")
                 state.journal(self.p, self.name, f"Stopped {self.u['description']}.")
                 return
-            now = time.time()
             self.st["NRestarts"] += 1
             self.log(f"Scheduled restart job, restart counter is at {self.st['NRestarts']}.")
             state.journal(self.p, self.name, f"Stopped {self.u['description']}.")
-            if state.start_limit_hit(self.u, self.st, now):
+            if not ratelimit.start_allowed(self.p, self.u):
+                result = state.start_limit_result(self.st)
                 self.log("Start request repeated too quickly.")
-                self.log("Failed with result 'start-limit-hit'.")
-                self.set("failed", "failed", Result="start-limit-hit")
+                self.log(f"Failed with result '{result}'.")
+                self.set("failed", "failed", Result=result)
                 state.journal(self.p, self.name, f"Failed to start {self.u['description']}.")
                 return
-            self.st["start_times"].append(now)
             snap = state.load_snapshot(self.p, self.name)   # an automatic restart uses the unit
             if snap and snap["load_state"] == "loaded":      # as loaded now (after daemon-reload)
                 self.u = snap

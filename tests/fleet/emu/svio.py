@@ -20,7 +20,7 @@ from .paths import Paths
 class ServiceIO:
     def __init__(self, paths: Paths, unit: dict):
         self.p, self.u, self.name = paths, unit, unit["id"]
-        self.stop_requested = False
+        self.stop_requested = self.reset_requested = False
         self.pipe_r, self.pipe_w = os.pipe()
         os.set_blocking(self.pipe_r, False)
         self.buf = b""
@@ -59,7 +59,10 @@ class ServiceIO:
         self.sock.bind(addr)
 
     def pump(self, timeout: float = 0.2) -> None:
-        """Move service output to the journal, handle notify messages, reap children."""
+        """Move service output to the journal, handle notify messages and reset-failed, reap children."""
+        if self.reset_requested:
+            self.reset_requested = False
+            self.save(NRestarts=0, Result="success")
         fds = [self.pipe_r] + ([self.sock] if self.sock else [])
         try:
             readable, _, _ = select.select(fds, [], [], timeout)

@@ -1,4 +1,4 @@
-"""Emulation of how ``pct`` parses its command line (ops.md §1.1): PVE::JSONSchema::get_options,
+"""Emulation of how ``pct`` parses its command line (pve-common src/PVE/JSONSchema.pm): PVE::JSONSchema::get_options,
 i.e. Getopt::Long ``GetOptionsFromArray`` in its default *permute* mode.
 
 * options are recognised anywhere before a literal ``--`` (after positionals too), with ``-`` or

@@ -1,0 +1,90 @@
+"""Is the container where the inventory says it is, and running? And: was a failure pct's own?
+
+`pct exec VMID -- argv` fails BEFORE running argv when the container is stopped, is not on this
+node, or pct itself is missing; its message then is pct's, never the command's (pve-container
+src/PVE/CLI/pct.pm, pve-guest-common AbstractConfig.pm; a Perl `die` exits 255):
+
+    container '200' not running!                                   stopped (exec/enter)
+    Configuration file 'nodes/pve1/lxc/200.conf' does not exist    no such CT on this node
+    can only push files to a running CT                            stopped (push)
+    bash: line 1: pct: command not found                           (exit 127) not a PVE node
+
+`check(transport)` asks the node with `pct status VMID` (prints `status: running` or
+`status: stopped`, exit 0); `pct_failure(result)` recognises the messages above in a failed
+`pct exec` result, so that such a failure is reported as what it is (container stopped, missing,
+no pct) and never as a failure of the command ddtctl wanted to run (e.g. a GPU error).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# (pattern over one stderr line, state, explanation template)
+_PCT_DIES = (
+    (re.compile(r"^container '(?P<vmid>\d+)' not running!$"), "stopped", "container stopped"),
+    (re.compile(r"^CT (?P<vmid>\d+) not running$"), "stopped", "container stopped"),
+    (re.compile(r"^can only (push files to a running CT|pull files from a running VM)"), "stopped",
+     "container stopped"),
+    (re.compile(r"^Configuration file '(?P<conf>nodes/(?P<node>[^/']+)/lxc/(?P<vmid>\d+)\.conf)' does not exist$"),
+     "absent", "container {vmid} does not exist on node {node} (wrong vmid, or it lives on another node)"),
+)
+_NO_PCT = re.compile(r"\bpct: (command )?not found\b|\bpct: No such file or directory\b")
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """Where a container host stands. state: running | stopped | absent | no-pct | error | n/a
+    (n/a: not a container host). detail: a one-line explanation (empty when running)."""
+
+    state: str
+    detail: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("running", "n/a")
+
+    def to_dict(self) -> dict:
+        return {"state": self.state, "detail": self.detail}
+
+
+def pct_failure(exit_code: int, stderr: str) -> ContainerState | None:
+    """The container problem behind a failed `pct ...` call, or None when the failure was not
+    pct's own (the command inside ran and failed by itself)."""
+    if exit_code == 0:
+        return None
+    if exit_code == 127 and _NO_PCT.search(stderr):
+        return ContainerState("no-pct", "pct not found on the node (not a Proxmox VE node?)")
+    if exit_code != 255:
+        return None
+    for line in stderr.splitlines():
+        line = line.strip()
+        for pattern, state, template in _PCT_DIES:
+            match = pattern.match(line)
+            if match:
+                return ContainerState(state, template.format(**match.groupdict()))
+    return None
+
+
+def check(transport) -> ContainerState:
+    """`pct status VMID` on the container's node; ContainerState("n/a") for other transports.
+
+    Raises what the node transport raises (UnreachableError when the node cannot be reached)."""
+    node, vmid = getattr(transport, "node", None), getattr(transport, "vmid", None)
+    if node is None or vmid is None:
+        return ContainerState("n/a")
+    res = node.run(["pct", "status", str(int(vmid))], timeout=60)
+    why = pct_failure(res.exit_code, res.err_text)
+    if why is not None:
+        return why
+    words = res.text.split()
+    if res.ok and words[:1] == ["status:"] and len(words) > 1:
+        state = words[1]
+        if state == "running":
+            return ContainerState("running")
+        if state == "stopped":
+            return ContainerState("stopped", "container stopped")
+        return ContainerState("error", f"pct status says {state!r}")
+    tail = (res.err_text or res.text).strip().splitlines()
+    return ContainerState("error", f"pct status {vmid} failed (exit {res.exit_code})"
+                          + (f": {tail[-1]}" if tail else ""))
