@@ -213,7 +213,7 @@ def run(p, shapes: list[str], context: int, iters: int, tau: dict) -> int:
     from ddtree_server.bench.probe_attention import attention_part
     from ddtree_server.bench.random_report import copy_bandwidth
 
-    p.doc["meta"]["phase"] = 2
+    p.doc["meta"].update(phase=2, parts=["copy", "attention", "stages", "exact"])
     dev = torch.device(_dev_dtype()[0])
     cuda = dev.type == "cuda"  # on CPU (tests, TRITON_INTERPRET=1): no attention timing, tiny exact runs
     steps = [("copy", lambda: copy_bandwidth(dev)),
