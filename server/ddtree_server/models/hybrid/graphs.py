@@ -62,7 +62,8 @@ class GraphedHybrid(GraphedTarget):
         rel = self._arange_kv[:kv] - st.s
         in_block = st.block.gather(1, rel.clamp(0, n - 1).expand(n, kv)) & (rel >= 0) & (rel < n)
         mask = (in_block | (rel < 0)).repeat(st.rep, 1)[None, None]
-        return self.model.run(cache, st.ids, st.pos, mask, st.block, rows=rows, kv_len=kv, commit=n == 1)
+        return self.model.run(cache, st.ids, st.pos, mask, st.block, rows=rows, kv_len=kv, commit=n == 1,
+                              start=st.s)
 
     def _capture(self, st, cache) -> None:
         k1 = cache.kernel - 1

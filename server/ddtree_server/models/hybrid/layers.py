@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ddtree_server.kernels.attention import decode_attention
+from ddtree_server.models import fast
 from ddtree_server.models.hybrid.gdn import GatedDeltaNet
 from ddtree_server.models.hybrid.config import GDN
 from ddtree_server.models.target import MLP, _apply_rope, _linear_add
@@ -69,6 +71,12 @@ class GatedAttention(nn.Module):
             kv_len = ctx.kv_len
             kv.k[li].index_copy_(1, ctx.rows, k.transpose(0, 1))
             kv.v[li].index_copy_(1, ctx.rows, v.transpose(0, 1))
+        if getattr(ctx, "start", None) is not None and fast.usable(hd, kv.k):
+            # split-K kernel over the live rows [0, start + n) (the graphed path; block: the
+            # bucket's [N, N] mask, padding rows see only themselves)
+            mode = "causal" if ctx.block is None else "tree"
+            out = decode_attention(q, kv.k[li], kv.v[li], ctx.start, mode, ctx.block).reshape(n, hq * hd)
+            return out * torch.sigmoid(gate)
         rep = hq // hkv  # GQA without repeating K/V: rep query heads per KV head become rep*n rows
         q = q.transpose(0, 1).reshape(1, hkv, rep * n, hd)
         out = F.scaled_dot_product_attention(q, kv.k[li, :, :kv_len][None], kv.v[li, :, :kv_len][None],

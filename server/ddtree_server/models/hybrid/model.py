@@ -125,13 +125,15 @@ class HybridTarget(nn.Module):
 
     def run(self, cache: HybridCache, input_ids: Tensor, positions: Tensor, mask: Tensor | None,
             block: Tensor | None, rows: Tensor | None = None, kv_len: int | None = None,
-            last_only: bool = False, commit: bool = False, chain: bool = False
+            last_only: bool = False, commit: bool = False, chain: bool = False, start: Tensor | None = None
             ) -> tuple[Tensor, Tensor | None]:
         """The layer stack without bookkeeping (``forward`` and CUDA graphs).
 
         mask: attention mask (bool or additive) ``[1, 1, rep*n, kv_len]`` or None; block: bool
         ``[n, n]`` ancestor-or-self mask (None with ``chain``: causal); rows / kv_len: static K/V
-        rows and key window (CUDA graphs); commit: the block is a chain committed at once."""
+        rows and key window (CUDA graphs); commit: the block is a chain committed at once;
+        start: 0-d device tensor = cache rows before the block (GraphedHybrid): the attention
+        layers may then take the split-K kernel over the live rows (kernels/attention.py)."""
         x = self.embed_tokens(input_ids)
         n = x.shape[0]
         cos, sin = self.rope(positions, x.dtype)
@@ -141,7 +143,7 @@ class HybridTarget(nn.Module):
         if not commit and n <= cache.cap:
             cache.win[:n] = meta.win
         ctx = SimpleNamespace(cos=cos, sin=sin, mask=mask, rows=rows, kv_len=kv_len, meta=meta,
-                              mode="commit" if commit else self.method)
+                              mode="commit" if commit else self.method, start=start, block=block)
         want = {layer: i for i, layer in enumerate(self.capture_layers)}
         captured: list[Tensor | None] = [None] * len(want)
         with _attention_backends(x.device):
