@@ -18,6 +18,7 @@ token counters (1 + accepted / drafts).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -112,10 +113,13 @@ def unreachable_cause(message: str, connect_timeout: float | None = None) -> str
     """The cause of a connection failure in words, from an UnreachableError's message: "no SSH
     banner in 10 s", "connection refused", "no answer in 10 s", "cannot resolve the name", ...
     (paramiko's own wording otherwise, without its exception class)."""
-    secs = f" in {connect_timeout:g} s" if connect_timeout else ""
     low = message.lower()
+    if connect_timeout is None:  # the transport names its deadline: "unreachable (no answer in 10 s)"
+        said = re.search(r"no answer in ([0-9.]+) s", low)
+        connect_timeout = float(said.group(1)) if said else None
+    secs = f" in {connect_timeout:g} s" if connect_timeout else ""
     for needles, cause in ((("error reading ssh protocol banner",), f"no SSH banner{secs}"),
-                           (("no existing session",), f"SSH handshake not completed{secs}"),
+                           (("no existing session", "no ssh handshake from"), f"SSH handshake not completed{secs}"),
                            (("connection refused", "unable to connect to port"), "connection refused"),
                            (("no route to host",), "no route to host"),
                            (("network is unreachable",), "network unreachable"),
