@@ -151,3 +151,15 @@ def test_probe_runs_on_cpu(tmp_path):
     assert set(doc["parts"]["profile"]["tiny"]) == {"plain_step/graphed", "plain_step/eager",
                                                      "verify_ddtree_64/graphed", "verify_ddtree_64/eager"}
     assert doc["parts"]["tree"]["v49152/b64"]["host"] > 0 and (tmp_path / "random-tiny.md").exists()
+
+
+def test_random_shape_runs_a_hybrid_target(tmp_path):
+    """A Qwen3.5-style hybrid at a named shape: every stage is timed (its cache cannot be truncated:
+    pending blocks are dropped, committed rows stay) and the 27B row is in the table."""
+    opts = StageOptions(context=24, iters=2, warmup=1, budgets=(4, 8))
+    doc = run_random_shape(get_shape("tiny-hybrid"), opts, device="cpu", log=lambda s: None)
+    assert {"plain_step", "draft", "verify_ddtree_8", "commit_ddtree_8", "round_ddtree_8"} <= set(doc["stages"])
+    assert not doc["skipped"] and all(r["ms"] > 0 for r in doc["stages"].values())
+    big = get_shape("qwen3.6-27b")
+    assert big.target["hidden_size"] == 5120 and big.target["layer_types"].count("linear_attention") == 48
+    assert big.drafter["dflash_config"]["target_layer_ids"] == [1, 16, 31, 46, 61]

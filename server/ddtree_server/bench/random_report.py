@@ -38,7 +38,9 @@ def model_bytes(engine) -> dict[str, int]:
     out = {"target": total, "lm_head": lm.numel() * lm.element_size(), "drafter": 0, "drafter_kv_row": 0}
     elt = lm.element_size()
     cfg = target.config
-    out["target_kv_row"] = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * target.head_dim * elt
+    attn_layers = len(getattr(cfg, "attn_layers", None) or range(cfg.num_hidden_layers))  # hybrids: attention layers only
+    head_dim = getattr(target, "head_dim", None) or cfg.head_dim
+    out["target_kv_row"] = 2 * attn_layers * cfg.num_key_value_heads * head_dim * elt
     drafter = getattr(engine.drafter, "drafter", engine.drafter)
     if drafter is not None:
         out["drafter"] = sum(p.numel() * p.element_size() for p in drafter.parameters())

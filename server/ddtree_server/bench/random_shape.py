@@ -101,6 +101,17 @@ def kv_window(target, cache, s: int, n: int) -> int:
     return s + n if rows is None else rows
 
 
+def rewind(cache, s: int) -> None:
+    """Back to ``s`` cached rows before a timed call: ``KVCache.truncate``. A hybrid cache drops
+    its pending (uncommitted) block instead; rows it committed stay, since recurrent states cannot
+    be rolled back, so its length only grows by the timed single-token steps (a few dozen rows on
+    top of the context: the timings do not depend on it)."""
+    if not hasattr(cache, "pending"):
+        cache.truncate(s)
+    elif cache.pending is not None:
+        cache.keep(cache.pending[0], [])
+
+
 def _path_choices(tree, length: int = 4) -> tuple[list[int], list[int]]:
     """A root-first path of up to ``length`` nodes towards the deepest, last-added node (so its
     rows are usually not contiguous) and target choices that make ``walk`` follow it."""
@@ -143,7 +154,7 @@ def measure(engine, opts: StageOptions, log: Callable[[str], None] = lambda s: N
         ids = torch.tensor(prompt, device=dev)
         _, feats = target.forward(cache, ids, torch.arange(s, device=dev), last_only=True)
         one_id, one_pos = torch.tensor([bonus], device=dev), torch.tensor([s], device=dev)
-        reset = lambda: cache.truncate(s)  # noqa: E731
+        reset = lambda: rewind(cache, s)  # noqa: E731
         run("forward_1", lambda: target.forward(cache, one_id, one_pos), reset)
         run("plain_step", lambda: chooser.choose(target.forward(cache, one_id, one_pos)[0]), reset)
         if drafter is not None:
@@ -189,7 +200,7 @@ def _spec_stages(engine, opts, cache, feats, prompt, run, out, decode, chooser, 
     kv = min(max(256, 1 << (s + bs - 1).bit_length()), dcache.max_len) if graphed else s + bs
     run("draft", draft, lambda: dcache.crop(s - r), rows=r, kv=kv)
     logits = held["logits"].clone() if "logits" in held else drafter.propose(dcache, new_ctx, bonus, s).clone()
-    reset = lambda: cache.truncate(s)  # noqa: E731
+    reset = lambda: rewind(cache, s)  # noqa: E731
     trees = {"dflash": decode.dflash_builder(logits, bonus, bs - 1)}
     run("tree_dflash", lambda: decode.dflash_builder(logits, bonus, bs - 1))
     for b in opts.budgets:
@@ -203,24 +214,29 @@ def _spec_stages(engine, opts, cache, feats, prompt, run, out, decode, chooser, 
         ids, pos, mask = decode.tree_inputs(tree, s, dev)
         run(f"verify_ddtree_{b}", lambda ids=ids, pos=pos, mask=mask: target.forward(cache, ids, pos, tree_mask=mask),
             reset, rows=tree.size)
-        cache.truncate(s)
+        rewind(cache, s)
         vlogits, vfeats = target.forward(cache, ids, pos, tree_mask=mask)
         vlogits, vfeats = vlogits.clone(), vfeats.clone()
         path, choices = _path_choices(tree)
+        hybrid = hasattr(cache, "pending")
 
         def commit(tree=tree, path=path, choices=choices, vlogits=vlogits, vfeats=vfeats):
             chooser.choose(vlogits)  # the target's choices (device argmax + host copy), as spec_loop
             p, new_bonus = walk(tree, choices)
             rows = torch.tensor(p, dtype=torch.long).to(dev)
-            cache.keep(s, p, rows)
+            cache.keep(cache.pending[0] if hybrid else s, p, rows)
             accepted_tokens(tree, p, new_bonus)
             return vfeats.index_select(0, rows)
 
-        def setup(n=tree.size):
-            cache.length = s + n  # the verified tree's rows, as after a verify forward
+        def setup(n=tree.size, ids=ids, pos=pos, mask=mask):
+            if hybrid:  # a real pending tree to commit (its GDN scratch and attention rows)
+                rewind(cache, s)
+                target.forward(cache, ids, pos, tree_mask=mask)
+            else:
+                cache.length = s + n  # the verified tree's rows, as after a verify forward
 
         run(f"commit_ddtree_{b}", commit, setup, rows=len(path))
-    cache.truncate(s)
+    rewind(cache, s)
 
 
 def parse_tau(text: str | None) -> dict[str, float]:
@@ -254,6 +270,8 @@ def run_random_shape(shape: Shape, opts: StageOptions, *, device: str = "auto", 
     if engine is None:
         bs = (shape.drafter or {}).get("block_size") or 16
         max_len = opts.context + max((opts.warmup + opts.iters + 2) * bs, max(opts.budgets) + 1 + bs) + 1
+        # a hybrid cache keeps what the timed single steps and commits add (see ``rewind``)
+        max_len += (opts.warmup + opts.iters) * (2 + 4 * len(opts.budgets))
         engine = build_engine(shape, device=device, dtype=dtype, max_len=max_len, tree_budget=max(opts.budgets))
         if engine.max_model_len < max_len:
             raise ValueError(f"context {opts.context} leaves no room in the shape's "

@@ -16,7 +16,9 @@ Sources of the rows:
   drafter (z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat) config was not checked: the row assumes
   the Qwen3-8B drafter's layout (5 layers, block 16) at Llama's sizes, layer ids by the reference
   default rule; treat its drafter numbers as an estimate.
-* ``tiny``: a 2-layer toy for the CPU tests.
+* ``qwen3.6-27b``: the fleet's hybrid target (Qwen/Qwen3.6-27B config.json, text part) and the
+  z-lab/Qwen3.6-27B-DFlash drafter, as reproduced with their sources in models/hybrid/shapes.py.
+* ``tiny`` and ``tiny-hybrid``: toys for the CPU tests.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from ddtree_server.models.hybrid.shapes import published
 
 _ASSETS = Path(__file__).resolve().parents[1] / "assets" / "drafter" / "config.json"
 
@@ -84,6 +88,17 @@ _TINY = {
 }
 
 
+_TINY_HYBRID = {
+    "model_type": "qwen3_5_text", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 96,
+    "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 12,
+    "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    "rope_theta": 10000.0, "tie_word_embeddings": False, "attention_bias": False, "hidden_act": "silu",
+}
+
+
 def _shipped_drafter() -> dict[str, Any] | None:
     return json.loads(_ASSETS.read_text()) if _ASSETS.is_file() else None
 
@@ -97,6 +112,12 @@ def _table() -> dict[str, Shape]:
         "llama-3.1-8b": Shape("llama-3.1-8b", _LLAMA_31_8B, _drafter(5, 32, [1, 8, 15, 22, 29], 128002, _LLAMA_31_8B),
                               "Llama-3.1-8B-Instruct config.json; drafter layout ASSUMED (Qwen3-8B drafter's)"),
         "tiny": Shape("tiny", _TINY, _drafter(1, 2, [0, 1], 299, _TINY, block=4), "2-layer toy for CPU tests"),
+        "qwen3.6-27b": Shape("qwen3.6-27b", *published("qwen3.6-27b"),
+                             "Qwen/Qwen3.6-27B config.json (48 Gated DeltaNet + 16 gated attention layers); drafter "
+                             "z-lab/Qwen3.6-27B-DFlash (4 sliding-window + 1 full layer, block 16); "
+                             "models/hybrid/shapes.py"),
+        "tiny-hybrid": Shape("tiny-hybrid", _TINY_HYBRID, _drafter(1, 4, [0, 3], 299, _TINY_HYBRID, block=4),
+                             "4-layer Qwen3.5-style toy (3 GDN + 1 attention) for CPU tests"),
     }
 
 
