@@ -38,7 +38,7 @@ def bench(
     no_download: bool = typer.Option(False, "--no-download", help="Never call pip download."),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N."),
     dtype: Optional[str] = typer.Option(None, help="fp32 | bf16 | fp16 (bf16 on CUDA, fp32 on CPU)."),
-    time_budget_minutes: float = typer.Option(0.0, help="Stop starting prompts this long after start-up (0: none)."),
+    time_budget_minutes: float = typer.Option(0.0, help="Stop starting prompts (--random-shape: stages) this long after start-up (0: none)."),
     commit: Optional[str] = typer.Option(None, help="Commit to record (git rev-parse HEAD or $DDTREE_COMMIT)."),
     stem: str = typer.Option("bench", help="File name stem of the outputs."),
     seed: int = typer.Option(0, help="Sampling seed of the temperature-1 row."),
@@ -47,7 +47,7 @@ def bench(
     merge: Optional[List[Path]] = typer.Option(None, "--merge", help="Combine these bench.json files only."),
     random_shape: Optional[str] = typer.Option(None, "--random-shape",
                                                help="Time the stages at this shape with random weights: "
-                                                    "qwen3-8b, smollm2-135m, llama-3.1-8b (or tiny)."),
+                                                    "qwen3-8b, qwen3.6-27b, smollm2-135m, llama-3.1-8b (or tiny, tiny-hybrid)."),
     context_len: int = typer.Option(1024, min=1, help="--random-shape: cached tokens before the timed calls."),
     iters: int = typer.Option(50, min=1, help="--random-shape: timed calls per stage (median)."),
     tau: Optional[str] = typer.Option(None, help="--random-shape: acceptance lengths for the projected speedup, "
@@ -65,7 +65,8 @@ def bench(
 
     console = Console(stderr=True)
     if random_shape is not None:
-        _random_shape(console, random_shape, out, budgets, context_len, iters, tau, device, dtype, stem)
+        _random_shape(console, random_shape, out, budgets, context_len, iters, tau, device, dtype, stem,
+                      time_budget_minutes)
         return
     budgets = budgets or "16,32,64,128,256"
     if merge:
@@ -101,8 +102,11 @@ def bench(
 
 
 def _random_shape(console, name: str, out: Path, budgets: Optional[str], context_len: int, iters: int,
-                  tau: Optional[str], device: str, dtype: Optional[str], stem: str) -> None:
-    """--random-shape: validate, run bench.random_shape, write and print the report."""
+                  tau: Optional[str], device: str, dtype: Optional[str], stem: str, minutes: float = 0.0) -> None:
+    """--random-shape: validate, run bench.random_shape, write and print the report (stages not
+    started within ``minutes`` of the start, when > 0, are listed as skipped)."""
+    import time
+
     from ddtree_server.bench import random_report
     from ddtree_server.bench.random_shape import StageOptions, parse_tau, run_random_shape
     from ddtree_server.bench.shapes import SHAPE_NAMES, get_shape
@@ -115,7 +119,8 @@ def _random_shape(console, name: str, out: Path, budgets: Optional[str], context
         raise typer.BadParameter(str(exc)) from None
     if dtype is not None and dtype not in ("fp32", "bf16", "fp16"):
         raise typer.BadParameter(f"--dtype {dtype!r}: use fp32, bf16 or fp16")
-    opts = StageOptions(context=context_len, iters=iters, budgets=tuple(budget_list(budgets or "16,32,64")))
+    opts = StageOptions(context=context_len, iters=iters, budgets=tuple(budget_list(budgets or "16,32,64")),
+                        deadline=time.monotonic() + minutes * 60 if minutes > 0 else None)
     try:
         doc = run_random_shape(get_shape(name), opts, device=check_device(device), dtype=dtype, tau=taus,
                                log=console.log)
