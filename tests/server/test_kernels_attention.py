@@ -107,6 +107,7 @@ for dt in ("float32", "float16"):
         got = F.rms_norm(x, w, 1e-5)
         fused[f"rms/{dt}/{width}"] = [dt, err(got, F.rms_norm_ref(x, w, 1e-5)), list(got.shape) == list(x.shape)]
 counters = int(A._COUNTERS[torch.device("cpu")].abs().sum())  # the fused merge leaves them at 0
+
 print(json.dumps({"attention": att, "errors": errors, "fused": fused, "counters": counters}))
 """
 
@@ -132,6 +133,15 @@ def test_attention_matches_reference(report):
         assert out_dtype == dtype and len(shape) == 3, key
         assert err < _tol(dtype), (key, err)  # NaN rows past the live length would give NaN here
     assert report["counters"] == 0
+
+
+def test_split_count_does_not_depend_on_the_number_of_query_tokens():
+    from ddtree_server.kernels.attention import plan
+
+    for rep, hkv, d in ((4, 8, 128), (3, 3, 64), (6, 4, 256)):
+        shapes = {plan(n, rep, hkv, d, 4096, "cpu") for n in (1, 16, 17, 65, 80)}
+        assert len(shapes) == 1, (rep, hkv, d, shapes)  # block_m, splits and block_n alike
+    # the bitwise check itself needs the GPU's MMA units: tests/server/test_kernels_gpu.py
 
 
 def test_attention_bad_inputs(report):

@@ -63,8 +63,10 @@ def attention_ref(q: Tensor, k: Tensor, v: Tensor, start: int, mode: str = "caus
 
 @dataclass(frozen=True)
 class AttnConfig:
-    """Launch settings: key tile, warps, pipeline stages, programs aimed at per SM, split cap."""
+    """Launch settings: query-row tile (0: by the number of rows), key tile, warps, pipeline
+    stages, programs aimed at per SM, split cap."""
 
+    block_m: int = 64
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
@@ -74,7 +76,8 @@ class AttnConfig:
 
     @property
     def name(self) -> str:
-        return f"n{self.block_n}w{self.num_warps}s{self.num_stages}c{self.ctas_per_sm:g}" + "f" * self.fused_merge
+        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}c{self.ctas_per_sm:g}"
+                + "f" * self.fused_merge)
 
 
 DEFAULT = AttnConfig()
@@ -83,15 +86,20 @@ DEFAULT = AttnConfig()
 def plan(n: int, rep: int, kv_heads: int, head_dim: int, rows: int, device, cfg: AttnConfig = DEFAULT
          ) -> tuple[int, int, int]:
     """(block_m, block_n, splits) for n query tokens: row blocks of the ``n * rep`` rows of one
-    KV head, and enough key splits that all programs together fill ``ctas_per_sm`` per SM. The
-    split count depends on the shape only (not the live length), so a CUDA graph can hold it."""
+    KV head, and enough key splits that the programs of a one-token forward fill ``ctas_per_sm``
+    per SM. The split count depends on the model's shape only (not on n or the live length), so
+    a CUDA graph can hold it and every forward splits a row's keys alike."""
+    # one row-block size for every n (block_m 0: the smallest block that holds n * rep rows): the
+    # same MMA shape then computes a row's scores in a one-token step and in a verify
     m_rows = n * rep
-    block_m = 16 if m_rows <= 16 else 32 if m_rows <= 32 else 64
+    block_m = cfg.block_m or (16 if m_rows <= 16 else 32 if m_rows <= 32 else 64)
     block_n = cfg.block_n
     if head_dim >= 256:
         block_m, block_n = min(block_m, 32), min(block_n, 32)
-    programs = kv_heads * math.ceil(m_rows / block_m)
-    want = math.ceil(cfg.ctas_per_sm * sm_count(device) / programs)
+    # the split count ignores the row blocks (it is the one-token forward's): one-token steps and
+    # chain / tree verifies then cut the keys at the same places (see _per_split), so a chain
+    # verify gives the bits of plain decoding (bf16 included)
+    want = math.ceil(cfg.ctas_per_sm * sm_count(device) / kv_heads)
     return block_m, block_n, max(1, min(want, cfg.max_splits, math.ceil(rows / block_n)))
 
 

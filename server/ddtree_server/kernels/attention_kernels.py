@@ -21,10 +21,26 @@ def _online(q, k, v, m_i, l_i, acc, vis, scale_log2, MASKED: tl.constexpr, PREC:
 
 
 @triton.jit
+def _per_split(length, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """Key tiles per split: the power of two >= tiles / SPLITS. Split sp covers the keys
+    [sp * per * BLOCK_N, (sp + 1) * per * BLOCK_N): boundaries at fixed multiples, which do not move
+    while the live length grows inside a power-of-two bucket. A query row therefore sees its keys
+    cut into the same pieces in a one-token step and in a 16-token chain verify, and both give the
+    same bits (the softmax reduction order is the same)."""
+    v = tl.cdiv(tl.cdiv(length, BLOCK_N), SPLITS) - 1
+    v = v | (v >> 1)
+    v = v | (v >> 2)
+    v = v | (v >> 4)
+    v = v | (v >> 8)
+    v = v | (v >> 16)
+    return v + 1
+
+
+@triton.jit
 def _merge_rows(po_ptr, pl_ptr, o_ptr, h, heads, rows, length, N, rep, stride_on, stride_oh, m_pad,
                 SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
     # the fused merge (last split program): partials written by other programs, read past L1
-    per = tl.cdiv(tl.cdiv(length, BLOCK_N), SPLITS)
+    per = _per_split(length, BLOCK_N, SPLITS)
     used = tl.cdiv(tl.cdiv(length, BLOCK_N), per)  # splits that got keys
     tok, head = rows // rep, h * rep + rows % rep
     dd = tl.arange(0, D)
@@ -60,7 +76,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_pt
     dd = tl.arange(0, D)
     q = tl.load(q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + dd[None, :],
                 mask=row_ok[:, None], other=0.0)
-    per = tl.cdiv(tl.cdiv(length, BLOCK_N), SPLITS)  # key tiles per split
+    per = _per_split(length, BLOCK_N, SPLITS)  # key tiles per split
     lo = pid_s * per * BLOCK_N
     hi = tl.minimum(lo + per * BLOCK_N, length)
     free = length  # keys below `free` are visible to every row
@@ -128,7 +144,7 @@ def _merge_kernel(po_ptr, pl_ptr, o_ptr, start_ptr, N, rep, stride_on, stride_oh
     # dependent round trips to memory)
     row, h = tl.program_id(0), tl.program_id(1)
     length = tl.load(start_ptr).to(tl.int32) + N
-    per = tl.cdiv(tl.cdiv(length, BLOCK_N), SPLITS)
+    per = _per_split(length, BLOCK_N, SPLITS)
     used = tl.cdiv(tl.cdiv(length, BLOCK_N), per)
     sp = tl.arange(0, SP2)
     base = (sp * tl.num_programs(1) + h) * m_pad + row
