@@ -1,7 +1,7 @@
 """Exception hierarchy of ddtctl and the process exit codes it maps to.
 
 Every error ddtctl raises on purpose derives from :class:`DdtctlError`; its ``exit_code`` is what
-the CLI exits with (the table follows ops.md §2.6 "Exit codes", /work/shared/reference/ops.md):
+the CLI exits with (the table, and why ddtctl publishes its own: docs/operations.md §10):
 
 ====  =========================================================  ==============================
 code  meaning                                                    raised as
@@ -71,7 +71,7 @@ class RemoteError(DdtctlError):
 class CommandTimeout(RemoteError):
     """A remote command did not finish within its timeout; ``result`` holds the partial output.
 
-    The remote process may still be running (no pty means no SIGHUP, ops.md §1.2)."""
+    The remote process may still be running (no pty means no SIGHUP, docs/operations.md §13.2)."""
 
 
 class TransferError(RemoteError):

@@ -3,9 +3,9 @@
 `service_spec(host)` is pure: the exact argv and environment of the bundled server, SGLang or
 vLLM. `render_unit` / `render_env` turn a spec into file text with Jinja2 (StrictUndefined) and
 escaping filters that follow systemd.service(5) "Command lines", systemd.exec(5) `Environment=`
-and `EnvironmentFile=`, and systemd.unit(5) specifiers (ops.md §3.5): every value is escaped, so
-`%s`, `100%FREE`, `$HOME`, quotes and spaces reach the process unchanged. The local supervisor
-runs the same spec without systemd (`render_local`).
+and `EnvironmentFile=`, and systemd.unit(5) specifiers (docs/operations.md §5, §13.5): every
+value is escaped, so `%s`, `100%FREE`, `$HOME`, quotes and spaces reach the process unchanged.
+The local supervisor runs the same spec without systemd (`render_local`).
 """
 
 from __future__ import annotations

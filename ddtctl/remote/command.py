@@ -1,7 +1,7 @@
 """Pure argv builders and the one serialiser per shell layer (no I/O here).
 
-Quoting model (ops.md §1.3): a remote command is an argv list everywhere. It is serialised exactly
-once per shell that parses it:
+Quoting model (docs/operations.md §2, §13.1): a remote command is an argv list everywhere. It is
+serialised exactly once per shell that parses it:
 
 * SSH: the remote login shell parses the exec string -> :func:`shell_join` (``shlex.join``), done
   only by the SSH transport, never by callers;
@@ -10,8 +10,8 @@ once per shell that parses it:
   (:func:`bash_script`), so values are never parsed as code.
 
 Nothing here joins argv with spaces, and every builder refuses a plain string where an argv is
-expected, so the §5 items 1-3 field failures (missing ``--``, re-split values, ``unexpected EOF
-while looking for matching``) cannot be produced.
+expected, so the field failures of docs/operations.md §13.1 items 1-3 (missing ``--``, re-split
+values, ``unexpected EOF while looking for matching``) cannot be produced.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ddtctl.errors import ArgvError
 #: PATH that LXC sets for a clear-env attach (lxc attach.c), used for every ``pct exec``.
 LXC_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-#: Environment every ``pct exec`` starts from (ops.md §1.2 "Recommended ddtctl form").
+#: Environment every ``pct exec`` starts from (docs/operations.md §13.2, "Environment").
 BASE_ENV: tuple[tuple[str, str], ...] = (
     ("HOME", "/root"),
     ("LANG", "C.UTF-8"),
@@ -108,7 +108,7 @@ def pct_exec(
     env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """``pct exec <vmid> --keep-env 0 -- /usr/bin/env -i HOME=/root LANG=C.UTF-8 LC_ALL=C.UTF-8
-    PATH=<LXC default> [K=V ...] <argv...>`` (ops.md §1.2, §5 item 1).
+    PATH=<LXC default> [K=V ...] <argv...>`` (pct(1); docs/operations.md §13.2, §13.1 item 1).
 
     ``--`` is always present, so words of argv that start with ``-`` never reach pct's Getopt.
     keep_env=True emits ``--keep-env 1`` and no ``env -i`` (the CT then sees pct's environment with
@@ -133,7 +133,9 @@ def pct_push(
     user: str | int | None = None,
     group: str | int | None = None,
 ) -> list[str]:
-    """``pct push <vmid> <src> <dest> [--perms <octal>] [--user <u>] [--group <g>]`` (ops.md §1.4).
+    """``pct push <vmid> <src> <dest> [--perms <octal>] [--user <u>] [--group <g>]``.
+
+    Semantics: pct(1) ``push``; docs/operations.md §13.3.
 
     src is a path on the node, dest a FULL FILE path inside the CT; both must be absolute (so they
     can never be read as options by pct's permuting Getopt) and dest must not end with ``/``.

@@ -1,4 +1,6 @@
-"""Local TCP port forwarding over an SSH ``direct-tcpip`` channel (ops.md §0 rule 5, §4.5).
+"""Local TCP port forwarding over an SSH ``direct-tcpip`` channel (RFC 4254 §7.2).
+
+Why readiness and smoke probes go through it: docs/operations.md §7, §13.6.
 
 Fabric's ``Connection.forward_local`` needs a fixed local port chosen in advance (racy) and does
 not report it; this binds 127.0.0.1:0, reports the port the kernel chose, and opens one Paramiko

@@ -1,14 +1,15 @@
 """ContainerTransport: an LXC container reached with ``pct exec`` / ``pct push`` on a node Transport.
 
 * ``run(argv)`` runs ``node.run(pct_exec(vmid, argv, env=env))``: ``--keep-env 0 -- /usr/bin/env -i
-  HOME=/root LANG=C.UTF-8 LC_ALL=C.UTF-8 PATH=<LXC default> [K=V] argv`` (ops.md §1.2); no shell
-  is added inside the CT, the node's login shell is the only one (ops.md §1.3). pct's own failures
-  (CT not running, not on this node) exit non-zero (usually 255) with pct's message on stderr;
-  128+N means the command was killed by signal N.
+  HOME=/root LANG=C.UTF-8 LC_ALL=C.UTF-8 PATH=<LXC default> [K=V] argv`` (docs/operations.md
+  §13.2); no shell is added inside the CT, the node's login shell is the only one
+  (docs/operations.md §13.1). pct's own failures (CT not running, not on this node) exit non-zero
+  (usually 255) with pct's message on stderr; 128+N means the command was killed by signal N.
 * ``put()`` below ``SMALL_FILE`` bytes (8 MiB): stage on the node with ``node.put`` (SFTP, verified),
   ``pct exec -- mkdir -p <parent>``, ``pct push <staging> <dest>.part``, then ALWAYS verify with
   ``pct exec -- sha256sum`` because pct push can exit 0 after a failed copy (``TASK ERROR`` on
-  stderr, ops.md §1.4), then ``chmod`` + ``mv -T`` to ``<dest>``; the staging file is removed.
+  stderr, docs/operations.md §13.3), then ``chmod`` + ``mv -T`` to ``<dest>``; the staging file
+  is removed.
 * ``put()`` of larger files: no staging copy on the node disk; chunks are streamed through
   ``pct exec <vmid> -- dd of=<dest>.part bs=1M seek=<offset> oflag=seek_bytes conv=notrunc
   status=none`` on stdin, resumable from the partial file's size after comparing its sha256 with

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 from ddtctl.errors import RemoteError
 
-# Output of a command string that was quoted for the wrong number of shell layers (ops.md §1.3, §5
-# item 3). ddtctl never builds such strings; seeing it means a bug in ddtctl, never the user's fault.
+# Output of a command string that was quoted for the wrong number of shell layers
+# (docs/operations.md §13.1, item 3). ddtctl never builds such strings; seeing it means a bug in
+# ddtctl, never the user's fault.
 _QUOTING_BUG_MARKERS = (b"unexpected EOF while looking for matching", b"syntax error: unterminated")
 
 
@@ -46,14 +47,15 @@ class Result:
 
     @property
     def quoting_bug(self) -> bool:
-        """True when stderr has the shape of a shell quoting bug (ops.md §5 item 3)."""
+        """True when stderr has the shape of a shell quoting bug (docs/operations.md §13.1 item 3)."""
         return any(m in self.stderr for m in _QUOTING_BUG_MARKERS)
 
     def check(self) -> Result:
         """Return self if ``exit_code == 0``.
 
         Raises RemoteError naming the transport, the command, the exit code and the last lines of
-        stderr; the message says "quoting bug in ddtctl" for the §5 item 3 symptom."""
+        stderr; the message says "quoting bug in ddtctl" for the symptom of docs/operations.md
+        §13.1 item 3."""
         if self.ok:
             return self
         from ddtctl.remote.command import shell_join  # local import: command imports nothing of ours

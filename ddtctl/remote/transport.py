@@ -4,8 +4,9 @@ Implementations: :class:`LocalTransport` (this machine), ``ssh.SshTransport`` (a
 ``pct.ContainerTransport`` (an LXC container through ``pct exec`` on a node transport).
 
 Commands are argv lists everywhere; a transport serialises them at most once per shell that parses
-them (ops.md §1.3). Concrete transports also accept ``idempotent=True`` on ``run`` (safe to retry
-after a connection drop); it is not part of the protocol and LocalTransport ignores it.
+them (docs/operations.md §2, §13.1). Concrete transports also accept ``idempotent=True`` on ``run``
+(safe to retry after a connection drop); it is not part of the protocol and LocalTransport ignores
+it.
 """
 
 from __future__ import annotations

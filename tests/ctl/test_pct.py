@@ -1,4 +1,8 @@
-"""ContainerTransport and the pct emulation's semantics (ops.md §1.1-1.5) over a real sshd."""
+"""ContainerTransport and the pct emulation's semantics over a real sshd.
+
+The pct semantics emulated and checked: docs/operations.md §13.2-§13.4 (pct(1), pve-container's
+pct.pm).
+"""
 
 from __future__ import annotations
 

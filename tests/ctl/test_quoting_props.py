@@ -3,7 +3,8 @@
 Layers: Paramiko exec request -> real OpenSSH sshd -> root's login shell (bash -c, parse #1) ->
 pct emulation (Getopt) -> nsenter into the container's mount namespace -> ``/usr/bin/env -i`` ->
 python3 in the container; and the same with one more shell: ``bash -lc <script> ddtctl <values>``
-(values as positional parameters). One SSH connection for all examples (ops.md §1.3, §5 items 1-3).
+(values as positional parameters). One SSH connection for all examples. The quoting model and the
+field failures it rules out: docs/operations.md §13.1 (items 1-3).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def test_argv_arrives_identical_on_node(pve1_transport, args):
 
 # A readiness-style probe with nested single and double quotes, $(...), %{...} and a pipe; its
 # values (URL, pattern) are positional parameters. Quoted for one layer too few, this exact shape
-# produced "bash: -c: line 1: unexpected EOF while looking for matching" in the field (§5 item 3).
+# produced "bash: -c: line 1: unexpected EOF while looking for matching" in the field
+# (docs/operations.md §13.1 item 3).
 READY_SCRIPT = """\
 url="$1"; want="$2"
 code=$(printf '%s' "HTTP/1.1 200 OK for $url" | grep -c "$want") || code=0

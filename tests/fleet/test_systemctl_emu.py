@@ -1,8 +1,9 @@
 """The systemctl/journalctl emulations run as subprocesses against real unit files and a real service.
 
 What is checked is the behaviour of systemctl(1), systemd.service(5), systemd.exec(5),
-systemd.kill(5) and journalctl(1) that ddtctl relies on (ops.md §3): job waiting per Type=, exit
-codes, Restart= and the start rate limit as systemd 252 applies it, stop timeouts, environment/specifier/`$` handling, daemon-reload.
+systemd.kill(5) and journalctl(1) that ddtctl relies on (docs/operations.md §13.5): job waiting
+per Type=, exit codes, Restart= and the start rate limit as systemd 252 applies it, stop timeouts,
+environment/specifier/`$` handling, daemon-reload.
 """
 
 from __future__ import annotations
