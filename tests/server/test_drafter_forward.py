@@ -1,4 +1,5 @@
-"""DFlashDrafter forward semantics (ddtree.md §1.5, §1.6): cached propose == from-scratch forward."""
+"""DFlashDrafter forward semantics (docs/ddtree.md §1.5, §1.6): cached propose == from-scratch
+forward."""
 
 from __future__ import annotations
 

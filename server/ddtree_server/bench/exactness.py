@@ -4,7 +4,7 @@
 
 The engine runs as served (on CUDA: target and drafter replayed from CUDA graphs), so this is the
 GPU counterpart of tests/server/test_exact.py: at temperature 0 every speculative method must give
-plain decoding's tokens (ddtree.md §2.1). In fp32 they must be identical; in bf16 kernel choice can
+plain decoding's tokens (docs/ddtree.md §2.4). In fp32 they must be identical; in bf16 kernel choice can
 flip near-ties (RESULTS.md "Exactness in bf16"). Writes a JSON report: per prompt and method the
 token count, tau and whether the tokens equal ar's, whether the drafter's graphs stayed enabled,
 and `all_equal`. Exit code 0 when every output equals ar's, 1 otherwise.

@@ -2,8 +2,9 @@
 
 The same target weights are loaded as a plain transformers model (from an HF folder or the GGUF,
 dequantised by transformers). `cache_implementation="static"` lets transformers use its compiled
-decode step where it supports it (gpu.md: the strongest plain-transformers baseline seen, about
-270 tokens/s against 35 with the dynamic cache). The first call, which compiles, is a warm-up.
+decode step where it supports it (the strongest plain-transformers baseline seen, about 270
+tokens/s against 35 with the dynamic cache: docs/benchmarks/README.md, "Measurements behind the
+engine's design"). The first call, which compiles, is a warm-up.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Benchmark runner: ar vs dflash vs ddtree (several budgets) on one Engine, batch 1.
 
 For every prompt all methods run back to back, and the datasets take turns prompt by prompt (so a
-time-limited run stays balanced across methods and datasets); each result is handed to `sink` at once (the command appends it to a JSONL file, so an
-interrupted run keeps what it measured). A warm-up generation per method runs first and is not
-recorded. Times come from the engine's DecodeStats: decode excludes prefill (ddtree.md §3.1 also
-excludes the first draft call; ours includes it), `e2e_s` is the wall time of the whole request.
+time-limited run stays balanced across methods and datasets); each result is handed to `sink` at
+once (the command appends it to a JSONL file, so an interrupted run keeps what it measured). A
+warm-up generation per method runs first and is not recorded. Times come from the engine's
+DecodeStats: decode excludes prefill (the DDTree reference benchmark also excludes the first draft
+call, docs/ddtree.md §4.1; ours includes it), `e2e_s` is the wall time of the whole request.
 """
 
 from __future__ import annotations

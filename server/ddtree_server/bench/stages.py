@@ -1,4 +1,4 @@
-"""Per-stage time split of one speculative round (ddtree.md §2.1, §2.6): draft, tree build,
+"""Per-stage time split of one speculative round (docs/ddtree.md §2.1, §2.6): draft, tree build,
 verify, and the rest (walk, KV compaction, tensor set-up, stop checks = "commit").
 
 Measured in a separate profiling pass, never in the timed runs: the engine's drafter `propose`,

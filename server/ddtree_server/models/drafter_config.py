@@ -1,6 +1,7 @@
 """DrafterConfig: the settings of a z-lab DFlash drafter, parsed from its `config.json`.
 
-Source: docs ddtree.md §1.2 (config keys, default layer rule, rope pitfalls) and §4.16 (other
+Source: the published z-lab drafters' config.json and z-lab/dflash `dflash/model.py`; summarised
+in docs/ddtree.md §1.2 (config keys, default layer rule, RoPE pitfalls, other formats and
 architectures to refuse). Every problem raises `DrafterConfigError` naming the file and the key.
 
 Rules applied here:
@@ -43,7 +44,8 @@ class DrafterConfigError(ValueError):
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """The reference code's default rule (ddtree.md §1.2), for hints only.
+    """The reference code's default rule (z-lab/dflash `build_target_layer_ids`; docs/ddtree.md
+    §1.2), for hints only.
 
     One draft layer -> [T//2]; otherwise L integers evenly spaced from 1 to T-3 inclusive.
     """

@@ -1,15 +1,16 @@
 """CUDA-graph replay of DFlashDrafter.propose (one graph per context bucket and key window).
 
-An eager propose launches ~250 small kernels (3 layers: norms, projections, RoPE, attention,
-MLP, plus the context K/V append), so at batch 1 it is bound by launches and Python like the
-target (gpu.md). `GraphedDrafter` keeps the drafter contract (`config`, `new_cache`, `propose`,
-`embed_tokens`, `lm_head`) and replays one graph per (N, kv_len):
+An eager propose launches ~250 small kernels (3 layers: norms, projections, RoPE, attention, MLP,
+plus the context K/V append), so at batch 1 it is bound by launches and Python like the target
+(docs/benchmarks/README.md, "Measurements behind the engine's design"). `GraphedDrafter` keeps the
+drafter contract (`config`, `new_cache`, `propose`, `embed_tokens`, `lm_head`) and replays one graph
+per (N, kv_len):
 
 * N = the new context rows n (1..16) padded to a power of two; padding rows are written to cache
   rows [start_pos, start_pos + N - n), which the block then overwrites in the same graph;
 * the block's positions (start_pos + 0..bs-1) and the cache rows are computed inside the graph from
   a static `start` buffer, and RoPE comes from the drafter's table by index, so no position is
-  frozen at capture time (ddtree.md §4.5);
+  frozen at capture time (docs/ddtree.md §3.2);
 * attention reads a key window kv_len = the power of two >= start_pos + bs (at least 256) with a
   mask hiding rows >= start_pos + bs; on the kernel path (models/fast.py, CUDA unless
   ``DDTREE_KERNELS=0``) the attention kernel reads the live rows ``[0, start_pos + bs)`` instead,

@@ -1,7 +1,7 @@
-"""Building blocks of the DFlash drafter (ddtree.md §1.5): RMSNorm, attention with queries only
+"""Building blocks of the DFlash drafter (docs/ddtree.md §1.5): RMSNorm, attention with queries only
 for the block and keys/values for context + block, and the pre-norm decoder layer.
 
-Parameter names equal the z-lab checkpoint keys below `layers.{i}.` (§1.3).
+Parameter names equal the z-lab checkpoint keys below `layers.{i}.` (docs/ddtree.md §1.3).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Load and save z-lab DFlash drafter folders (config.json + model.safetensors, maybe sharded).
 
-Loading is strict (ddtree.md §1.3, §8 item 1): every tensor of the module must be present with
+Loading is strict (docs/ddtree.md §1.3): every tensor of the module must be present with
 its exact shape and nothing else may be in the files; the drafter must fit the target (hidden
 size, vocabulary, layer ids < target depth, `fc` input width == len(layer ids) * target hidden).
 Any violation raises `DrafterLoadError` naming the folder and the tensor or key.

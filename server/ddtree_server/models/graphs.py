@@ -1,9 +1,10 @@
 """CUDA-graph replay of TargetModel forwards (decode, DFlash blocks, DDTree verification).
 
-At batch 1 the eager forward is bound by kernel launches and Python, not by the GPU (gpu.md:
-~600 launches for SmolLM2, ~10 ms CPU against ~1.5 ms of GPU work). ``GraphedTarget`` keeps the
-TargetModel calling convention but pads each forward of n <= 512 tokens to a bucket of N tokens
-and replays a graph captured for (N, kv_len) with static inputs:
+At batch 1 the eager forward is bound by kernel launches and Python, not by the GPU (~600 launches
+for SmolLM2, ~10 ms CPU against ~1.5 ms of GPU work; docs/benchmarks/README.md, "Measurements behind
+the engine's design"). ``GraphedTarget`` keeps the TargetModel calling convention but pads each
+forward of n <= 512 tokens to a bucket of N tokens and replays a graph captured for (N, kv_len) with
+static inputs:
 
 * ids / positions ``[N]`` (padding rows reuse stale values: they are never read back),
 * the cache length s (a 0-d tensor) and the ``[N, N]`` block mask (tree/causal block for the n
@@ -18,7 +19,7 @@ kernel reads the live rows ``[0, s+N)`` with s taken from the static buffer on t
 ``[N, N]`` block mask as is: no window mask is built and graphs are keyed by N alone (kv_len 0),
 so one graph per bucket serves every context length.
 
-Positions are written into the static buffer before every replay (ddtree.md §4.5: a graph that
+Positions are written into the static buffer before every replay (docs/ddtree.md §3.2: a graph that
 kept its captured positions would silently verify with sequential positions). Graphs are bound to
 one KVCache's storage; a new cache drops them. ``capture=False`` runs the identical static path
 eagerly (tests on CPU).

@@ -38,7 +38,7 @@ class KVCache:
     def keep(self, start: int, rows: Sequence[int], rows_on_device: torch.Tensor | None = None) -> None:
         """Compact: row ``start + rows[i]`` moves to ``start + i``, then truncate to ``start + len(rows)``.
 
-        Used after tree verification to keep the accepted path (ddtree.md §2.5). When ``rows`` is
+        Used after tree verification to keep the accepted path (docs/ddtree.md §2.5). When ``rows`` is
         ``0..k-1`` nothing moves. ``rows_on_device``: the same rows as a long tensor on the cache's
         device, if the caller has one (saves a host-to-device copy). Raises ValueError for rows
         outside ``[0, length - start)``.

@@ -1,6 +1,6 @@
 """TargetModel: our own Llama-family forward (Llama, Mistral, Qwen2, Qwen3) with a static KV cache.
 
-Why our own forward (ddtree.md §2.3, §4.3, §4.14): tree verification needs explicit positions
+Why our own forward (docs/ddtree.md §2.3, §3.1): tree verification needs explicit positions
 (s + depth), an ancestor mask over the new block, in-place KV compaction and hidden states of a
 few chosen layers; owning the cache avoids the transformers cache API churn between 5.17 and 5.24.
 The maths mirrors transformers' Llama/Qwen2/Qwen3 modules (RMSNorm in fp32, RoPE from

@@ -1,7 +1,7 @@
 """Pure DDTree construction: best-first draft trees from per-position draft log-probs (CPU only).
 
 Source: Ringel & Romano, "DDTree" (arXiv 2604.12989) §3-§4, Algorithm 1, Propositions 1-3,
-Lemma 1; notes in ddtree.md §2.2. Under the factorised surrogate Q(y_1:L) = prod_i q_i(y_i), the
+Lemma 1; details in docs/ddtree.md §2.2. Under the factorised surrogate Q(y_1:L) = prod_i q_i(y_i), the
 expected acceptance length of a prefix-closed tree is the sum of its nodes' prefix probabilities,
 so the optimal tree of B nodes is the set of the B most probable prefixes; only the per-position
 top-K tokens (K = min(B, |V|)) can appear. A heap enumerates prefixes in decreasing cumulative

@@ -1,6 +1,6 @@
 """Pure acceptance walk over a verified draft tree (CPU only).
 
-Source: DDTree (arXiv 2604.12989) verification; ddtree.md §2.1 step 5 and §2.4. The target has
+Source: DDTree (arXiv 2604.12989) verification; docs/ddtree.md §2.1 step 5 and §2.4. The target has
 produced one chosen token per tree node (``choices[i]`` = the target's token AFTER node i's
 prefix): the argmax at temperature 0, or an independent draw from the processed target
 distribution at T > 0 ("sample-and-match"). Starting at the root, the walk moves to the child

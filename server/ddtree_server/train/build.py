@@ -1,8 +1,9 @@
 """A new DFlash drafter for a given target: its DrafterConfig, initial weights and size.
 
 The drafter takes the target's widths (hidden size, heads, head_dim, vocabulary) because it reuses
-the target's embedding and LM head (ddtree.md §1.2). Its RoPE settings are copied from the target
-once, at creation, and stored in the drafter's own config.json (loading never reads the target's).
+the target's embedding and LM head (docs/ddtree.md §1.1, §1.2). Its RoPE settings are copied from
+the target once, at creation, and stored in the drafter's own config.json (loading never reads the
+target's).
 """
 
 from __future__ import annotations

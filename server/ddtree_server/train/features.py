@@ -1,9 +1,10 @@
 """Context features from a frozen transformers target: outputs of chosen decoder layers via hooks.
 
-ddtree.md §1.4: the drafter's context is the concatenation (in list order) of the outputs of the
-target's decoder layers `target_layer_ids` (0-based). Forward hooks on `decoder.layers[k]` are
-used instead of `output_hidden_states` (whose selective form differs between transformers 5.17
-and 5.24); this is also what our TargetModel's `capture_layers` returns.
+docs/ddtree.md §1.4 (z-lab/dflash `extract_context_feature`): the drafter's context is the
+concatenation (in list order) of the outputs of the target's decoder layers `target_layer_ids`
+(0-based). Forward hooks on `decoder.layers[k]` are used instead of `output_hidden_states` (whose
+selective form differs between transformers 5.17 and 5.24); this is also what our TargetModel's
+`capture_layers` returns.
 """
 
 from __future__ import annotations

