@@ -165,6 +165,16 @@ class GraphedTarget:
             return self.model.forward(cache, input_ids, positions, tree_mask, last_only)
         n_pad = self._bucket(n)
         st = self._get(cache, n_pad, 0 if self._fast() else kv_len)
+        logits, feats = self._launch(st, cache, input_ids, positions, tree_mask, s)
+        cache.length = s + n
+        return self._rows(logits, feats, n, last_only)
+
+    def _launch(self, st: _Static, cache, input_ids: Tensor, positions: Tensor, tree_mask: Tensor | None,
+                s: int) -> tuple[Tensor, Tensor | None]:
+        """Write n real rows' inputs (ids, positions, cache length s, their block mask; padding rows
+        see only themselves) into the bucket's static buffers and replay its graph (or run its static
+        path); returns the bucket's logits ``[N, vocab]`` and features (views of static buffers)."""
+        n, n_pad = input_ids.shape[0], st.n
         st.ids[:n].copy_(input_ids)
         st.pos[:n].copy_(positions)
         st.s.fill_(s)
@@ -173,11 +183,12 @@ class GraphedTarget:
         st.block[:n, :n].copy_(self._tril[:n, :n] if tree_mask is None else tree_mask)
         if st.graph is not None:
             st.graph.replay()
-            logits, feats = st.logits, st.feats
-        else:
-            logits, feats = self._run(st, cache)
-        cache.length = s + n
-        logits = logits[n - 1:n] if last_only else logits[:n]
-        return logits, (feats[:n] if feats is not None else None)
+            return st.logits, st.feats
+        return self._run(st, cache)
+
+    @staticmethod
+    def _rows(logits: Tensor, feats: Tensor | None, n: int, last_only: bool) -> tuple[Tensor, Tensor | None]:
+        """The n real rows of a bucket's outputs (the last one only with ``last_only``)."""
+        return (logits[n - 1:n] if last_only else logits[:n]), (feats[:n] if feats is not None else None)
 
     __call__ = forward

@@ -95,19 +95,8 @@ class GraphedHybrid(GraphedTarget):
         s = cache.length
         kv_len = min(max(MIN_KV, 1 << (s + n_pad - 1).bit_length()), limit)
         st = self._get(cache, n_pad, kv_len)
-        st.ids[:n].copy_(input_ids)
-        st.pos[:n].copy_(positions)
-        st.s.fill_(s)
-        if n < n_pad:
-            st.block.copy_(self._eye[:n_pad, :n_pad])
-        st.block[:n, :n].copy_(self._tril[:n, :n] if tree_mask is None else tree_mask)
-        if st.graph is not None:
-            st.graph.replay()
-            logits, feats = st.logits, st.feats
-        else:
-            logits, feats = self._run(st, cache)
+        logits, feats = self._launch(st, cache, input_ids, positions, tree_mask, s)
         cache.begin(s, n, tree_mask is not None, committed=n_pad == 1)
-        logits = logits[n - 1:n] if last_only else logits[:n]
-        return logits, (feats[:n] if feats is not None else None)
+        return self._rows(logits, feats, n, last_only)
 
     __call__ = forward
