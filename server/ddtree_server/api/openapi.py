@@ -16,6 +16,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 
+from ddtree_server.engine.stats import DecodeStats  # the `decoding` extension, field for field
+
 
 class _Doc(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -38,21 +40,6 @@ class Usage(_Doc):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-
-
-class DecodeStats(_Doc):
-    """Extension `decoding` of every response (engine DecodeStats; tokens, seconds, tokens/s)."""
-
-    mode: str
-    tree_budget: int | None
-    block_size: int | None
-    decode_rounds: int
-    generated_tokens: int
-    mean_acceptance_length: float | None
-    prefill_seconds: float
-    decode_seconds: float
-    tokens_per_second: float | None
-    decode_tokens: int
 
 
 class AssistantMessage(_Doc):

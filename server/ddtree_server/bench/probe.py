@@ -60,6 +60,31 @@ class Probe:
         self.doc["elapsed_s"] = round(time.monotonic() - self.t0, 1)
         (self.out / self.name).write_text(json.dumps(self.doc, indent=1) + "\n")
 
+    def run_steps(self, steps, summarise, after=lambda: None) -> int:
+        """Run ``(name, step)`` parts in order while time is left; a part's result (unless None)
+        goes to ``doc["parts"]``, its error to ``doc["errors"]`` (a failing part must not lose the
+        others); ``after`` runs after each part; the document is saved after every part, then
+        ``summarise(doc)`` is added, saved and printed. Returns 0."""
+        for name, step in steps:
+            if self.left() < 3:
+                self.doc["errors"][name] = "skipped: no time left"
+                continue
+            t = time.monotonic()
+            try:
+                result = step()
+                if result is not None:
+                    self.doc["parts"][name] = result
+            except Exception as exc:  # noqa: BLE001
+                self.doc["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
+            after()
+            self.doc.setdefault("part_seconds", {})[name] = round(time.monotonic() - t, 1)
+            self.save()
+            self.log(f"part {name} done in {time.monotonic() - t:.1f} s ({self.left():.0f} s left)")
+        self.doc["summary"] = summarise(self.doc)
+        self.save()
+        print(json.dumps({k: v for k, v in self.doc.items() if k != "parts"}, indent=1))
+        return 0
+
 
 def _profile(engine, shape_name: str, context: int, budget: int) -> dict:
     """Kernel breakdown of a plain step and a DDTree verify, graphed and eager (same static path)."""
@@ -220,28 +245,9 @@ def main(argv: list[str] | None = None) -> int:
              ("tree", lambda: run_tree(p, p.part_deadline("tree"), a.iters)),
              ("gemv", lambda: _gemv(p)),
              ("compile", lambda: run_compile(p) if cuda else {"skipped": "no CUDA"})]
-    for name, step in steps:
-        if name == "stages" and not parts & {"stages", "profile"}:
-            continue
-        if name != "stages" and name not in parts:
-            continue
-        if p.left() < 3:
-            p.doc["errors"][name] = "skipped: no time left"
-            continue
-        t = time.monotonic()
-        try:
-            result = step()
-            if result is not None:
-                p.doc["parts"][name] = result
-        except Exception as exc:  # noqa: BLE001 - a failing part must not lose the others
-            p.doc["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
-        p.doc.setdefault("part_seconds", {})[name] = round(time.monotonic() - t, 1)
-        p.save()
-        p.log(f"part {name} done in {time.monotonic() - t:.1f} s ({p.left():.0f} s left)")
-    p.doc["summary"] = summary(p.doc)
-    p.save()
-    print(json.dumps({k: v for k, v in p.doc.items() if k != "parts"}, indent=1))
-    return 0
+    wanted = [(name, step) for name, step in steps
+              if (parts & {"stages", "profile"} if name == "stages" else name in parts)]
+    return p.run_steps(wanted, summary)
 
 
 def summary(doc: dict) -> dict:

@@ -222,20 +222,4 @@ def run(p, shapes: list[str], context: int, iters: int, tau: dict) -> int:
              ("stages", lambda: stages_part(p, shapes, context, iters, tau)),
              ("exact", lambda: exact_part(p, EXACT_RUNS if cuda else [(s, "fp32", 6) for s in shapes],
                                           700 if cuda else context))]
-    for name, step in steps:
-        if p.left() < 3:
-            p.doc["errors"][name] = "skipped: no time left"
-            continue
-        t = time.monotonic()
-        try:
-            p.doc["parts"][name] = step()
-        except Exception as exc:  # noqa: BLE001 - a failing part must not lose the others
-            p.doc["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
-        os.environ.pop(ENV, None)
-        p.doc.setdefault("part_seconds", {})[name] = round(time.monotonic() - t, 1)
-        p.save()
-        p.log(f"part {name} done in {time.monotonic() - t:.1f} s ({p.left():.0f} s left)")
-    p.doc["summary"] = summary(p.doc)
-    p.save()
-    print(json.dumps({k: v for k, v in p.doc.items() if k != "parts"}, indent=1))
-    return 0
+    return p.run_steps(steps, summary, after=lambda: os.environ.pop(ENV, None))

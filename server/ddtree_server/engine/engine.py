@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 
 from ddtree_server.engine import decode
 from ddtree_server.engine.sampling import SamplingParams, TokenChooser
+from ddtree_server.engine.stats import DecodeStats
 from ddtree_server.engine.stopping import StopChecker
 from ddtree_server.models.drafter import DFlashDrafter
 from ddtree_server.models.drafter_graphs import GraphedDrafter
@@ -26,40 +27,6 @@ from ddtree_server.models.target import TargetModel
 
 MODES = ("ar", "dflash", "ddtree")
 CUDA_TREE_BUDGET = 64  # default DDTree budget on CUDA (nodes)
-
-
-@dataclass
-class DecodeStats:
-    """Per-request decoding statistics.
-
-    The prefill forward yields the first token; every later target forward is one *decode round*
-    (ar: one token; dflash/ddtree: the accepted draft tokens plus the bonus token).
-
-    * ``decode_rounds``: target forwards after prefill.
-    * ``generated_tokens``: tokens returned to the client (after stop trimming), first one included.
-    * ``decode_tokens``: tokens the decode rounds produced (before stop trimming), i.e. without the
-      prefill token.
-    * ``mean_acceptance_length`` (tau): ``decode_tokens / decode_rounds``; ``None`` when there was
-      no decode round (e.g. a 1-token request): undefined, never 0.
-    * ``prefill_seconds``: prompt forward(s) up to the first token; ``decode_seconds``: from then on.
-    * ``tokens_per_second``: decode speed ``decode_tokens / decode_seconds``; ``None`` when there
-      was no decode round (the prefill token is never counted against decode time).
-    """
-
-    mode: str
-    tree_budget: int | None
-    block_size: int | None
-    decode_rounds: int
-    generated_tokens: int
-    mean_acceptance_length: float | None
-    prefill_seconds: float
-    decode_seconds: float
-    tokens_per_second: float | None
-    decode_tokens: int = 0
-
-    def to_dict(self) -> dict:
-        """Plain JSON-ready dict."""
-        return asdict(self)
 
 
 @dataclass
