@@ -394,6 +394,16 @@ def test_local_roots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
                           "/tmp/state:x/hosts/b contains ':'"), err
 
 
+def test_local_root_with_dot_dot_is_refused_not_resolved(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`..` in a local root is refused as for containers (docs/operations.md, "Values the inventory
+    refuses"), not silently resolved: `/tmp/../etc` must not become an install root of `/etc`."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (err,) = _errors("local:\n  a: {root: /tmp/../etc, service: {kind: ddtree, port: 8000}}\n")
+    assert err.startswith("inventory.yaml:2: local.a.root: root /tmp/../etc must not contain `..`"), err
+    (err,) = _errors("local:\n  a: {root: ~/x/../../etc, service: {kind: ddtree, port: 8000}}\n")
+    assert "local.a.root: root " in err and "must not contain `..`" in err, err
+
+
 def test_nul_in_any_string_and_key() -> None:
     errors = _errors('local:\n  a:\n    service: {kind: ddtree, port: 8000, environment: {"A\\0": x}}\n'
                      '    groups: ["g\\0"]\n')
