@@ -78,3 +78,14 @@ def test_bench_merge_refuses_bad_inputs(tmp_path):
     b.write_text(json.dumps({"meta": {"settings": {"max_new_tokens": 4}}, "records": [], "stages": []}))
     code, out = _run(app, ["bench", "--merge", str(a), "--merge", str(b), "--out", str(tmp_path)])
     assert code == 1 and "max_new_tokens" in out
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--drain-timeout", "-1"], "error: --drain-timeout: "),
+    (["--drain-timeout", "nan"], "error: --drain-timeout: "),
+])
+def test_serve_usage_errors_name_the_flag_as_typed(args, text):
+    """The message names the flag the operator typed (was `--drain-timeout-s`, the config field)."""
+    code, out = _run(app, ["serve", "--device", "cpu", *args])
+    assert code == 2 and text in out and "--drain-timeout-s" not in out, out
+

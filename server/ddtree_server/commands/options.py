@@ -52,3 +52,19 @@ def check_device(name: str, option: str = "--device") -> str:
     if index and int(index) >= torch.cuda.device_count():
         raise typer.BadParameter(f"{option} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return name
+
+
+# serve/generate flags whose ServerConfig field has another name
+_FLAG_OF_FIELD = {"drain_timeout_s": "--drain-timeout"}
+
+
+def config_errors(exc) -> list[str]:
+    """A ServerConfig ValidationError as `error: --flag: message` lines (the flag as typed;
+    `config` for checks over several flags), without pydantic's "Value error, " prefix."""
+    lines = []
+    for err in exc.errors():
+        field = "_".join(str(p) for p in err["loc"])
+        where = _FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-")) if field else "config"
+        lines.append(f"error: {where}: {err['msg'].removeprefix('Value error, ')}")
+    return lines
+

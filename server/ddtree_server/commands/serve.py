@@ -224,6 +224,7 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from ddtree_server.config import ServerConfig
+        from ddtree_server.commands.options import config_errors
 
         values = dict(target=target, gguf=gguf, drafter=drafter, target_layer_ids=target_layer_ids, mode=mode,
                       tree_budget=tree_budget, max_tree_budget=max_tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
@@ -233,8 +234,7 @@ def register(app: typer.Typer) -> None:
         try:
             config = ServerConfig(**values)
         except ValidationError as exc:
-            for err in exc.errors():
-                where = "--" + "-".join(str(p) for p in err["loc"]).replace("_", "-") if err["loc"] else "config"
-                typer.echo(f"error: {where}: {err['msg'].removeprefix('Value error, ')}", err=True)
+            for line in config_errors(exc):
+                typer.echo(line, err=True)
             raise typer.Exit(2) from None
         raise typer.Exit(run_server(config))
