@@ -89,3 +89,16 @@ def test_serve_usage_errors_name_the_flag_as_typed(args, text):
     code, out = _run(app, ["serve", "--device", "cpu", *args])
     assert code == 2 and text in out and "--drain-timeout-s" not in out, out
 
+
+@pytest.mark.parametrize("args,text", [
+    (["--seed", str(2**63)], "--seed"),
+    (["--seed", str(-(2**63) - 1)], "--seed"),
+    (["--top-p", "0"], "--top-p"),
+    (["--gguf", "/nonexistent.gguf"], "--gguf /nonexistent.gguf: no such file"),
+])
+def test_generate_usage_errors_before_loading(args, text):
+    """Options generate cannot use are exit 2 with the flag named, before any model loads (a seed
+    beyond 64 bits was a traceback after loading; --top-p 0 exit 1; pydantic's "Value error, "
+    prefix leaked)."""
+    code, out = _run(app, ["generate", "hi", "--device", "cpu", *args])
+    assert code == 2 and text in out and "Value error" not in out and "Traceback" not in out, out

@@ -68,3 +68,16 @@ def config_errors(exc) -> list[str]:
         lines.append(f"error: {where}: {err['msg'].removeprefix('Value error, ')}")
     return lines
 
+
+def seed_range(value: int | None) -> int | None:
+    """Callback of --seed: the sampling generator takes a signed 64-bit seed (as the API's `seed`)."""
+    if value is not None and not -(2**63) <= value < 2**63:
+        raise typer.BadParameter("must be in the signed 64-bit range (-2^63 .. 2^63-1)")
+    return value
+
+
+def top_p_range(value: float) -> float:
+    """Callback of --top-p: nucleus mass in (0, 1] (as the API's `top_p`)."""
+    if not 0.0 < value <= 1.0:
+        raise typer.BadParameter("must be in (0, 1]")
+    return value
