@@ -92,6 +92,26 @@ def test_queue_limit_and_sigterm_drain():
         server.stop(signal.SIGKILL)
 
 
+def test_second_sigterm_exits_at_once_without_aborting():
+    """A second SIGTERM while a generation runs exits at once with the status the log names, not
+    by SIGABRT ("terminate called without an active exception": the interpreter was finalised
+    while the worker thread was inside torch)."""
+    server = ServerProcess("--drain-timeout", "300").start()
+    try:
+        stream = httpx.stream("POST", server.url("/v1/completions"), timeout=60,
+                              json={"prompt": "Count: 1, 2, 3,", "stream": True, **LONG})
+        with stream as response:
+            next(response.iter_lines())   # the generation is running on the worker
+            server.proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: "draining" in server.log_text(), 30, "draining")
+            server.proc.send_signal(signal.SIGTERM)
+            status = server.proc.wait(30)
+        assert status == 0, server.log_tail()
+        assert "terminate called" not in server.log_text() and "exiting with status 0" in server.log_text()
+    finally:
+        server.stop(signal.SIGKILL)
+
+
 def test_model_load_failure_exits_1(tmp_path):
     """A target that cannot load: /ready says failed (or the process is already gone), exit 1."""
     server = ServerProcess("--target", str(tmp_path)).start(wait=False)

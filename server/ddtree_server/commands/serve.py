@@ -150,6 +150,14 @@ def run_server(config: Any) -> int:
         outcome["status"] = 1
         print(f"error: the model could not be served: {worker.detail}", file=sys.stderr, flush=True)
     log.info("exiting with status %d", outcome["status"])
+    if server.force_exit:
+        # A second signal skipped the lifespan shutdown: the worker thread may still be inside
+        # torch, and finalising the interpreter under it aborts the process (SIGABRT,
+        # "terminate called without an active exception"). Leave without finalising.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(outcome["status"])
     return outcome["status"]
 
 
