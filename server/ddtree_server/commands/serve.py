@@ -150,10 +150,10 @@ def run_server(config: Any) -> int:
         outcome["status"] = 1
         print(f"error: the model could not be served: {worker.detail}", file=sys.stderr, flush=True)
     log.info("exiting with status %d", outcome["status"])
-    if server.force_exit:
-        # A second signal skipped the lifespan shutdown: the worker thread may still be inside
-        # torch, and finalising the interpreter under it aborts the process (SIGABRT,
-        # "terminate called without an active exception"). Leave without finalising.
+    if server.force_exit or worker.thread_alive():
+        # A second signal (which skips the lifespan shutdown) or a drain deadline that passed left
+        # the worker thread inside torch; finalising the interpreter under it aborts the process
+        # (SIGABRT, "terminate called without an active exception"). Leave without finalising.
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
