@@ -246,8 +246,23 @@ def _node_at(root: yaml.Node | None, loc: Sequence, *, want_key: bool = False) -
     return node, found
 
 
+def _key_issue(root: yaml.Node | None, loc: tuple, value: Any) -> Issue:
+    """A key YAML read as a boolean or number (`yes:`, `200:`; pydantic's loc ends (key, "[key]"))."""
+    parent, found = _node_at(root, loc[:-2])
+    line, text = (parent.start_mark.line + 1 if parent is not None else 0), str(value)
+    for key, _ in parent.value if isinstance(parent, yaml.MappingNode) else ():
+        built = yaml.SafeLoader("").construct_object(key) if isinstance(key, yaml.ScalarNode) else None
+        if type(built) is type(value) and built == value:
+            line, text = key.start_mark.line + 1, key.value
+    what = f"the boolean {str(value).lower()}" if isinstance(value, bool) else "a number"
+    return Issue(line, _dotted((*(p for p in loc[:-2] if p in found or p not in _TAGS), text)),
+                 f"names must be strings: YAML reads `{text}` as {what}; quote it (\"{text}\")")
+
+
 def _issue_from_error(root: yaml.Node | None, err: dict) -> Issue:
     loc = tuple(err["loc"])
+    if loc and loc[-1] == "[key]" and isinstance(err.get("input"), (bool, int, float)):
+        return _key_issue(root, loc, err["input"])
     if err["type"] == "missing":                 # point at the key of the mapping that lacks it
         node, found = _node_at(root, loc[:-1], want_key=True)
         found = (*found, loc[-1])

@@ -49,11 +49,14 @@ def valid_hosts(data: dict, home: Path) -> tuple[dict[str, Host], list[Problem]]
         except ValidationError:
             continue
         host = Host.of_local(name, lh, str(home / "hosts" / name))
-        problem = install_root_problem(host.root)
+        # an explicit root is checked as written (after ~ expansion): normalising first would
+        # resolve `..` (/tmp/../etc -> /etc) instead of refusing it as for containers
+        shown = os.path.expanduser(lh.root) if lh.root else host.root
+        problem = install_root_problem(shown)
         if problem:
             where = ("local", name, "root") if lh.root else ("local", name)
             what = "root" if lh.root else "the default root ($DDTCTL_HOME/hosts/<name>)"
-            problems.append((where, f"{what} {host.root} {problem}"))
+            problems.append((where, f"{what} {shown} {problem}"))
             continue
         hosts[name] = host
     for name, host in hosts.items():

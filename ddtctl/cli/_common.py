@@ -9,6 +9,7 @@ pipes are handled the same way in every command (see `handle_errors`).
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,14 @@ LimitOpt = typer.Option(None, "--limit", "-l", metavar="PATTERN",
                         help="Only hosts matching this glob or group (comma-separated).")
 ParallelOpt = typer.Option(4, "--parallel", "-p", min=1, max=64, help="Hosts handled at the same time.")
 JsonOpt = typer.Option(False, "--json", help="One JSON document on stdout (human output stays on stderr).")
+
+
+def finite_seconds(value: Optional[float]) -> Optional[float]:
+    """Callback of the --timeout options: every deadline must end (`inf` is exit 2, as the
+    inventory refuses a non-finite ready_timeout_s)."""
+    if value is not None and not math.isfinite(value):
+        raise typer.BadParameter("must be a finite number of seconds (a deadline must end)")
+    return value
 
 
 def inventory(ctx: typer.Context) -> Inventory:

@@ -36,8 +36,10 @@ def deploy_cmd(
                                  "check mode."),
     smoke: bool = typer.Option(True, "--smoke/--no-smoke", help="Run the smoke checks after wait-ready."),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="SECONDS",
+                                            callback=common.finite_seconds,
                                             help="wait-ready deadline [default: the service's ready_timeout_s]."),
     rollback_timeout: Optional[float] = typer.Option(None, "--rollback-timeout", min=1, metavar="SECONDS",
+                                                     callback=common.finite_seconds,
                                                      help="The rollback's own wait-ready deadline in seconds, "
                                                           "independent of --timeout [default: the service's "
                                                           "ready_timeout_s]."),
@@ -79,6 +81,7 @@ def deploy_cmd(
 @handle_errors
 def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST"),
                  timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="SECONDS",
+                                                         callback=common.finite_seconds,
                                                          help="wait-ready deadline of the previous release "
                                                               "[default: the service's ready_timeout_s]."),
                  json_out: bool = JsonOpt, break_lock: bool = BreakLockOpt) -> None:

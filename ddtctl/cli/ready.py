@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
 @handle_errors
 def wait_ready_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST"),
                    timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="S",
+                                                           callback=common.finite_seconds,
                                                            help="Deadline in seconds [default: the "
                                                                 "service's ready_timeout_s]."),
                    json_out: bool = JsonOpt) -> None:

@@ -66,7 +66,7 @@ def exec_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST")
              argv: Optional[list[str]] = typer.Argument(None, metavar="-- ARGV...",
                                                         help="Command and arguments."),
              timeout: Optional[float] = typer.Option(
-                 None, "--timeout", min=0.001, metavar="S",
+                 None, "--timeout", min=0.001, metavar="S", callback=common.finite_seconds,
                  help="Stop the command after S seconds like timeout(1): SIGTERM, SIGKILL 5 s "
                       "later; exit 124 (137 when it had to be killed).")) -> None:
     """Run one command on HOST (inside the container) like `ssh HOST cmd`: stdin is forwarded

@@ -259,3 +259,18 @@ def test_unusable_ddtctl_home_is_one_line_exit_2(env: Path, monkeypatch: pytest.
     assert res.exit_code == 2, (res.stderr, res.exception)
     assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "/dev/null/x (DDTCTL_HOME) is not usable: Not a directory" in res.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["wait-ready", "here", "--timeout", "inf"],
+    ["deploy", "here", "--timeout", "inf"],
+    ["deploy", "here", "--rollback-timeout", "1e400"],
+    ["rollback", "here", "--timeout", "inf"],
+    ["exec", "--timeout", "inf", "here", "--", "true"],
+])
+def test_an_infinite_timeout_is_a_usage_error(env: Path, args: list[str]) -> None:
+    """Every deadline must end (like the inventory's ready_timeout_s): `--timeout inf` is exit 2
+    before anything runs, not a wait without bound."""
+    res = invoke(*args)
+    assert res.exit_code == 2, res.output
+    assert "finite" in res.output, res.output

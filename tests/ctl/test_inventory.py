@@ -394,6 +394,27 @@ def test_local_roots(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
                           "/tmp/state:x/hosts/b contains ':'"), err
 
 
+def test_local_root_with_dot_dot_is_refused_not_resolved(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`..` in a local root is refused as for containers (docs/operations.md, "Values the inventory
+    refuses"), not silently resolved: `/tmp/../etc` must not become an install root of `/etc`."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (err,) = _errors("local:\n  a: {root: /tmp/../etc, service: {kind: ddtree, port: 8000}}\n")
+    assert err.startswith("inventory.yaml:2: local.a.root: root /tmp/../etc must not contain `..`"), err
+    (err,) = _errors("local:\n  a: {root: ~/x/../../etc, service: {kind: ddtree, port: 8000}}\n")
+    assert "local.a.root: root " in err and "must not contain `..`" in err, err
+
+
+def test_keys_yaml_reads_as_booleans_or_numbers_name_their_own_line() -> None:
+    """`yes:` / `200:` as a host name: the error is on the key's line, names the key as written and
+    says how to quote it (was `local[1][key]` on another entry's line)."""
+    errors = _errors("local:\n  200:\n    service: {kind: ddtree, port: 8000}\n"
+                     "  yes:\n    service: {kind: ddtree, port: 8001}\n")
+    assert ('inventory.yaml:2: local.200: names must be strings: YAML reads `200` as a number; '
+            'quote it ("200")') in errors, errors
+    assert ('inventory.yaml:4: local.yes: names must be strings: YAML reads `yes` as the boolean '
+            'true; quote it ("yes")') in errors, errors
+
+
 def test_nul_in_any_string_and_key() -> None:
     errors = _errors('local:\n  a:\n    service: {kind: ddtree, port: 8000, environment: {"A\\0": x}}\n'
                      '    groups: ["g\\0"]\n')

@@ -92,6 +92,47 @@ def test_queue_limit_and_sigterm_drain():
         server.stop(signal.SIGKILL)
 
 
+def test_second_sigterm_exits_at_once_without_aborting():
+    """A second SIGTERM while a generation runs exits at once with the status the log names, not
+    by SIGABRT ("terminate called without an active exception": the interpreter was finalised
+    while the worker thread was inside torch)."""
+    server = ServerProcess("--drain-timeout", "300").start()
+    try:
+        stream = httpx.stream("POST", server.url("/v1/completions"), timeout=60,
+                              json={"prompt": "Count: 1, 2, 3,", "stream": True, **LONG})
+        with stream as response:
+            lines = response.iter_lines()   # kept: a dropped iterator closes the stream (a disconnect)
+            next(lines)                     # the generation is running on the worker
+            server.proc.send_signal(signal.SIGTERM)
+            wait_for(lambda: "draining" in server.log_text(), 30, "draining")
+            server.proc.send_signal(signal.SIGTERM)
+            status = server.proc.wait(30)
+        assert status == 0, server.log_tail()
+        assert "terminate called" not in server.log_text() and "exiting with status 0" in server.log_text()
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_drain_deadline_passed_exits_without_aborting():
+    """SIGTERM with --drain-timeout 1 while a long generation runs: the drain gives up and the
+    process exits 0, not by SIGABRT with the worker thread still inside torch."""
+    server = ServerProcess("--drain-timeout", "1").start()
+    try:
+        stream = httpx.stream("POST", server.url("/v1/completions"), timeout=120,
+                              json={"prompt": "Count: 1, 2, 3,", "stream": True, **LONG, "max_tokens": 8000})
+        with stream as response:
+            lines = response.iter_lines()   # kept: a dropped iterator closes the stream (a disconnect)
+            next(lines)                     # the generation is running on the worker
+            time.sleep(1)
+            server.proc.send_signal(signal.SIGTERM)
+            status = server.proc.wait(120)   # ~45 s: drain 1 s, uvicorn's graceful 30 s, worker join 10 s
+        assert status == 0, server.log_tail()
+        log = server.log_text()
+        assert "drain timeout" in log and "terminate called" not in log and "exiting with status 0" in log
+    finally:
+        server.stop(signal.SIGKILL)
+
+
 def test_model_load_failure_exits_1(tmp_path):
     """A target that cannot load: /ready says failed (or the process is already gone), exit 1."""
     server = ServerProcess("--target", str(tmp_path)).start(wait=False)

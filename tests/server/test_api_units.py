@@ -367,3 +367,21 @@ def test_completion_stream_error_mid_stream_still_ends_with_done():
     chunks = [json.loads(c[len(b"data: "):]) for c in raw[:-1]]
     assert chunks[0]["choices"][0]["text"] == "Hel" and "usage" not in chunks[0]
     assert chunks[-1]["error"]["type"] == "server_error" and "device lost" in chunks[-1]["error"]["message"]
+
+
+@pytest.mark.parametrize("raw, headers, expected", [
+    (b"", {"content-type": "application/json"}, "the request body is empty"),
+    (b"", {}, "the request body is empty"),
+    (b"[]", {"content-type": "application/json"}, "the request body must be a JSON object"),
+    (b'{"prompt": "hi"}', {"content-type": "text/plain"}, "Content-Type: application/json"),
+    (b'{"prompt": "hi"}', {"content-type": "application/x-www-form-urlencoded"}, "Content-Type: application/json"),
+])
+def test_missing_or_non_object_body_says_so(raw, headers, expected):
+    """An empty body, a JSON array or a JSON body sent with another Content-Type (curl -d without
+    -H) get a 400 that says what is wrong (was "missing required field None" / pydantic's
+    "Input should be a valid dictionary or object to extract fields from")."""
+    response = _request("POST", "/v1/completions", content=raw, headers=headers)
+    assert response.status_code == 400, response.text
+    error = _error(response)
+    assert error["type"] == "invalid_request_error" and error["param"] is None, error
+    assert expected in error["message"] and "None" not in error["message"], error

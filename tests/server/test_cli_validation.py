@@ -78,3 +78,27 @@ def test_bench_merge_refuses_bad_inputs(tmp_path):
     b.write_text(json.dumps({"meta": {"settings": {"max_new_tokens": 4}}, "records": [], "stages": []}))
     code, out = _run(app, ["bench", "--merge", str(a), "--merge", str(b), "--out", str(tmp_path)])
     assert code == 1 and "max_new_tokens" in out
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--drain-timeout", "-1"], "error: --drain-timeout: "),
+    (["--drain-timeout", "nan"], "error: --drain-timeout: "),
+])
+def test_serve_usage_errors_name_the_flag_as_typed(args, text):
+    """The message names the flag the operator typed (was `--drain-timeout-s`, the config field)."""
+    code, out = _run(app, ["serve", "--device", "cpu", *args])
+    assert code == 2 and text in out and "--drain-timeout-s" not in out, out
+
+
+@pytest.mark.parametrize("args,text", [
+    (["--seed", str(2**63)], "--seed"),
+    (["--seed", str(-(2**63) - 1)], "--seed"),
+    (["--top-p", "0"], "--top-p"),
+    (["--gguf", "/nonexistent.gguf"], "--gguf /nonexistent.gguf: no such file"),
+])
+def test_generate_usage_errors_before_loading(args, text):
+    """Options generate cannot use are exit 2 with the flag named, before any model loads (a seed
+    beyond 64 bits was a traceback after loading; --top-p 0 exit 1; pydantic's "Value error, "
+    prefix leaked)."""
+    code, out = _run(app, ["generate", "hi", "--device", "cpu", *args])
+    assert code == 2 and text in out and "Value error" not in out and "Traceback" not in out, out

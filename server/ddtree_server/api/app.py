@@ -71,6 +71,11 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         return f"malformed JSON body: {first.get('ctx', {}).get('error', first.get('msg'))}", None
     param = ".".join(loc) or None
     msg = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
+    if tuple(first.get("loc", ())) == ("body",):    # the body as a whole: absent, or not an object
+        if first.get("type") == "missing":
+            return "the request body is empty: send a JSON object (Content-Type: application/json)", None
+        return ("the request body must be a JSON object, sent with Content-Type: application/json "
+                "(other content types are not parsed)"), None
     if first.get("type") == "missing":
         return f"missing required field {param!r}", param
     return (f"{param}: {msg}" if param else msg), param

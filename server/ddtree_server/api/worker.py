@@ -161,6 +161,10 @@ class Worker:
             self._set_state("stopped", "stopped")
 
     # ---- status -------------------------------------------------------------------------------
+    def thread_alive(self) -> bool:
+        """True while the worker thread runs (after `stop`: a generation or load it could not end)."""
+        return self._thread.is_alive()
+
     @property
     def queued(self) -> int:
         return self._queue.qsize()

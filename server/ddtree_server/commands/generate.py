@@ -15,6 +15,8 @@ from typing import List, Optional
 
 import typer
 
+from ddtree_server.commands.options import config_errors, seed_range, top_p_range
+
 
 def _stats_table(stats: dict, model: str):
     from rich.table import Table
@@ -38,8 +40,8 @@ def generate(
     tree_budget: Optional[int] = typer.Option(None, "--tree-budget", min=1, help="DDTree node budget."),
     max_tokens: int = typer.Option(128, "--max-tokens", min=1, help="Maximum new tokens."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0 = greedy (exact)."),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling mass."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Sampling seed."),
+    top_p: float = typer.Option(1.0, "--top-p", callback=top_p_range, help="Nucleus sampling mass, in (0, 1]."),
+    seed: Optional[int] = typer.Option(None, "--seed", callback=seed_range, help="Sampling seed (signed 64-bit)."),
     stop: Optional[List[str]] = typer.Option(None, "--stop", help="Stop string (repeatable)."),
     chat: bool = typer.Option(True, "--chat/--raw", help="Apply the chat template (default) or not."),
     device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda (default: cuda if available)."),
@@ -58,8 +60,8 @@ def generate(
         config = ServerConfig(target=target, gguf=gguf, drafter=drafter, mode=mode, tree_budget=tree_budget,
                               device=device, dtype=dtype, max_model_len=max_model_len)
     except ValidationError as exc:
-        for e in exc.errors():
-            err.print(f"[red]error:[/red] {'.'.join(map(str, e['loc'])) or 'options'}: {e['msg']}")
+        for line in config_errors(exc):
+            err.print(line, markup=False, highlight=False)
         raise typer.Exit(2)
     from ddtree_server.engine.factory import engine_from_config
     from ddtree_server.engine.sampling import SamplingParams

@@ -52,3 +52,32 @@ def check_device(name: str, option: str = "--device") -> str:
     if index and int(index) >= torch.cuda.device_count():
         raise typer.BadParameter(f"{option} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return name
+
+
+# serve/generate flags whose ServerConfig field has another name
+_FLAG_OF_FIELD = {"drain_timeout_s": "--drain-timeout"}
+
+
+def config_errors(exc) -> list[str]:
+    """A ServerConfig ValidationError as `error: --flag: message` lines (the flag as typed;
+    `config` for checks over several flags), without pydantic's "Value error, " prefix."""
+    lines = []
+    for err in exc.errors():
+        field = "_".join(str(p) for p in err["loc"])
+        where = _FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-")) if field else "config"
+        lines.append(f"error: {where}: {err['msg'].removeprefix('Value error, ')}")
+    return lines
+
+
+def seed_range(value: int | None) -> int | None:
+    """Callback of --seed: the sampling generator takes a signed 64-bit seed (as the API's `seed`)."""
+    if value is not None and not -(2**63) <= value < 2**63:
+        raise typer.BadParameter("must be in the signed 64-bit range (-2^63 .. 2^63-1)")
+    return value
+
+
+def top_p_range(value: float) -> float:
+    """Callback of --top-p: nucleus mass in (0, 1] (as the API's `top_p`)."""
+    if not 0.0 < value <= 1.0:
+        raise typer.BadParameter("must be in (0, 1]")
+    return value

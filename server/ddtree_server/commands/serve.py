@@ -150,6 +150,14 @@ def run_server(config: Any) -> int:
         outcome["status"] = 1
         print(f"error: the model could not be served: {worker.detail}", file=sys.stderr, flush=True)
     log.info("exiting with status %d", outcome["status"])
+    if server.force_exit or worker.thread_alive():
+        # A second signal (which skips the lifespan shutdown) or a drain deadline that passed left
+        # the worker thread inside torch; finalising the interpreter under it aborts the process
+        # (SIGABRT, "terminate called without an active exception"). Leave without finalising.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(outcome["status"])
     return outcome["status"]
 
 
@@ -224,6 +232,7 @@ def register(app: typer.Typer) -> None:
         from pydantic import ValidationError
 
         from ddtree_server.config import ServerConfig
+        from ddtree_server.commands.options import config_errors
 
         values = dict(target=target, gguf=gguf, drafter=drafter, target_layer_ids=target_layer_ids, mode=mode,
                       tree_budget=tree_budget, max_tree_budget=max_tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
@@ -233,8 +242,7 @@ def register(app: typer.Typer) -> None:
         try:
             config = ServerConfig(**values)
         except ValidationError as exc:
-            for err in exc.errors():
-                where = "--" + "-".join(str(p) for p in err["loc"]).replace("_", "-") if err["loc"] else "config"
-                typer.echo(f"error: {where}: {err['msg'].removeprefix('Value error, ')}", err=True)
+            for line in config_errors(exc):
+                typer.echo(line, err=True)
             raise typer.Exit(2) from None
         raise typer.Exit(run_server(config))
