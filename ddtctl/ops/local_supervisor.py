@@ -44,7 +44,7 @@ class LocalSupervisor:
 
     kind = "local"
 
-    def __init__(self, state_dir: Path, stop_timeout_s: float = 90.0):
+    def __init__(self, state_dir: Path, stop_timeout_s: float = 150.0):
         self.dir = Path(state_dir)
         self.spec_file, self.state_file = self.dir / "service.json", self.dir / "state.json"
         self.pid_file, self.log_file = self.dir / "service.pid", self.dir / "service.log"

@@ -131,7 +131,7 @@ def test_unit_settings(tmp_path: Path) -> None:
     ddtree, sglang, _ = (service_spec(h) for h in _hosts(tmp_path))
     text = render_unit(ddtree)
     for line in ("Type=notify", "NotifyAccess=main", "TimeoutStartSec=30min", "Restart=on-failure",
-                 "RestartSec=10", "KillMode=control-group", "TimeoutStopSec=90", "WantedBy=multi-user.target"):
+                 "RestartSec=10", "KillMode=control-group", "TimeoutStopSec=150", "WantedBy=multi-user.target"):
         assert f"\n{line}\n" in text
     assert "\nType=exec\n" in render_unit(sglang) and "Type=notify" not in render_unit(sglang)
 

@@ -16,7 +16,7 @@ Names (all prefixed `ddtree_`):
 * `round_age_seconds` — how long the engine round in progress has run (0 when none runs) (s);
 * `oldest_queued_age_seconds` — how long the oldest queued request has waited (0 when none) (s);
 * `worker_stalled` — 1 while the round in progress is older than `--stall-seconds`, else 0;
-* `requests_cancelled_total` — generations stopped because the client went away;
+* `requests_cancelled_total` — generations stopped because the client went away or the drain deadline passed;
 * `server_state` — loading | warming | ready | draining | stopped | failed.
 """
 
@@ -40,7 +40,7 @@ class Metrics:
         self.requests = Counter("ddtree_requests", "HTTP requests answered.", ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("ddtree_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
         self.generated_tokens = Counter("ddtree_generated_tokens", "Tokens generated.", registry=r)
-        self.cancelled = Counter("ddtree_requests_cancelled", "Generations cancelled by a client disconnect.",
+        self.cancelled = Counter("ddtree_requests_cancelled", "Generations cancelled by a client disconnect or the drain deadline.",
                                  registry=r)
         self.decode_rounds = Counter("ddtree_decode_rounds", "Target forwards after prefill.", registry=r)
         self.decode_tokens = Counter("ddtree_decode_tokens", "Tokens produced by decode rounds (after prefill).",

@@ -105,6 +105,7 @@ class Worker:
         self._max_queue, self._max_concurrency = max_queue, max_concurrency
         self.stall_seconds = float(stall_seconds)
         self._waiting: dict[str, float] = {}       # rid -> submitted_at of queued jobs, oldest first
+        self._jobs: dict[str, Job] = {}            # rid -> every job submitted and not finished
         self._round_started: float | None = None   # monotonic start of the round in progress
         self._on_state = on_state or (lambda state, detail: None)
         self._on_finished = on_finished or (lambda job, event: None)
@@ -136,12 +137,23 @@ class Worker:
                 raise QueueFull(f"{self._max_queue} requests are already waiting") from None
             self._inflight += 1
             self._waiting[job.rid] = job.submitted_at
+            self._jobs[job.rid] = job
 
     def begin_drain(self) -> None:
         """Refuse new jobs from now on; queued and running jobs still complete."""
         with self._lock:
             if self.state in ("ready", "loading", "warming"):
                 self._set_state("draining", "finishing in-flight requests")
+
+    def cancel_all(self) -> int:
+        """Cancel every queued and running job (each ends at its next engine round with
+        finish_reason "cancelled", a stream with its last chunk); returns how many. The drain uses
+        it when its deadline passes, so that no request is cut off by the process exit."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.cancel.set()
+        return len(jobs)
 
     def wait_idle(self, timeout: float) -> bool:
         """Block until no job is queued or running (True) or `timeout` seconds passed (False)."""
@@ -308,8 +320,9 @@ class Worker:
         job.deliver(_END)
         with self._lock:
             self._inflight -= 1
+            self._jobs.pop(job.rid, None)
         if cancelled:
-            log.info("request %s cancelled (client disconnected)", job.rid)
+            log.info("request %s cancelled (client disconnected or drain deadline)", job.rid)
         try:
             self._on_finished(job, event)
         except Exception:

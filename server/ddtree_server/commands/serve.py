@@ -3,7 +3,8 @@
 The HTTP listener starts first and the model loads on the worker thread, so /ready reports
 loading / warming before it turns 200 (and `READY=1` goes to `$NOTIFY_SOCKET`). SIGTERM or SIGINT
 drains: /ready says draining, new requests get 503, in-flight requests finish (at most
-`--drain-timeout` seconds), then the process exits 0. A second signal exits at once. A model that
+`--drain-timeout` seconds; then they are cancelled, finish_reason "cancelled"), then the process
+exits 0. A second signal exits at once. A model that
 fails to load or warm up (e.g. `--mode ddtree` without a usable drafter) makes the process exit 1
 after one `error: ...` line (the traceback is logged at --log-level debug only); `--device cuda`
 on a machine without CUDA exits 1 before anything loads.
@@ -186,8 +187,9 @@ def _server_class() -> type:
 
         def _drain(self) -> None:
             if not self._worker.wait_idle(self._drain_timeout):
-                log.warning("drain timeout: %d running, %d queued requests abandoned",
-                            self._worker.running, self._worker.queued)
+                cancelled = self._worker.cancel_all()   # they end at their next round, answers complete
+                log.warning("drain timeout: %d requests cancelled (finish_reason \"cancelled\")", cancelled)
+                self._worker.wait_idle(10.0)
             self.should_exit = True
 
     return DrainingServer
