@@ -9,6 +9,7 @@ import typer
 from ddtctl import report
 from ddtctl.cli import _common as common
 from ddtctl.cli._common import AllOpt, HostsArg, JsonOpt, LimitOpt, ParallelOpt, handle_errors
+from ddtctl.errors import DdtctlError
 from ddtctl.ops import recovery, releases
 from ddtctl.ops.bundle import build_wheel, source_identity
 from ddtctl.ops.deploy import DeployResult, deploy_host
@@ -95,9 +96,10 @@ def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HO
     transport = common.transport_for(target)
     try:
         result = recovery.rollback(target, transport, timeout_s=timeout, break_lock=break_lock)
-    except recovery.RecoveryFailed as exc:
+    except DdtctlError as exc:   # RecoveryFailed, no previous release, unreachable, locked, ...
         if json_out:
-            done = exc.rollback_result.to_dict() if exc.rollback_result else {"host": target.name}
+            partial = getattr(exc, "rollback_result", None)
+            done = partial.to_dict() if partial else {"host": target.name}
             report.emit_json({"ok": False, **done, "error": str(exc)})
         raise
     finally:

@@ -157,6 +157,9 @@ def test_service_commands_on_a_host_never_deployed(env: Path) -> None:
     assert res.exit_code == 1 and "no service installed" in res.stderr and "run `ddtctl deploy`" in res.stderr
     res = invoke("rollback", "here")
     assert res.exit_code == 2 and "no previous release to roll back to" in res.stderr
+    res = invoke("rollback", "here", "--json")        # machine-readable failure, same exit code
+    doc = json.loads(res.stdout)
+    assert res.exit_code == 2 and doc["ok"] is False and doc["host"] == "here" and "no previous release" in doc["error"]
     res = invoke("releases", "here", "--json")
     assert res.exit_code == 0 and json.loads(res.stdout)["releases"] == []
 
