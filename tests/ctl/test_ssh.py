@@ -21,17 +21,10 @@ from ddtctl.errors import CommandTimeout, HostKeyError, UnreachableError
 from ddtctl.remote.hostkeys import host_matches
 from ddtctl.remote.ssh import SshTransport
 from tests.fleet.conftest import (  # noqa: F401 - fixtures
-    fleet_client_key, make_node, pve1, pve1_transport)
-from tests.fleet.sshd import SshServer, free_port, keygen, with_home_ssh, write_client_files
+    fleet_client_key, jump, make_node, pve1, pve1_transport)
+from tests.fleet.sshd import free_port, keygen, with_home_ssh, write_client_files
 
 pytestmark = pytest.mark.fleet
-
-
-@pytest.fixture(scope="module")
-def jump(tmp_path_factory, fleet_client_key):  # noqa: F811
-    pub = Path(f"{fleet_client_key}.pub").read_text()
-    with SshServer(tmp_path_factory.mktemp("jump"), alias="jump", client_pubkeys=[pub]) as srv:
-        yield srv
 
 
 def test_exit_codes_and_separate_streams(pve1_transport):

@@ -26,17 +26,10 @@ import yaml
 from ddtctl.cli._common import node_transport
 from ddtctl.errors import HostKeyError
 from ddtctl.inventory import parse_inventory
-from tests.fleet.conftest import fleet_client_key, make_node, pve1  # noqa: F401 - fixtures
+from tests.fleet.conftest import fleet_client_key, jump, make_node, pve1  # noqa: F401 - fixtures
 from tests.fleet.sshd import SshServer, keygen
 
 pytestmark = pytest.mark.fleet
-
-
-@pytest.fixture(scope="module")
-def jump(tmp_path_factory, fleet_client_key):  # noqa: F811
-    pub = Path(f"{fleet_client_key}.pub").read_text()
-    with SshServer(tmp_path_factory.mktemp("jump"), alias="jump", client_pubkeys=[pub]) as srv:
-        yield srv
 
 
 @pytest.fixture(scope="module")

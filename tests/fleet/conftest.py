@@ -41,3 +41,16 @@ def pve1_transport(pve1: FakeNode):
     transport = pve1.transport()
     yield transport
     transport.close()
+
+
+@pytest.fixture(scope="module")
+def jump(tmp_path_factory, fleet_client_key):
+    """A second real sshd on loopback (alias `jump`) that accepts the fleet's client key: the
+    bastion of ProxyJump tests."""
+    from pathlib import Path
+
+    from tests.fleet.sshd import SshServer
+
+    pub = Path(f"{fleet_client_key}.pub").read_text()
+    with SshServer(tmp_path_factory.mktemp("jump"), alias="jump", client_pubkeys=[pub]) as srv:
+        yield srv

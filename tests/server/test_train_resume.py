@@ -18,7 +18,7 @@ from ddtree_server.train import resume
 from ddtree_server.train.data import GenSettings
 from ddtree_server.train.pipeline import PipelineOptions, run
 from ddtree_server.train.trainer import TrainSettings
-from tests.server.train_fixtures import make_tiny_target
+from tests.server.train_fixtures import eval_index_or_skip, make_tiny_target
 
 MAX_FILES = 8  # what the GPU machine returns from $OUT
 
@@ -30,13 +30,7 @@ def tiny_target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def eval_wheels():
-    from ddtree_server.bench.wheels import DataFileError
-    from ddtree_server.train.contamination import load_index
-
-    try:
-        return load_index()
-    except DataFileError as exc:
-        pytest.skip(f"evaluation wheels unavailable here: {exc}")
+    return eval_index_or_skip()
 
 
 def _drafter():

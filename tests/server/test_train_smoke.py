@@ -14,7 +14,7 @@ from ddtree_server.models.drafter_load import load_drafter
 from ddtree_server.train.data import GenSettings
 from ddtree_server.train.pipeline import PipelineOptions, run
 from ddtree_server.train.trainer import TrainSettings
-from tests.server.train_fixtures import make_tiny_target
+from tests.server.train_fixtures import eval_index_or_skip, make_tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -24,14 +24,7 @@ def tiny_target(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def eval_wheels():
-    """The four evaluation wheels in the wheel cache (the CLI's contamination check reads them)."""
-    from ddtree_server.bench.wheels import DataFileError
-    from ddtree_server.train.contamination import load_index
-
-    try:
-        return load_index()
-    except DataFileError as exc:
-        pytest.skip(f"evaluation wheels unavailable here: {exc}")
+    return eval_index_or_skip()
 
 
 def _opts(tiny_target, tmp_path, **kw):

@@ -1,5 +1,6 @@
 """Shared helpers for the train-drafter tests: a tiny random Llama target with a word-level
-tokenizer and a chat template, saved as an HF folder with a prompt file beside it."""
+tokenizer and a chat template, saved as an HF folder with a prompt file beside it; the
+evaluation-wheel index for the contamination check."""
 
 from __future__ import annotations
 
@@ -36,3 +37,16 @@ def make_tiny_target(folder: Path, n_prompts: int = 8) -> Path:
             words = [WORDS[int(i)] for i in torch.randint(0, len(WORDS), (6,), generator=rng)]
             fh.write(json.dumps({"prompt": " ".join(words)}) + "\n")
     return folder
+
+
+def eval_index_or_skip():
+    """The contamination index over the four evaluation wheels in the wheel cache (the CLI's
+    contamination check reads them); skips the calling test where they are not there."""
+    import pytest
+    from ddtree_server.bench.wheels import DataFileError
+    from ddtree_server.train.contamination import load_index
+
+    try:
+        return load_index()
+    except DataFileError as exc:
+        pytest.skip(f"evaluation wheels unavailable here: {exc}")

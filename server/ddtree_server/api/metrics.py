@@ -40,8 +40,8 @@ class Metrics:
         self.requests = Counter("ddtree_requests", "HTTP requests answered.", ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("ddtree_prompt_tokens", "Prompt tokens of finished requests.", registry=r)
         self.generated_tokens = Counter("ddtree_generated_tokens", "Tokens generated.", registry=r)
-        self.cancelled = Counter("ddtree_requests_cancelled", "Generations cancelled by a client disconnect or the drain deadline.",
-                                 registry=r)
+        self.cancelled = Counter("ddtree_requests_cancelled",
+                                 "Generations cancelled by a client disconnect or the drain deadline.", registry=r)
         self.decode_rounds = Counter("ddtree_decode_rounds", "Target forwards after prefill.", registry=r)
         self.decode_tokens = Counter("ddtree_decode_tokens", "Tokens produced by decode rounds (after prefill).",
                                      registry=r)
