@@ -27,6 +27,9 @@ from tests.fleet.sshd import free_port
 FLEET_DIR = Path(__file__).resolve().parent
 REPO = FLEET_DIR.parents[1]
 EMU_LIB = "/usr/lib/ddt-fleet-emu"
+# tests/fleet/fake_engine as the containers see it; not under EMU_LIB: a mount point made inside a
+# directory that an earlier bind created would lay an overlay over that bind (pctemu/ns.py _make)
+ENGINE = "/usr/local/lib/ddt-fake-engine/fake_engine"
 CONTAINERS = {"ct310": ("fz-a", 310), "ct311": ("fz-b", 311)}
 BLOB_PATH = "/srv/fz/blob.bin"
 ALIVE = {"ConnectTimeout": "2", "ServerAliveInterval": "1", "ServerAliveCountMax": "2"}
@@ -48,8 +51,10 @@ class FaultFleet:
         self.home.mkdir(exist_ok=True)
         for name, (node, vmid) in CONTAINERS.items():
             self.nodes.setdefault(node, shared_node(node))
+            # the engine is bound in like the emulators: a checkout under a container-private dir
+            # (/root, /tmp: tests/fleet/pctemu/ns.py) is not visible inside the container
             binds = {"/usr/bin/systemctl": FLEET_DIR / "systemctl", "/usr/bin/journalctl": FLEET_DIR / "journalctl",
-                     f"{EMU_LIB}/emu": FLEET_DIR / "emu"}
+                     f"{EMU_LIB}/emu": FLEET_DIR / "emu", ENGINE: FLEET_DIR / "fake_engine"}
             if name == "ct310":
                 binds["/usr/local/bin/dd"] = FLEET_DIR / "slow_dd"
             if vmid not in self.nodes[node].running():
@@ -75,7 +80,7 @@ class FaultFleet:
                  for node, n in self.nodes.items()}
         containers = {
             name: {"vmid": vmid, "node": node, "address": "127.0.0.1", "groups": ["fz"],
-                   "service": {"kind": "vllm", "executable": str(FLEET_DIR / "fake_engine"), "port": self.ports[name],
+                   "service": {"kind": "vllm", "executable": ENGINE, "port": self.ports[name],
                                "bind": "127.0.0.1", "unit": f"fake-{name}.service", "model_id": "fake",
                                "ready_timeout_s": 30,
                                "target": {"path": BLOB_PATH, "source": str(self.blob)}}}
