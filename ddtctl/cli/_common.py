@@ -1,13 +1,15 @@
 """Shared CLI plumbing: options, inventory + host selection, the transport factory, error handling.
 
 `transport_for(host)` is the one place transports are made (tests and other front ends can
-replace it). Every command runs inside `handle_errors`: a DdtctlError becomes a one-line (or
+replace it). During a command (`handle_errors`) every container of one node shares ONE SSH
+connection (`node_pool`): their `pct exec` commands are channels over that transport. Every command runs inside `handle_errors`: a DdtctlError becomes a one-line (or
 per-host) message on stderr and its documented exit code, never a traceback; Ctrl-C and broken
 pipes are handled the same way in every command (see `handle_errors`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -20,6 +22,7 @@ import typer
 from ddtctl import cancel, report
 from ddtctl.errors import DdtctlError, ExitCode, UsageError, exit_code_for
 from ddtctl.inventory import Host, Inventory, ddtctl_home, load_inventory
+from ddtctl.remote.nodepool import NodePool
 
 HostsArg = typer.Argument(None, metavar="[HOST|GROUP]...", help="Host or group names (globs allowed).",
                           show_default=False)
@@ -56,10 +59,32 @@ def select_one(ctx: typer.Context, word: str) -> Host:
     return hosts[0]
 
 
+_POOL: NodePool | None = None          # the running command's node connections (handle_errors)
+
+
+@contextlib.contextmanager
+def node_pool():
+    """One SSH transport per node for the command that runs inside (closed at its end)."""
+    global _POOL
+    outer, _POOL = _POOL, NodePool()
+    try:
+        yield _POOL
+    finally:
+        pool, _POOL = _POOL, outer
+        pool.close()
+
+
 def node_transport(host: Host):
     """SSH transport of a container's Proxmox node: the inventory's `user`/`port` and `ssh_options`
     act like `ssh -l/-p/-o` over the ssh config ($DDTCTL_SSH_CONFIG, else ~/.ssh/config), which
-    OpenSSH itself evaluates (remote/sshconfig.py)."""
+    OpenSSH itself evaluates (remote/sshconfig.py). Inside a command the node's shared transport
+    (`node_pool`); outside one a new transport."""
+    if _POOL is not None:
+        return _POOL.get(host.node_name, lambda: _new_node_transport(host))
+    return _new_node_transport(host)
+
+
+def _new_node_transport(host: Host):
     from ddtctl.remote.ssh import SshTransport      # paramiko is only imported when a node is used
 
     opts = {k: ("yes" if k.lower() == "stricthostkeychecking" and v.lower() == "strict" else v)
@@ -103,7 +128,8 @@ def handle_errors(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         with cancel.sigint_handler(), report.pipe_safe():
-            code = _run_command(fn, args, kwargs)
+            with node_pool():
+                code = _run_command(fn, args, kwargs)
             if cancel.was_requested():
                 code = int(ExitCode.INTERRUPTED)
             elif report.output_lost():

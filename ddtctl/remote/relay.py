@@ -115,5 +115,5 @@ def relay_channel(chan: paramiko.Channel, transport: paramiko.Transport, stdin: 
             return NO_STATUS if code < 0 else code
         if not transport.is_active():
             return LOST
-        if chan.closed:
-            return NO_STATUS
+        if chan.closed:      # closed after the status check above: the next round reads its status
+            continue

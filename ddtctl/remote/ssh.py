@@ -1,7 +1,8 @@
 """SshTransport: a node reached over SSH with Paramiko, configured by OpenSSH's own evaluation of the
 operator's ssh_config (remote/sshconfig.py) and connected like ssh(1) (remote/sshconnect.py).
 
-* One connection per node, opened lazily and shared by all threads; at most ``max_channels``
+* One connection per node, opened lazily and shared by all threads (and, through
+  remote/nodepool.py, by all containers of the node in one command); at most ``max_channels``
   (default 8) concurrent channels, below OpenSSH's ``MaxSessions`` 10.
 * Deadlines: connect, banner, key exchange and authentication each within ConnectTimeout (ddtctl
   default 10 s); every hop is watched by a keepalive (remote/keepalive.py: ServerAliveInterval x
@@ -219,7 +220,8 @@ class SshTransport:
             chan = transport.open_session(timeout=self.config().connect_timeout)
             chan.exec_command(command)
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            self._drop(transport)
+            if not transport.is_active():      # a refused channel leaves the shared connection up
+                self._drop(transport)
             raise _NotStarted(repr(exc), transport) from exc
         return transport, chan
 
@@ -253,9 +255,14 @@ class SshTransport:
                 if chan.eof_received or chan.closed or now - exited_at > EXIT_GRACE:
                     if not (chan.recv_ready() or chan.recv_stderr_ready()):
                         break
-            elif not transport.is_active() or chan.closed:
+            elif not transport.is_active():
                 self._drop(transport)
                 raise _Dropped("connection lost", transport)
+            # else: a channel closed after the check above (exit-status, EOF and close arrive
+            # together) is a command that ended: the next round takes the branch above (paramiko's
+            # exit_status_ready() is true once the channel is closed). Treating that interleaving
+            # as a lost connection failed healthy commands with "connection lost" and closed the
+            # node's shared connection under every other command in flight.
         writer.join(1)
         code = chan.recv_exit_status()
         if code == -1 and not transport.is_active():  # closed by the dying connection

@@ -1,0 +1,88 @@
+"""Time `ddtctl status --all` over the wide test fleet (tests/fleet/scale.py: 4 nodes x 8 containers).
+
+    python -m tests.fleet.scale_bench [--out docs/benchmarks] [--ddtctl-root DIR] [--label NAME]
+
+Runs `status --all` (default parallelism, GPUs queried) three times with every service stopped, then
+deploys all 32 engine emulations (`deploy --all -p 16 --no-smoke`) and runs it three times with 32
+live services; counts the SSH logins the nodes' sshd accepted during each status run. Writes
+`status-scale[-LABEL].json` and `.md` under --out. `--ddtctl-root` runs the ddtctl of another
+checkout (e.g. an older commit, for a before/after comparison). Needs root, openssh-server and
+util-linux (the test fleet's requirements).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.fleet.node import close_all
+from tests.fleet.scale import REPO, ScaleFleet
+
+
+def _status(fleet: ScaleFleet, root: Path, *args: str) -> tuple[float, int, int]:
+    before = sum(fleet.logins().values())
+    t = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ddtctl", "status", "--all", *args], env=fleet.env(), cwd=root,
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    seconds = time.monotonic() - t
+    time.sleep(0.5)                                              # sshd writes its log line late
+    return seconds, proc.returncode, sum(fleet.logins().values()) - before
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks"))
+    ap.add_argument("--ddtctl-root", default=str(REPO))
+    ap.add_argument("--label", default="")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    root = Path(args.ddtctl_root).resolve()
+    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ddt-scale-") as tmp:
+        fleet = ScaleFleet(Path(tmp)).start()
+        try:
+            for phase in ("stopped", "live"):
+                if phase == "live":
+                    dep = fleet.ddtctl("deploy", "--all", "-p", "16", "--no-smoke", timeout=1800)
+                    if dep.returncode != 0:
+                        raise SystemExit(f"deploy failed ({dep.returncode}):\n{dep.stderr[-3000:]}")
+                for _ in range(args.runs):
+                    seconds, code, logins = _status(fleet, root)
+                    rows.append({"phase": phase, "seconds": round(seconds, 2), "exit_code": code,
+                                 "ssh_logins": logins})
+                    print(rows[-1], flush=True)
+        finally:
+            fleet.stop_services()
+            fleet.close()
+            close_all()
+    doc = {"command": "ddtctl status --all (default -p 4, GPUs queried)", "containers": 32, "nodes": 4,
+           "ddtctl_commit": commit, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+           "runs": rows,
+           "median_s": {p: statistics.median(r["seconds"] for r in rows if r["phase"] == p)
+                        for p in ("stopped", "live")}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = "status-scale" + (f"-{args.label}" if args.label else "")
+    (out / f"{stem}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [f"# `ddtctl status --all`: 32 containers on 4 nodes (ddtctl {commit})", "",
+             f"{doc['machine']['cpus']} CPU cores; real sshd per node, pct/systemctl/nvidia-smi emulations "
+             "(tests/fleet/scale.py); `python -m tests.fleet.scale_bench`.", "",
+             "| services | run | seconds | exit | SSH logins |", "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['phase']} | {i % args.runs + 1} | {r['seconds']} | {r['exit_code']} | {r['ssh_logins']} |"
+              for i, r in enumerate(rows)]
+    lines += ["", f"Median: stopped {doc['median_s']['stopped']} s, live {doc['median_s']['live']} s.", ""]
+    (out / f"{stem}.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
