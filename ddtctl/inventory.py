@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from ddtctl.errors import InventoryError, UsageError
 from ddtctl import inventory_refs as refs
+from ddtctl.inventory_router import resolve_routers
 from ddtctl.inventory_schema import Host, InventoryModel
 from ddtctl.inventory_values import string_problem
 
@@ -131,6 +132,8 @@ def parse_inventory(text: str, file: Path) -> Inventory:
     hosts, problems = refs.valid_hosts(data, ddtctl_home())
     problems += refs.cross_references(data, hosts)
     hosts, more = refs.resolve_packages(data, hosts)
+    problems += more
+    hosts, more = resolve_routers(data, hosts)
     problems += more
     issues += [Issue(_line_of(root, loc), _dotted(loc), message) for loc, message in problems]
     if not issues and model is not None:
@@ -275,8 +278,8 @@ def _issue_from_error(root: yaml.Node | None, err: dict) -> Issue:
     shown = tuple(p for p in loc if p in found or not isinstance(p, str) or p not in _TAGS)
     msg = _plain_message(err)
     msg = {"extra_forbidden": "unknown key", "missing": "required key is missing",
-           "union_tag_invalid": "kind must be one of ddtree, sglang, vllm",
-           "union_tag_not_found": "`kind:` is missing (ddtree, sglang or vllm)"}.get(err["type"], msg)
+           "union_tag_invalid": "kind must be one of ddtree, sglang, vllm, router",
+           "union_tag_not_found": "`kind:` is missing (ddtree, sglang, vllm or router)"}.get(err["type"], msg)
     if isinstance(err.get("input"), bool):       # YAML true/false/yes/no where a number belongs
         msg = f"{msg}, not the boolean {str(err['input']).lower()}"
     elif err["type"] in ("int_type", "float_type") and isinstance(err.get("input"), str):
@@ -284,7 +287,7 @@ def _issue_from_error(root: yaml.Node | None, err: dict) -> Issue:
     return Issue(line, _dotted(shown), msg)
 
 
-_TAGS = ("ddtree", "sglang", "vllm")
+_TAGS = ("ddtree", "sglang", "vllm", "router")
 
 
 def _plain_message(err: dict) -> str:

@@ -177,7 +177,7 @@ def groups_of(model: InventoryModel, hosts: dict[str, Host]) -> dict[str, list[s
 
 
 def resolve_packages(data: dict, hosts: dict[str, Host]) -> tuple[dict[str, Host], list[Problem]]:
-    """Each ddtree host with its `PackageSettings`: the default (`index` for containers, `system`
+    """Each ddtree and router host with its `PackageSettings`: the default (`index` for containers, `system`
     for local hosts), then `packages: {all: ...}`, then the `packages:` of its groups, then its
     own `service.packages`; a key two of its groups set differently (and the host does not) is a
     problem."""
@@ -199,7 +199,7 @@ def resolve_packages(data: dict, hosts: dict[str, Host]) -> tuple[dict[str, Host
             continue                                  # reported by the schema
     out: dict[str, Host] = {}
     for name, host in hosts.items():
-        if host.service.kind != "ddtree":
+        if host.service.kind not in ("ddtree", "router"):
             out[name] = host
             continue
         values: dict = {"mode": "index" if host.kind == "container" else "system"}

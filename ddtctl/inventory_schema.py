@@ -15,13 +15,13 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from ddtctl import inventory_values as rules
-from ddtctl.inventory_services import (UNIT_NAME, DdtreeService, ModelRef, Packages, Service,
-                                       SglangService, VllmService)
+from ddtctl.inventory_services import (UNIT_NAME, DdtreeService, ModelRef, Packages, RouterService,
+                                       Service, SglangService, VllmService)
 from ddtctl.inventory_values import (ENV_NAME, HOST_NAME, Address, GroupName, InstallRoot, ModelPath,
                                      NoControl, rule)
 
 __all__ = ["ENV_NAME", "HOST_NAME", "UNIT_NAME", "SMOLLM2_MODEL_ID", "Node", "ModelRef", "Container",
-           "LocalHost", "InventoryModel", "Host", "DdtreeService", "SglangService", "VllmService", "Service", "Packages", "PackageSettings"]
+           "LocalHost", "InventoryModel", "Host", "DdtreeService", "SglangService", "VllmService", "RouterService", "Service", "Backend", "Packages", "PackageSettings"]
 
 SMOLLM2_MODEL_ID = "SmolLM2-135M-Instruct"   # the embedded default model of ddtree-server
 # values OpenSSH accepts for StrictHostKeyChecking (ssh_config(5)), plus ddtctl's older `strict` (= yes)
@@ -122,6 +122,29 @@ class PackageSettings:
 
 
 @dataclass(frozen=True)
+class Backend:
+    """One service behind a router (resolved from the router's `backends` group)."""
+
+    name: str
+    kind: str                      # ddtree | sglang | vllm
+    address: str
+    port: int
+    model_id: str
+
+    @property
+    def base_url(self) -> str:
+        """`http://address:port` as the router reaches it (IPv6 in brackets)."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}"
+
+    @property
+    def health_path(self) -> str:
+        """Readiness path of the backend: `/ready` for the bundled server (503 while loading, where
+        its `/health` is already 200), `/health` for SGLang and vLLM."""
+        return "/ready" if self.kind == "ddtree" else "/health"
+
+
+@dataclass(frozen=True)
 class Host:
     """A resolved deploy target: a container (with its node) or a local host."""
 
@@ -134,7 +157,8 @@ class Host:
     node_name: str | None = None
     node: Node | None = None
     vmid: int | None = None
-    packages: PackageSettings | None = None      # ddtree services only (inventory_refs.resolve_packages)
+    packages: PackageSettings | None = None      # ddtree and router services (inventory_refs.resolve_packages)
+    backends: tuple[Backend, ...] = ()           # router services (inventory_router.resolve_routers)
 
     @property
     def unit(self) -> str:
@@ -162,6 +186,11 @@ class Host:
         svc, out = self.service, []
         if svc.kind in ("sglang", "vllm") and svc.target is None:
             out.append((("kind",), f"a {svc.kind} service needs `target:` (the model path)"))
+        if svc.kind == "router":
+            out += [((key,), f"a router serves no model of its own: remove `{key}:` (its backends "
+                     "have the models and GPUs)") for key in ("target", "drafter", "gpus", "weights")
+                    if key in svc.model_fields_set]
+        out += rules.parallel_problems(svc)
         if self.kind == "local" and svc.kind != "ddtree":
             out.append((("kind",), "local hosts run the bundled ddtree server only"))
         if self.kind == "local" and svc.weights == "shared":

@@ -1,8 +1,9 @@
 """Service settings of inventory.yaml: models, packages, and the ddtree / sglang / vllm services.
 
 Pure data (pydantic); value rules come from `ddtctl.inventory_values`. One host runs one service:
-the bundled `ddtree` server (installed by ddtctl from the server wheel of this checkout) or an
-external engine (`sglang`, `vllm`) that ddtctl only configures, starts and probes.
+the bundled `ddtree` server (installed by ddtctl from the server wheel of this checkout), an
+external engine (`sglang`, `vllm`) that ddtctl only configures, starts and probes, or a `router`
+(`sglang-router`, installed by ddtctl) in front of the services of an inventory group.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ddtctl.inventory_values import (Address, EnvValue, Executable, GpuId, ModelPath, NoControl,
-                                     address_problem, env_name_problem, rule, url_problem)
+from ddtctl.inventory_values import (Address, EnvValue, Executable, GpuId, GroupName, ModelPath,
+                                     NoControl, address_problem, env_name_problem, rule, url_problem)
 
 Url = Annotated[str, rule(url_problem)]
 UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*\.service$")
@@ -117,6 +118,13 @@ class SglangService(_ServiceBase):
     kind: Literal["sglang"]
     python: Executable = Field("/usr/bin/python3", description="Interpreter that has sglang installed.")
     speculative_algorithm: str = "DFLASH"
+    tp_size: int | None = Field(None, strict=True, ge=1, le=64, description="--tp-size: GPUs one model is "
+                                "split over (tensor parallelism); must equal the number of `gpus`.")
+    block_size: int | None = Field(None, strict=True, ge=2, le=64, description="DFlash block size "
+                                   "(--speculative-num-draft-tokens); default: the drafter's config.")
+    mamba_scheduler_strategy: Literal["no_buffer", "extra_buffer"] | None = Field(
+        None, description="--mamba-scheduler-strategy for hybrid (Mamba/GDN) targets; DFlash on a hybrid "
+        "target needs extra_buffer.")
 
 
 class VllmService(_ServiceBase):
@@ -127,6 +135,10 @@ class VllmService(_ServiceBase):
     speculative_config: dict[str, Any] = Field(
         default_factory=lambda: {"method": "dflash", "num_speculative_tokens": 15},
         description="Merged into --speculative-config; `model` is set to the drafter path.")
+    tp_size: int | None = Field(None, strict=True, ge=1, le=64, description="--tensor-parallel-size; "
+                                "must equal the number of `gpus`.")
+    block_size: int | None = Field(None, strict=True, ge=2, le=64, description="DFlash block size: "
+                                   "num_speculative_tokens = block_size - 1 in --speculative-config.")
 
     @field_validator("speculative_config")
     @classmethod
@@ -138,4 +150,29 @@ class VllmService(_ServiceBase):
         return value
 
 
-Service = Annotated[Union[DdtreeService, SglangService, VllmService], Field(discriminator="kind")]
+ROUTER_VERSION = "0.3.2"           # the sglang-router release ddtctl is tested with (PyPI)
+
+
+class RouterService(_ServiceBase):
+    """`sglang-router` (PyPI; `python -m sglang_router.launch_router`) in front of the services of the
+    inventory group `backends` (their `http://address:port`); one OpenAI endpoint for all of them.
+    Installed by ddtctl into a release venv like the bundled server (`packages:` modes). Serves no
+    model itself: `target`, `drafter` and `gpus` are refused."""
+
+    kind: Literal["router"]
+    backends: GroupName = Field(description="Inventory group whose services the router sends requests to.")
+    version: Annotated[str, rule(lambda v: None if re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", v)
+                                 else "must be a version number such as 0.3.2")] = Field(
+        ROUTER_VERSION, description="sglang-router version installed (pip `sglang-router==VERSION`).")
+    policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] | None = Field(
+        None, description="--policy (router default: cache_aware).")
+    metrics_port: int = Field(29000, strict=True, ge=1, le=65535,
+                              description="--prometheus-port (bound to the service's `bind` address).")
+    health_check_interval_s: int = Field(5, strict=True, ge=1, le=3600,
+                                         description="--health-check-interval-secs of the backends.")
+    python: Executable | None = Field(None, description="Interpreter the release venv is made from (default python3).")
+    packages: Packages | None = Field(None, description="Where the release venv's dependencies come from.")
+
+
+Service = Annotated[Union[DdtreeService, SglangService, VllmService, RouterService],
+                    Field(discriminator="kind")]

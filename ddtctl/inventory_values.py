@@ -216,3 +216,30 @@ GroupName = Annotated[str, rule(lambda v: None if HOST_NAME.match(v) else
                                 "group names use letters, digits, '_', '.', '-' and start with a letter or digit")]
 GpuId = Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
                   rule(gpu_problem)]
+
+
+def parallel_problems(svc) -> list[tuple[tuple[str, ...], str]]:
+    """(key path under `service`, message) for a tensor-parallel or speculative setting that cannot
+    run: `tp_size` N needs exactly N whole GPUs in `gpus` (one process group spans them; a MIG
+    instance is one slice of one GPU), `block_size` needs a drafter, and a vLLM
+    `speculative_config.num_speculative_tokens` that contradicts it (block = 1 + drafted tokens)."""
+    out: list[tuple[tuple[str, ...], str]] = []
+    tp = getattr(svc, "tp_size", None)
+    if tp is not None and tp > 1:
+        gpus = list(svc.gpus)
+        if len(gpus) != tp:
+            listed = f"`gpus` lists {len(gpus)} ({', '.join(gpus)})" if gpus else "`gpus` lists none"
+            out.append((("tp_size",), f"tp_size {tp} splits the model over {tp} GPUs, but {listed}; "
+                        f"list exactly {tp} GPU indices"))
+        elif any(not g.isdigit() for g in gpus):
+            out.append((("tp_size",), f"tp_size {tp} needs whole GPUs (indices); `gpus` names a MIG "
+                        "instance or UUID"))
+    block = getattr(svc, "block_size", None)
+    if block is not None and svc.drafter is None:
+        out.append((("block_size",), "block_size is the drafter's block: set `drafter:` or remove it"))
+    spec = getattr(svc, "speculative_config", None)
+    if (block is not None and "speculative_config" in svc.model_fields_set and isinstance(spec, dict)
+            and "num_speculative_tokens" in spec and spec["num_speculative_tokens"] != block - 1):
+        out.append((("block_size",), f"block_size {block} means num_speculative_tokens {block - 1}, but "
+                    f"speculative_config sets {spec['num_speculative_tokens']}; set one of them"))
+    return out

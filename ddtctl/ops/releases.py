@@ -64,6 +64,11 @@ class Layout:
         """The server console script of the current release."""
         return posixpath.join(self.current, "venv", "bin", "ddtree-server")
 
+    @property
+    def router_python(self) -> str:
+        """The interpreter of the current release's venv (router services)."""
+        return posixpath.join(self.current, "venv", "bin", "python")
+
     def release(self, version_id: str) -> str:
         return posixpath.join(self.releases_dir, version_id)
 

@@ -64,19 +64,53 @@ def service_spec(host: Host) -> ServiceSpec:
         desc = f"ddtree-server ({host.model_id}) for ddtctl host {host.name}"
     elif svc.kind == "sglang":
         argv = [svc.python, "-m", "sglang.launch_server", "--model-path", svc.target.path, *common]
+        if svc.tp_size is not None:
+            argv += ["--tp-size", str(svc.tp_size)]
         if svc.drafter is not None:
             argv += ["--speculative-algorithm", svc.speculative_algorithm,
                      "--speculative-draft-model-path", svc.drafter.path]
+            if svc.block_size is not None:
+                argv += ["--speculative-num-draft-tokens", str(svc.block_size)]
+        if svc.mamba_scheduler_strategy is not None:
+            argv += ["--mamba-scheduler-strategy", svc.mamba_scheduler_strategy]
         desc = f"SGLang ({host.model_id}) for ddtctl host {host.name}"
-    else:
+    elif svc.kind == "vllm":
         argv = [svc.executable, "serve", svc.target.path, *common]
+        if svc.tp_size is not None:
+            argv += ["--tensor-parallel-size", str(svc.tp_size)]
         if svc.drafter is not None:
             conf = {**svc.speculative_config, "model": svc.drafter.path}
+            if svc.block_size is not None:            # a DFlash block = the bonus token + the drafted ones
+                conf["num_speculative_tokens"] = svc.block_size - 1
             argv += ["--speculative-config", json.dumps(conf, separators=(",", ":"), sort_keys=True)]
         desc = f"vLLM ({host.model_id}) for ddtctl host {host.name}"
+    else:
+        argv = router_argv(host, layout)
+        desc = f"sglang-router ({host.model_id}, {len(host.backends)} backends) for ddtctl host {host.name}"
     return ServiceSpec(unit=host.unit, kind=svc.kind, description=desc, argv=[*argv, *svc.extra_args],
                        environment=env, env_file=layout.env_file, env_file_vars=dict(svc.environment),
                        working_dir=host.root, notify=svc.kind == "ddtree")
+
+
+def router_argv(host: Host, layout: Layout) -> list[str]:
+    """`python -m sglang_router.launch_router` of the current release, in front of the backends.
+
+    Backends are checked at their readiness path (`/ready` when every backend is the bundled
+    server, whose `/health` is 200 while it still loads), every `health_check_interval_s`. The
+    circuit breaker is off: sglang-router 0.3.2 counts every 429 of a busy backend as a failure
+    and, after 10, refuses all requests with 503 `no_available_workers` for 60 s, although the
+    backends are healthy (docs/operations.md "Routers"); dead backends are still dropped by the
+    health checks and requests to them retried on another backend."""
+    svc = host.service
+    health = {b.health_path for b in host.backends}
+    argv = [layout.router_python, "-m", "sglang_router.launch_router", "--host", host.bind, "--port", str(svc.port),
+            "--worker-urls", *[b.base_url for b in host.backends]]
+    if svc.policy is not None:
+        argv += ["--policy", svc.policy]
+    argv += ["--health-check-endpoint", health.pop() if len(health) == 1 else "/health",
+             "--health-check-interval-secs", str(svc.health_check_interval_s), "--disable-circuit-breaker",
+             "--prometheus-host", host.bind, "--prometheus-port", str(svc.metrics_port)]
+    return argv
 
 
 # ----------------------------------------------------------------------------- escaping filters
