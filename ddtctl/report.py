@@ -33,7 +33,8 @@ STATUS_STYLE = {"ok": "green", "pass": "green", "changed": "yellow", "planned": 
                 "container stopped": "red", "container missing": "red", "no pct": "red",
                 "container error": "red", "auth failed": "red"}
 # `ready` verdicts whose cause is printed in the cell itself (the others explain themselves)
-CAUSE_SHOWN = ("unreachable", "container missing", "no pct", "container error", "auth failed", "failed")
+CAUSE_SHOWN = ("unreachable", "container missing", "no pct", "container error", "auth failed", "failed",
+               "degraded")
 
 
 _PIPE_ERRORS = (BrokenPipeError, ConnectionResetError)

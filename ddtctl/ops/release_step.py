@@ -29,6 +29,9 @@ def release_step(host, transport, layout, bundle, old, run, dry_run, progress_fa
     `run`: the deploy's bookkeeping (`step(name, status, detail, since)`, `result.release`,
     `reinstalled` set when the current release was installed again in place)."""
     svc = host.service
+    if svc.kind == "router":
+        from ddtctl.ops.router_release import router_release_step
+        return router_release_step(host, transport, layout, old, run, dry_run, progress_factory)
     if svc.kind != "ddtree":
         return False
     if bundle is None:

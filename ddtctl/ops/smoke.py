@@ -20,6 +20,7 @@ import httpx
 from ddtctl import cancel
 from ddtctl.errors import SmokeFailed
 from ddtctl.inventory import Host
+from ddtctl.ops import router as router_ops
 from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error
 
 FACT = ("What is the capital of France?", "paris")
@@ -136,6 +137,10 @@ def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
         unreachable = ""
 
         def models() -> str:
+            if host.service.kind == "router":         # its /v1/models says `unknown` (ops/router.py)
+                verdicts = router_ops.workers(client, host)
+                assert all(v is True for v in verdicts.values()), router_ops.describe(verdicts)
+                return f"{router_ops.describe(verdicts)}; {host.model_id} served by each"
             r = client.get("/v1/models")
             if r.status_code in AUTH_CODES:          # not a failed check: no check can pass (exit 3)
                 raise auth_error(host, f"/v1/models {r.status_code}")
@@ -190,7 +195,8 @@ def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
             return f"{r.status_code}"
 
         def acceptance() -> str:
-            if host.service.kind != "ddtree":
+            if host.service.kind != "ddtree" and not (
+                    host.service.kind == "router" and all(b.kind == "ddtree" for b in host.backends)):
                 return "n/a (external engine)"
             dec = facts.get("decoding")
             assert isinstance(dec, dict), "response has no `decoding` extension"

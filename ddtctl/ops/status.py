@@ -30,6 +30,7 @@ from ddtctl.inventory import Host
 from ddtctl.ops import container as container_ops
 from ddtctl.ops import gpu as gpu_ops
 from ddtctl.ops import releases
+from ddtctl.ops import router as router_ops
 from ddtctl.ops.container import ContainerState
 from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error, health_path
 from ddtctl.ops.supervisor import manager_for
@@ -55,6 +56,16 @@ class HostStatus:
     unreachable_cause: str = ""  # e.g. "no SSH banner in 10 s", "connection refused"
     container: dict | None = None  # container hosts: {"state": running|stopped|absent|no-pct|error, "detail"}
     auth_failed: bool = False   # the API answered 401/403: exit 3
+    backends: list[dict] | None = None  # routers: each backend {name, url, ready, detail, router} (ops/router.py)
+
+    @property
+    def degraded(self) -> str:
+        """For a ready router: which backends are not ready ("" when all are)."""
+        bad = [b for b in self.backends or [] if not (b["ready"] and b["router"] is True)]
+        if not bad:
+            return ""
+        return f"{len(self.backends) - len(bad)}/{len(self.backends)} backends ready (" + ", ".join(
+            f"{b['name']}: {b['detail'] if not b['ready'] else 'unhealthy at the router'}" for b in bad) + ")"
 
     @property
     def version_mismatch(self) -> bool:
@@ -69,7 +80,7 @@ class HostStatus:
     @property
     def ok(self) -> bool:
         return not self.errors and bool(self.ready) and not self.unreachable and not self.auth_failed \
-            and (self.container is None or self.container["state"] == "running")
+            and (self.container is None or self.container["state"] == "running") and not self.degraded
 
     @property
     def verdict(self) -> str:
@@ -87,6 +98,8 @@ class HostStatus:
             return "auth failed"
         if self.stopped:
             return "stopped"
+        if self.ready and not self.errors and self.degraded:
+            return "degraded"
         return self.ready_state if self.ready_state in ("loading", "warming") else "failed"
 
     @property
@@ -102,10 +115,11 @@ class HostStatus:
             return next(e for e in self.errors if "authentication failed" in e).split(": ", 1)[-1]
         if self.errors:
             return self.errors[0]
-        return self.ready_detail
+        return self.degraded or self.ready_detail
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "version_mismatch": self.version_mismatch, "stopped": self.stopped,
+                "degraded": bool(self.degraded),
                 "verdict": self.verdict, "cause": self.cause, "ok": self.ok}
 
 
@@ -198,7 +212,8 @@ def _container_problem(st: HostStatus, found: ContainerState) -> None:
 
 def host_status(host: Host, transport, *, expected_release: str | None = None, gpus: bool = True) -> HostStatus:
     """Everything `status` shows for one host (never raises)."""
-    st = HostStatus(host.name, host.service.kind, expected_release=expected_release)
+    st = HostStatus(host.name, host.service.kind,
+                    expected_release=expected_release if host.service.kind == "ddtree" else None)
     manager = manager_for(host, transport)
     timeout = getattr(getattr(transport, "node", transport), "connect_timeout", None)
 
@@ -228,6 +243,12 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
             st.ready_state = _state_of(r)
             if st.ready_state and not st.ready:
                 st.ready_detail += f" state={st.ready_state}"
+            if host.service.kind == "router":              # models and health live on its backends
+                verdicts = router_ops.workers(client, host)
+                st.backends = [{**b, "router": verdicts.get(b["name"])}
+                               for b in router_ops.backend_states(host, transport)]
+                st.models = [host.model_id] if any(b["ready"] for b in st.backends) else []
+                return
             r = get("/v1/models")
             if r.status_code == 200:
                 st.models = [m.get("id") for m in r.json().get("data", [])]
@@ -269,7 +290,7 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
         st.ready, st.ready_detail = False, "unreachable"
     if gpus and (host.kind != "local" or host.service.gpus or getattr(host.service, "device", None) == "cuda"):
         _guard(st, "gpu", gpu, timeout)
-    if host.service.kind == "ddtree" and (st.container is None or st.container["state"] == "running"):
+    if host.service.kind in ("ddtree", "router") and (st.container is None or st.container["state"] == "running"):
         _guard(st, "release", release, timeout)
     return st
 

@@ -93,7 +93,7 @@ def test_good_inventory_resolves() -> None:
      "inventory.yaml:14: containers.ct200.service.port: required key is missing\n"
      "inventory.yaml:16: containers.ct200.service.prot: unknown key"),
     ("      kind: vllm\n", "      kind: tgi\n",
-     "inventory.yaml:23: containers.ct201.service: kind must be one of ddtree, sglang, vllm"),
+     "inventory.yaml:23: containers.ct201.service: kind must be one of ddtree, sglang, vllm, router"),
     ("      port: 30000\n", "      port: many\n",
      "inventory.yaml:33: containers.ct129.service.port: Input should be a valid integer, not the string 'many'"),
     ("    service: {kind: ddtree, port: 8411, device: cpu}\n", "    service: {kind: ddtree, device: cpu}\n",

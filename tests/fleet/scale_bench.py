@@ -47,14 +47,20 @@ def main() -> None:
     root = Path(args.ddtctl_root).resolve()
     commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    rows = []
+    rows, deploys = [], []
     with tempfile.TemporaryDirectory(prefix="ddt-scale-") as tmp:
         fleet = ScaleFleet(Path(tmp)).start()
         try:
             for phase in ("stopped", "live"):
                 if phase == "live":
-                    dep = fleet.ddtctl("deploy", "--all", "-p", "16", "--no-smoke", timeout=1800)
-                    if dep.returncode != 0:
+                    for attempt in (1, 2, 3):          # a failed host is recorded, then deployed again
+                        dep = fleet.ddtctl("deploy", "--all", "-p", "16", "--no-smoke", timeout=1800)
+                        failed = [ln for ln in dep.stderr.splitlines() if ln.startswith("error:")]
+                        deploys.append({"attempt": attempt, "exit_code": dep.returncode, "errors": failed})
+                        print(deploys[-1], flush=True)
+                        if dep.returncode == 0:
+                            break
+                    else:
                         raise SystemExit(f"deploy failed ({dep.returncode}):\n{dep.stderr[-3000:]}")
                 for _ in range(args.runs):
                     seconds, code, logins = _status(fleet, root)
@@ -67,7 +73,7 @@ def main() -> None:
             close_all()
     doc = {"command": "ddtctl status --all (default -p 4, GPUs queried)", "containers": 32, "nodes": 4,
            "ddtctl_commit": commit, "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-           "runs": rows,
+           "runs": rows, "deploys": deploys,
            "median_s": {p: statistics.median(r["seconds"] for r in rows if r["phase"] == p)
                         for p in ("stopped", "live")}}
     out = Path(args.out)
@@ -80,7 +86,11 @@ def main() -> None:
              "| services | run | seconds | exit | SSH logins |", "| --- | --- | --- | --- | --- |"]
     lines += [f"| {r['phase']} | {i % args.runs + 1} | {r['seconds']} | {r['exit_code']} | {r['ssh_logins']} |"
               for i, r in enumerate(rows)]
-    lines += ["", f"Median: stopped {doc['median_s']['stopped']} s, live {doc['median_s']['live']} s.", ""]
+    lines += ["", f"Median: stopped {doc['median_s']['stopped']} s, live {doc['median_s']['live']} s.", "",
+              "`deploy --all -p 16 --no-smoke` before the live runs (a failed attempt is repeated):", ""]
+    lines += [f"* attempt {d['attempt']}: exit {d['exit_code']}" + (f", {len(d['errors'])} hosts failed: "
+              f"`{d['errors'][0][:160]}`" if d["errors"] else "") for d in deploys]
+    lines.append("")
     (out / f"{stem}.md").write_text("\n".join(lines))
 
 
