@@ -184,7 +184,13 @@ def test_shipped_inventories_validate() -> None:
     # schema validation only: these are real machines, nothing here connects to them
     fleet = load_inventory(REPO / "examples" / "proxmox-fleet.yaml")
     assert {n: (h.node_name, h.vmid, h.service.kind) for n, h in fleet.hosts.items()} == {
-        "ct200": ("pve1", 200, "ddtree"), "ct129": ("pro6000", 129, "sglang")}
+        "ct200": ("pve1", 200, "ddtree"), "ct129": ("pro6000", 129, "sglang"), "ct201": ("pve1", 201, "ddtree"),
+        "ct210": ("pve1", 210, "router"), "ct130": ("pro6000", 130, "sglang")}
+    router = fleet.hosts["ct210"]
+    assert [(b.name, b.base_url, b.health_path) for b in router.backends] == [
+        ("ct200", "http://10.1.2.200:8000", "/ready"), ("ct201", "http://10.1.2.201:8000", "/ready")]
+    assert router.model_id == "Qwen3.6-27B" and router.packages.mode == "index"
+    assert (fleet.hosts["ct130"].service.tp_size, fleet.hosts["ct130"].service.gpus) == (4, ["0", "1", "2", "3"])
     assert fleet.hosts["ct129"].service.port == 30000
     assert fleet.hosts["ct200"].service.gpus == ["0"] and fleet.hosts["ct200"].service.weights == "shared"
     assert (fleet.hosts["ct200"].packages.mode, fleet.hosts["ct200"].packages.extra_index_urls) == (
