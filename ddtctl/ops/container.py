@@ -9,8 +9,11 @@ src/PVE/CLI/pct.pm, pve-guest-common AbstractConfig.pm; a Perl `die` exits 255):
     can only push files to a running CT                            stopped (push)
     bash: line 1: pct: command not found                           (exit 127) not a PVE node
 
-`check(transport)` asks the node with `pct status VMID` (prints `status: running` or
-`status: stopped`, exit 0); `pct_failure(result)` recognises the messages above in a failed
+`check(transport)` reads the node's `pct list` (VMID and Status are its first two columns; the
+Lock column may be blank, docs/operations.md §13.4) once for all containers of that node asked
+within LIST_TTL_S (one `pct` run per node in a `status --all`, not one per container), and asks
+`pct status VMID` (prints `status: running` or `status: stopped`, exit 0) for a container the
+list does not show as running or stopped (pct's own message then says why: absent, no pct); `pct_failure(result)` recognises the messages above in a failed
 `pct exec` result, so that such a failure is reported as what it is (container stopped, missing,
 no pct) and never as a failure of the command ddtctl wanted to run (e.g. a GPU error).
 """
@@ -18,7 +21,15 @@ no pct) and never as a failure of the command ddtctl wanted to run (e.g. a GPU e
 from __future__ import annotations
 
 import re
+import threading
+import time
+import weakref
 from dataclasses import dataclass
+
+LIST_TTL_S = 10.0          # a node's `pct list` answers the containers asked within this many seconds
+_lists: "weakref.WeakKeyDictionary[object, tuple[float, dict[int, str] | None]]" = weakref.WeakKeyDictionary()
+_list_locks: "weakref.WeakKeyDictionary[object, threading.Lock]" = weakref.WeakKeyDictionary()
+_guard = threading.Lock()
 
 # (pattern over one stderr line, state, explanation template)
 _PCT_DIES = (
@@ -66,13 +77,44 @@ def pct_failure(exit_code: int, stderr: str) -> ContainerState | None:
     return None
 
 
+def parse_list(text: str) -> dict[int, str]:
+    """vmid -> status from `pct list` output (header and malformed lines skipped; pure)."""
+    out = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0].isdigit():
+            out[int(words[0])] = words[1]
+    return out
+
+
+def node_listing(node) -> dict[int, str] | None:
+    """The node's `pct list` (vmid -> status), shared by the callers within LIST_TTL_S; None when it
+    failed (the caller then asks `pct status`). Raises what the node transport raises."""
+    with _guard:
+        lock = _list_locks.setdefault(node, threading.Lock())
+    with lock:
+        cached = _lists.get(node)
+        if cached is not None and time.monotonic() - cached[0] < LIST_TTL_S:
+            return cached[1]
+        res = node.run(["pct", "list"], timeout=60)
+        listing = parse_list(res.text) if res.ok else None
+        _lists[node] = (time.monotonic(), listing)
+        return listing
+
+
 def check(transport) -> ContainerState:
-    """`pct status VMID` on the container's node; ContainerState("n/a") for other transports.
+    """The container's state from its node's `pct list`, else `pct status VMID`;
+    ContainerState("n/a") for other transports.
 
     Raises what the node transport raises (UnreachableError when the node cannot be reached)."""
     node, vmid = getattr(transport, "node", None), getattr(transport, "vmid", None)
     if node is None or vmid is None:
         return ContainerState("n/a")
+    listed = (node_listing(node) or {}).get(int(vmid))
+    if listed == "running":
+        return ContainerState("running")
+    if listed == "stopped":
+        return ContainerState("stopped", "container stopped")
     res = node.run(["pct", "status", str(int(vmid))], timeout=60)
     why = pct_failure(res.exit_code, res.err_text)
     if why is not None:

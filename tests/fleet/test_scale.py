@@ -82,3 +82,15 @@ def test_close_race_leaves_the_shared_connection_to_the_others(pve1_transport, l
         results = list(pool.map(one, range(24)))
     assert [r.text for r in results] == [f"{i}\n" for i in range(24)]
     assert all(r.exit_code == 0 for r in results)
+
+
+def test_pct_list_columns() -> None:
+    """`pct list` (pct.pm: `%-10s %-10s %-12s %-20s`, VMID Status Lock Name; Lock mostly blank)."""
+    from ddtctl.ops.container import parse_list
+
+    text = ("VMID       Status     Lock         Name                \n"
+            "129        running                 ct129               \n"
+            "200        stopped    backup       ct200               \n"
+            "201        running                                     \n")
+    assert parse_list(text) == {129: "running", 200: "stopped", 201: "running"}
+    assert parse_list("") == {}
