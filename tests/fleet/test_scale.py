@@ -94,3 +94,32 @@ def test_pct_list_columns() -> None:
             "201        running                                     \n")
     assert parse_list(text) == {129: "running", 200: "stopped", 201: "running"}
     assert parse_list("") == {}
+
+
+def test_one_pct_exec_answers_several_reads_byte_for_byte(small_fleet):
+    """remote/batch.py: several commands in one `pct exec` give the results of running each alone
+    (exit status, stdout and stderr bytes; values with quotes, `$(...)`, newlines reach argv as-is)."""
+    from ddtctl.remote.batch import run_batch
+    from ddtctl.remote.pct import ContainerTransport
+
+    node = small_fleet.nodes["sc-0"].transport()
+    ct = ContainerTransport(node, 500)
+    argvs = [["printf", "%s|", "it's $(echo no) `echo no` \"q\"", "two\nlines", "-x"],
+             ["sh", "-c", "printf 'a\\000b\\n'; echo err >&2; exit 3"],
+             ["cat", "/nonexistent/file"],
+             ["systemctl", "show", "fake-sc00.service", "-p", "ActiveState,SubState"],
+             ["true"]]
+    try:
+        batched = run_batch(ct, argvs)
+        alone = [ct.run(a, timeout=60) for a in argvs]
+        assert batched is not None
+        assert [(r.exit_code, r.stdout, r.stderr) for r in batched] == \
+               [(r.exit_code, r.stdout, r.stderr) for r in alone]
+        assert batched[0].stdout == b"it's $(echo no) `echo no` \"q\"|two\nlines|-x|" and batched[1].exit_code == 3
+        missing = run_batch(ct, [["no-such-program-here"]])[0]
+        assert missing.exit_code == 127 and b"No such file or directory" in missing.stderr
+        small_fleet.nodes["sc-0"].pct("stop", "501")
+        assert run_batch(ContainerTransport(node, 501), [["true"]]) is None     # pct's failure: run singly
+    finally:
+        small_fleet.nodes["sc-0"].pct("start", "501", check=False)
+        node.close()
