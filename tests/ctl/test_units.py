@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ddtctl.inventory import Host
-from ddtctl.inventory_schema import DdtreeService, SglangService, VllmService
+from ddtctl.inventory_schema import Backend, DdtreeService, RouterService, SglangService, VllmService
 from ddtctl.ops.units import (FIXED_ENV, env_file_value, render_env, render_unit, service_spec, systemd_arg,
                               systemd_env_assignment)
 
@@ -106,20 +106,28 @@ def _hosts(tmp_path: Path) -> list[Host]:
              DdtreeService(kind="ddtree", target=model, drafter=drafter, mode="ddtree", tree_budget=64,
                            device="cuda", dtype="bf16", **common), node_name="pve1", vmid=200),
         Host("ct129", "container", "10.0.0.3", str(root),
-             SglangService(kind="sglang", python=py, target=model, drafter=drafter, **common)),
+             SglangService(kind="sglang", python=py, target=model, drafter=drafter, tp_size=2, block_size=16,
+                           mamba_scheduler_strategy="extra_buffer", **common)),
         Host("ct130", "container", "10.0.0.4", str(root),
-             VllmService(kind="vllm", executable=vllm, target=model, drafter=drafter, **common)),
+             VllmService(kind="vllm", executable=vllm, target=model, drafter=drafter, tp_size=2, block_size=16,
+                         **common)),
+        Host("ct210", "container", "10.0.0.10", str(root),
+             RouterService(kind="router", backends="pool", port=30000, environment=env, extra_args=HOSTILE,
+                           model_id='m "id" 100%', policy="round_robin"),
+             backends=(Backend("ct200", "ddtree", "10.0.0.2", 8411, "m"), Backend("ct9", "ddtree", "fd00::9", 8000, "m"))),
     ]
 
 
 @needs_analyze
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["ddtree", "sglang", "vllm"])
+@pytest.mark.parametrize("index", [0, 1, 2, 3], ids=["ddtree", "sglang-tp", "vllm-tp", "router"])
 def test_rendered_units_parse_back_exactly(tmp_path: Path, index: int) -> None:
     host = _hosts(tmp_path)[index]
+    _executable(Path(host.root) / "current" / "venv" / "bin" / "python")
     spec = service_spec(host)
     lines = _dump(tmp_path, host.unit, render_unit(spec))
     assert _exec_start(lines) == spec.argv
-    assert _environment(lines) == {**FIXED_ENV, "CUDA_VISIBLE_DEVICES": "0,1"}
+    gpus = {"CUDA_VISIBLE_DEVICES": "0,1"} if host.service.kind != "router" else {}
+    assert _environment(lines) == {**FIXED_ENV, **gpus}
     dump = "\n".join(lines)
     assert f"WorkingDirectory: {host.root}\n" in dump
     assert f"EnvironmentFile: -{host.root}/{host.unit.removesuffix('.service')}.env" in dump
@@ -128,7 +136,7 @@ def test_rendered_units_parse_back_exactly(tmp_path: Path, index: int) -> None:
 
 @needs_analyze
 def test_unit_settings(tmp_path: Path) -> None:
-    ddtree, sglang, _ = (service_spec(h) for h in _hosts(tmp_path))
+    ddtree, sglang, _, _ = (service_spec(h) for h in _hosts(tmp_path))
     text = render_unit(ddtree)
     for line in ("Type=notify", "NotifyAccess=main", "TimeoutStartSec=30min", "Restart=on-failure",
                  "RestartSec=10", "KillMode=control-group", "TimeoutStopSec=150", "WantedBy=multi-user.target"):
@@ -137,7 +145,7 @@ def test_unit_settings(tmp_path: Path) -> None:
 
 
 def test_argv_of_each_engine(tmp_path: Path) -> None:
-    ddtree, sglang, vllm = (service_spec(h) for h in _hosts(tmp_path))
+    ddtree, sglang, vllm, router = (service_spec(h) for h in _hosts(tmp_path))
     assert ddtree.argv[1:3] == ["serve", "--host"]
     i = ddtree.argv.index("--target")
     assert ddtree.argv[i:i + 4] == ["--target", "/models/my model%s/Qwen3 $HOME", "--drafter", "/models/dr'after"]
@@ -148,6 +156,16 @@ def test_argv_of_each_engine(tmp_path: Path) -> None:
     assert vllm.argv[1:3] == ["serve", "/models/my model%s/Qwen3 $HOME"]
     i = vllm.argv.index("--speculative-config")
     assert vllm.argv[i + 1] == '{"method":"dflash","model":"/models/dr\'after","num_speculative_tokens":15}'
+    i = sglang.argv.index("--tp-size")
+    assert sglang.argv[i:i + 2] == ["--tp-size", "2"]
+    assert sglang.argv[sglang.argv.index("--speculative-num-draft-tokens") + 1] == "16"
+    assert sglang.argv[sglang.argv.index("--mamba-scheduler-strategy") + 1] == "extra_buffer"
+    assert vllm.argv[vllm.argv.index("--tensor-parallel-size") + 1] == "2"
+    assert router.argv[1:3] == ["-m", "sglang_router.launch_router"]
+    i = router.argv.index("--worker-urls")
+    assert router.argv[i:i + 4] == ["--worker-urls", "http://10.0.0.2:8411", "http://[fd00::9]:8000", "--policy"]
+    assert router.argv[router.argv.index("--health-check-endpoint") + 1] == "/ready"
+    assert "--disable-circuit-breaker" in router.argv
 
 
 def test_filters_escape() -> None:
