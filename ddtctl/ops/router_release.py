@@ -19,11 +19,26 @@ import posixpath
 import time
 
 from ddtctl.errors import CommandTimeout, RemoteError
-from ddtctl.ops import packages, releases
+from ddtctl.ops import packages, release_probe, releases
 from ddtctl.ops.release_step import venv_python
 
 DIST = "sglang-router"
 CHECK = "import sglang_router.launch_router; from sglang_router.version import __version__; print(__version__)"
+
+
+def probe(transport, python: str, mode: str, *args: str, timeout: float) -> tuple[dict | None, str]:
+    """Run release_probe MODE on the target: (its JSON, "") or (None, why not)."""
+    try:
+        res = transport.run([python, "-c", release_probe.source(), mode, *args], timeout=timeout)
+    except CommandTimeout:
+        return None, f"{python} did not finish the {mode} check within {timeout:.0f} s"
+    if not res.ok:
+        tail = (res.err_text or res.text).strip().splitlines()[-3:]
+        return None, f"{python} exited {res.exit_code} in the {mode} check" + (f": {' | '.join(tail)}" if tail else "")
+    try:
+        return json.loads(res.text.strip().splitlines()[-1]), ""
+    except (ValueError, IndexError):
+        return None, f"the {mode} check printed no JSON"
 
 
 def requirement(host) -> str:
@@ -62,13 +77,15 @@ def verify(transport, layout: releases.Layout, rid: str, python: str, fingerprin
     venv_py = posixpath.join(rel, "venv", "bin", "python")
     if not transport.run(["test", "-d", rel], timeout=60).ok:
         return releases.Verification(False, "missing", ["not installed"])
-    doc, why = releases._probe(transport, python, "check", rel, timeout=releases.PROBE_TIMEOUT_S)
+    doc, why = probe(transport, python, "check", rel, timeout=releases.PROBE_TIMEOUT_S)
     if doc is None:
         return releases.Verification(False, "manifest", [why])
     out = releases.Verification(False, "manifest", doc["problems"], doc["files"], doc["hashed"])
     if not doc["ok"]:
         return out
-    changed = releases._settings_diff((doc.get("meta") or {}).get("fingerprint"), fingerprint)
+    installed = (doc.get("meta") or {}).get("fingerprint") or {}
+    changed = [f"{k}: {installed.get(k)!r} -> {fingerprint[k]!r}" for k in sorted(fingerprint)
+               if installed.get(k) != fingerprint[k]]
     if changed:
         out.stage, out.problems = "settings", ["installed with other settings: " + ", ".join(changed)]
         return out
@@ -82,7 +99,7 @@ def verify(transport, layout: releases.Layout, rid: str, python: str, fingerprin
         out.problems = [f"importing sglang_router exited {res.exit_code}: "
                         f"{(res.text + res.err_text).strip()[-300:] or 'no output'} (expected version {version})"]
         return out
-    deps, why = releases._probe(transport, venv_py, "deps", DIST, timeout=releases.ENTRY_POINT_TIMEOUT_S)
+    deps, why = probe(transport, venv_py, "deps", DIST, timeout=releases.ENTRY_POINT_TIMEOUT_S)
     out.stage = "deps"
     if deps is None or not deps["ok"]:
         out.problems = [why] if deps is None else deps["problems"]
@@ -107,7 +124,7 @@ def install(transport, layout: releases.Layout, rid: str, python: str, p: packag
         for argv in [[python, "-m", "venv", *p.venv_args, venv], *[[*pip, *args] for args in p.pip_installs]]:
             transport.run(argv, timeout=releases.INSTALL_TIMEOUT_S).check()
         doc = {"version_id": rid, "fingerprint": p.fingerprint}
-        _, why = releases._probe(transport, python, "write", rel, json.dumps(doc), timeout=releases.PROBE_TIMEOUT_S)
+        _, why = probe(transport, python, "write", rel, json.dumps(doc), timeout=releases.PROBE_TIMEOUT_S)
         if why:
             raise RemoteError(f"{transport.name}: writing the release manifest failed: {why}")
         check = verify(transport, layout, rid, python, p.fingerprint, version)

@@ -33,8 +33,8 @@ from ddtctl.ops import releases
 from ddtctl.ops import router as router_ops
 from ddtctl.ops.container import ContainerState
 from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error, health_path
-from ddtctl.ops.supervisor import manager_for, show_argv
-from ddtctl.remote.batch import Prefetched, run_batch
+from ddtctl.ops.status_reads import prefetch_reads
+from ddtctl.ops.supervisor import manager_for
 
 
 @dataclass
@@ -278,7 +278,7 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
     if st.unreachable and host.node is not None:
         st.errors[-1] += f" (node {host.node_name} at {host.node.address}:{host.node.port})"
     if host.kind == "container" and not st.unreachable and (st.container or {}).get("state") == "running":
-        transport = _prefetch(host, transport, gpus)          # one pct exec for the reads below
+        transport = prefetch_reads(host, transport, gpus)     # one pct exec for the reads below
         manager = manager_for(host, transport)
     if not st.unreachable and (st.container is None or st.container["state"] == "running"):
         _guard(st, "unit", unit, timeout)
@@ -297,18 +297,6 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
     if host.service.kind in ("ddtree", "router") and (st.container is None or st.container["state"] == "running"):
         _guard(st, "release", release, timeout)
     return st
-
-
-def _prefetch(host: Host, transport, gpus: bool):
-    """The transport with the unit state, GPU query and release link read in one remote command
-    (remote/batch.py); unchanged when that batch cannot run (each read then runs on its own)."""
-    argvs = [show_argv(host.unit)] + ([list(gpu_ops.QUERY_ARGV)] if gpus else [])
-    if host.service.kind in ("ddtree", "router"):
-        argvs.append(["readlink", releases.Layout(host.root, host.unit).current])
-    try:
-        return Prefetched(transport, run_batch(transport, argvs))
-    except Exception:  # noqa: BLE001 - the reads themselves report what is wrong
-        return transport
 
 
 def gather(hosts: list[Host], transport_for: Callable[[Host], object], *, parallel: int = 8,
