@@ -124,7 +124,7 @@ class Block:
 sys.meta_path.insert(0, Block())
 import ddtree_server.bench.probe, ddtree_server.bench.probe_kernels, ddtree_server.bench.probe_compile
 import ddtree_server.bench.random_shape, ddtree_server.bench.random_report, ddtree_server.commands.bench
-import ddtree_server.kernels.gemv, ddtree_server.spec.tree_gpu, ddtree_server.engine.engine
+import ddtree_server.kernels.gemv, ddtree_server.speculative.tree_gpu, ddtree_server.engine.engine
 import ddtree_server.bench.probe_phase2, ddtree_server.bench.probe_attention, ddtree_server.models.fast
 import ddtree_server.models.drafter_load, ddtree_server.models.load
 import tempfile

@@ -43,7 +43,7 @@ def ddtree_like(n: int, seed: int = 0, depth: int = 15):
     """A DDTree of n nodes from peaked random draft distributions (best-first, Algorithm 1)."""
     import torch
 
-    from ddtree_server.spec.tree import build_ddtree
+    from ddtree_server.speculative.tree import build_ddtree
 
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(depth, 64, generator=g) * 3.0
@@ -101,7 +101,7 @@ def verify_bench(model, sizes: list[int], context: int, device, iters: int) -> d
 
     from ddtree_server.engine.decode import tree_inputs
     from ddtree_server.models.hybrid.graphs import GraphedHybrid
-    from ddtree_server.spec.tree import chain_tree
+    from ddtree_server.speculative.tree import chain_tree
 
     cfg = model.config
     target = GraphedHybrid(model, capture=torch.device(device).type == "cuda")

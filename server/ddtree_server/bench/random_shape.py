@@ -4,7 +4,7 @@ The target and its drafter are built on the device from `bench/shapes.py` with r
 (`models.random_init.target_from_config`, `drafter_from_config`) and wrapped by the
 server's `Engine` (on CUDA: `GraphedTarget` / `GraphedDrafter`). A prompt of random token ids fills
 the KV cache to `context` tokens. Each stage is then timed call by call through the engine's own
-code (`engine/decode.py`'s builders and loops, `KVCache.keep`, `spec/walk.py`), synchronising the
+code (`engine/decode.py`'s builders and loops, `KVCache.keep`, `speculative/walk.py`), synchronising the
 device before and after every call, and summarised by the median (and p10 / p90) of `iters` calls:
 
 * `forward_1` (one-token target forward) and `plain_step` (forward + greedy choice, as `ar_loop`);
@@ -130,7 +130,7 @@ def measure(engine, opts: StageOptions, log: Callable[[str], None] = lambda s: N
     """Time every stage (see module docstring); returns {stage: {ms, p10, p90, n, rows, kv_len}}."""
     from ddtree_server.engine import decode
     from ddtree_server.engine.sampling import SamplingParams, TokenChooser
-    from ddtree_server.spec.walk import accepted_tokens, walk
+    from ddtree_server.speculative.walk import accepted_tokens, walk
 
     target, drafter, dev = engine.target, engine.drafter, engine.device
     vocab = target.config.vocab_size
