@@ -37,7 +37,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 # Largest per-request DDTree budget by default (nodes). CUDA: 256, the largest budget the benchmark
 # measured (docs/benchmarks/RESULTS.md: speed falls past 64-128 nodes as the verify forward grows);
 # a tree of up to 511 nodes still replays from the target's CUDA graphs (buckets up to 512 tokens,
-# models/graphs.py), larger trees run eagerly and a 4096-node round was ~18x slower. CPU: 64, four
+# models/dense/graphs.py), larger trees run eagerly and a 4096-node round was ~18x slower. CPU: 64, four
 # times the default budget (block_size - 1 = 15), because on the CPU the verify forward costs about
 # linearly in the node count.
 DEFAULT_MAX_TREE_BUDGET = {"cuda": 256, "cpu": 64}

@@ -170,7 +170,7 @@ def measure(shape: str | dict, sizes: list[int], context: int, dtype: str, devic
     from ddtree_server.models.hybrid import gdn_fast
     from ddtree_server.models.hybrid.config import HybridConfig
     from ddtree_server.models.hybrid.shapes import published
-    from ddtree_server.models.load import resolve_dtype
+    from ddtree_server.models.common import resolve_dtype
     from ddtree_server.models.random_init import target_from_config
 
     raw = published(shape)[0] if isinstance(shape, str) else dict(shape)

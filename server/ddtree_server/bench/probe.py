@@ -90,7 +90,7 @@ def _profile(engine, shape_name: str, context: int, budget: int) -> dict:
     """Kernel breakdown of a plain step and a DDTree verify, graphed and eager (same static path)."""
     from ddtree_server.bench.probe_kernels import kernel_breakdown
     from ddtree_server.engine import decode
-    from ddtree_server.models.graphs import GraphedTarget
+    from ddtree_server.models.dense.graphs import GraphedTarget
 
     target, dev = engine.target, engine.device
     eager = GraphedTarget(getattr(target, "model", target), capture=False)

@@ -95,7 +95,7 @@ def kv_window(target, cache, s: int, n: int) -> int:
     """Key rows attention reads for ``n`` new tokens after ``s`` cached ones: as
     ``GraphedTarget.kv_rows`` on the graphed path (the live rows with the kernels, else a
     power-of-two window), else s + n."""
-    from ddtree_server.models.graphs import GraphedTarget
+    from ddtree_server.models.dense.graphs import GraphedTarget
 
     rows = target.kv_rows(cache, s, n) if isinstance(target, GraphedTarget) else None
     return s + n if rows is None else rows

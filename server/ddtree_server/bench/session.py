@@ -75,8 +75,8 @@ def _meta(opts: SessionOptions, engine, device: str, dtype: str) -> dict:
 
 def _drafter_graphs(engine, wanted: bool) -> str:
     """Wrap the engine's drafter in GraphedDrafter (CUDA only); returns who graphs it."""
-    from ddtree_server.models.drafter import DFlashDrafter
-    from ddtree_server.models.drafter_graphs import GraphedDrafter
+    from ddtree_server.models.drafter.model import DFlashDrafter
+    from ddtree_server.models.drafter.graphs import GraphedDrafter
 
     d = engine.drafter
     if d is None or engine.device.type != "cuda":
@@ -97,7 +97,8 @@ def run_session(opts: SessionOptions, log: Callable[[str], None] = print) -> dic
     from ddtree_server.bench.stages import stage_split
     from ddtree_server.engine.factory import load_engine
     from ddtree_server.models import default
-    from ddtree_server.models.load import gguf_to_folder, resolve_dtype
+    from ddtree_server.models.common import resolve_dtype
+    from ddtree_server.models.load import gguf_to_folder
 
     t_start = time.monotonic()  # the time budget counts model loading and warm-up too
     prompts = load_datasets(opts.datasets, opts.data_dir, opts.max_prompts, download=opts.download)
