@@ -155,7 +155,7 @@ def run_stages_and_profile(p: Probe, shapes: list[str], context: int, iters: int
 
 def run_tree(p: Probe, deadline: float, iters: int = 50) -> dict:
     """Host vs device tree build per call (ms), budgets 16/32/64, vocab of SmolLM2 and Qwen3."""
-    from ddtree_server.bench.random_shape import time_calls
+    from ddtree_server.bench.timing import time_calls
     from ddtree_server.engine import decode
     from ddtree_server.speculative.tree_gpu import device_tree_inputs
 

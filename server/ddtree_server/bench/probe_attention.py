@@ -75,7 +75,7 @@ class _Setup:
 
 
 def _time(calls: list[Callable[[], object]]) -> float:
-    from ddtree_server.bench.probe_kernels import graph_time_us
+    from ddtree_server.bench.timing import graph_time_us
     from ddtree_server.models.layers import attention_backends
 
     with attention_backends(torch.device("cuda")):

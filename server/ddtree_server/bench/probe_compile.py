@@ -53,7 +53,7 @@ def _layer_setup(shape_name: str):
 
 
 def _layer_us(fn, x, args, chain: int = 10) -> float:
-    from ddtree_server.bench.probe_kernels import graph_time_us
+    from ddtree_server.bench.timing import graph_time_us
     from ddtree_server.models.layers import attention_backends
 
     def call():
@@ -95,7 +95,7 @@ def layer_step(path: str, shape_name: str, mode: str | None) -> None:
 
 def forward_step(path: str, shape_name: str, mode: str | None, iters: int = 30) -> None:
     """Whole-forward plain step through GraphedTarget, with ``TargetModel.run`` compiled or not."""
-    from ddtree_server.bench.random_shape import time_calls
+    from ddtree_server.bench.timing import time_calls
     from ddtree_server.bench.shapes import get_shape
     from ddtree_server.models.dense.graphs import GraphedTarget
     from ddtree_server.models.random_init import target_from_config

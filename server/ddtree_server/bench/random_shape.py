@@ -23,7 +23,6 @@ isolated `draft` stage uses `ctx_rows` (default 4, about a real tau) instead.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -31,6 +30,7 @@ from typing import Callable
 import torch
 
 from ddtree_server.bench.shapes import Shape
+from ddtree_server.bench.timing import time_calls
 
 
 @dataclass
@@ -65,30 +65,6 @@ def build_engine(shape: Shape, *, device: str, dtype: str, max_len: int, tree_bu
         drafter = drafter_from_config(shape.drafter, target, device=device, dtype=dtype, seed=1)
     return Engine(target, None, drafter, model_id=shape.name, max_model_len=max_len, eos_token_ids=[],
                   tree_budget=tree_budget)
-
-
-def _sync(device: torch.device) -> Callable[[], None]:
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-
-def time_calls(fn: Callable[[], object], iters: int, warmup: int, device: torch.device,
-               setup: Callable[[], None] | None = None) -> dict:
-    """Wall time of ``fn`` per call (device synchronised around each call), after ``warmup`` calls.
-    Returns {ms, p10, p90, n} in milliseconds; ``setup`` runs untimed before every call."""
-    sync = _sync(device)
-    times = []
-    for i in range(warmup + iters):
-        if setup is not None:
-            setup()
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1000)
-    times.sort()
-    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
-    return {"ms": statistics.median(times), "p10": q(0.1), "p90": q(0.9), "n": len(times)}
 
 
 def kv_window(target, cache, s: int, n: int) -> int:

@@ -43,7 +43,9 @@ class SessionOptions:
     drafter_graphs: bool = False  # wrap the drafter in GraphedDrafter on CUDA if the engine did not
 
 
-def _commit(given: str | None) -> str:
+def commit_id(given: str | None = None) -> str:
+    """The commit a benchmark ran at: ``given``, else ``$DDTREE_COMMIT``, else ``git rev-parse HEAD``
+    of this checkout, else "unknown"."""
     if given:
         return given
     if os.environ.get("DDTREE_COMMIT"):
@@ -60,7 +62,7 @@ def _meta(opts: SessionOptions, engine, device: str, dtype: str) -> dict:
     import torch
     import transformers
 
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": _commit(opts.commit),
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit_id(opts.commit),
             "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu",
             "device": device, "dtype": dtype, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "target": str(opts.target or opts.gguf or "embedded SmolLM2 GGUF"),
