@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ddtree_server.bench.datasets import BenchPrompt
+from ddtree_server.data.datasets import BenchPrompt
 
 
 @dataclass(frozen=True)

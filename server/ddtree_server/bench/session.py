@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ddtree_server.bench.datasets import load_datasets
+from ddtree_server.data.datasets import load_datasets
 from ddtree_server.bench.report import write_report
 from ddtree_server.bench.runner import BenchRun, BenchSettings
 

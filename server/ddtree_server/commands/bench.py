@@ -58,7 +58,7 @@ def bench(
 
     from ddtree_server.bench.runner import BenchSettings
     from ddtree_server.bench.session import SessionOptions, merge_reports, run_session
-    from ddtree_server.bench.wheels import DataFileError
+    from ddtree_server.data.wheels import DataFileError
     from ddtree_server.engine.engine import MODES
     from ddtree_server.models.default import DefaultModelError
     from ddtree_server.models.common import TargetLoadError
