@@ -71,7 +71,7 @@ def check_api_key(value: str | None) -> str | None:
     return value
 
 
-def _cuda_available() -> bool:
+def cuda_available() -> bool:
     import torch  # local import: only resolving the default device needs torch
 
     return bool(torch.cuda.is_available())
@@ -123,7 +123,7 @@ class ServerConfig(BaseModel):
         if isinstance(data, dict):
             data = dict(data)
             if data.get("device") is None:
-                data["device"] = "cuda" if _cuda_available() else "cpu"
+                data["device"] = "cuda" if cuda_available() else "cpu"
             if data.get("dtype") is None:
                 data["dtype"] = "bf16" if data["device"] == "cuda" else "fp32"
         return data

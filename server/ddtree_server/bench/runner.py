@@ -64,7 +64,7 @@ def _digest(ids: list[int]) -> str:
 
 def run_one(engine, prompt_ids: list[int], m: Method, max_new_tokens: int, seed: int) -> dict:
     """One request through the engine; returns a result record (without dataset fields)."""
-    from ddtree_server.engine.sampling import SamplingParams
+    from ddtree_server.engine.params import SamplingParams
 
     params = SamplingParams(max_tokens=max_new_tokens, temperature=m.temperature, seed=seed)
     ids: list[int] = []
