@@ -28,7 +28,9 @@ def inventory_show(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
             "hosts": {n: {"kind": h.kind, "address": h.address, "node": h.node_name, "vmid": h.vmid,
                           "root": h.root, "unit": h.unit, "model_id": h.model_id, "url": h.url,
                           "service": h.service.model_dump(mode="json"),
-                          "packages": h.packages.to_dict() if h.packages else None}
+                          "packages": h.packages.to_dict() if h.packages else None,
+                          **({"backends": [{"name": b.name, "url": b.base_url} for b in h.backends]}
+                             if h.service.kind == "router" else {})}
                       for n, h in inv.hosts.items()}})
     else:
         report.inventory_table(inv)
