@@ -30,6 +30,8 @@ AllOpt = typer.Option(False, "--all", help="Every host in the inventory.")
 LimitOpt = typer.Option(None, "--limit", "-l", metavar="PATTERN",
                         help="Only hosts matching this glob or group (comma-separated).")
 ParallelOpt = typer.Option(4, "--parallel", "-p", min=1, max=64, help="Hosts handled at the same time.")
+# status only reads: 16 hosts at once (a node's containers share its connection, at most 8 channels)
+StatusParallelOpt = typer.Option(16, "--parallel", "-p", min=1, max=64, help="Hosts asked at the same time.")
 JsonOpt = typer.Option(False, "--json", help="One JSON document on stdout (human output stays on stderr).")
 
 

@@ -8,7 +8,7 @@ import typer
 
 from ddtctl import report
 from ddtctl.cli import _common as common
-from ddtctl.cli._common import AllOpt, HostsArg, JsonOpt, LimitOpt, ParallelOpt, handle_errors
+from ddtctl.cli._common import AllOpt, HostsArg, JsonOpt, LimitOpt, StatusParallelOpt, handle_errors
 from ddtctl.errors import ExitCode
 from ddtctl.ops.bundle import source_identity
 from ddtctl.ops.status import gather
@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
 
 @handle_errors
 def status_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_hosts: bool = AllOpt,
-               limit: Optional[str] = LimitOpt, parallel: int = ParallelOpt,
+               limit: Optional[str] = LimitOpt, parallel: int = StatusParallelOpt,
                gpu: bool = typer.Option(True, "--gpu/--no-gpu", help="Query nvidia-smi."),
                json_out: bool = JsonOpt) -> None:
     """Show each host's service state, readiness, served models, GPUs, mean acceptance length and
