@@ -131,6 +131,9 @@ def test_a_stopped_backend_leaves_the_clients_answered(fleet, deployed):
 def test_a_group_change_restarts_the_router_with_the_new_backends(fleet, deployed):
     fleet.members = ["rb1"]
     fleet.inventory.write_text(yaml.safe_dump(fleet.inventory_doc(), sort_keys=False))
+    code, doc, err = run_json(fleet, "deploy", "rr", "--dry-run")
+    steps = {s["name"]: s["status"] for s in doc["hosts"][0]["steps"]}
+    assert code == 0 and steps["release"] == "ok" and steps["unit"] == "planned" and steps["restart"] == "planned", err
     code, doc, err = run_json(fleet, "deploy", "rr", "--no-smoke")
     assert code == 0, err[-3000:]
     rr = doc["hosts"][0]
