@@ -105,7 +105,8 @@ class ContainerTransport:
         try:
             self.node.put(local, staging, mode=0o600)
             ops.makedirs(posixpath.dirname(remote) or "/")
-            res = self.node.run(pct_push(self.vmid, staging, part, perms=0o600), timeout=PCT_PUSH_TIMEOUT)
+            res = self.node.run(pct_push(self.vmid, staging, part, perms=0o600), timeout=PCT_PUSH_TIMEOUT,
+                                idempotent=True)      # rewrites <dest>.part; verified below
             got = ops.sha256(part, size)  # pct push may exit 0 after a failed copy: verify, always
             if not res.ok or got != digest:
                 self.run(["rm", "-f", "--", part], timeout=META_TIMEOUT)

@@ -133,10 +133,10 @@ class ExecFileOps:
         self._do(["mkdir", "-p", "--", path], idempotent=True).check()
 
     def remove(self, path: str) -> None:
-        self._do(["rm", "-f", "--", path]).check()
+        self._do(["rm", "-f", "--", path], idempotent=True).check()
 
     def chmod(self, path: str, mode: int) -> None:
-        self._do(["chmod", format(mode, "o"), "--", path]).check()
+        self._do(["chmod", format(mode, "o"), "--", path], idempotent=True).check()
 
     def commit(self, part: str, dest: str, mode: int) -> None:
         """chmod ``part`` and rename it atomically onto ``dest`` (same directory)."""
@@ -151,7 +151,9 @@ class ExecFileOps:
         for chunk in itertools.chain([next(chunks, b"")], chunks):
             argv = ["dd", f"of={path}", "bs=1M", f"seek={offset}", "oflag=seek_bytes",
                     "conv=notrunc", "status=none"]
-            self._do(argv, stdin=chunk, timeout=CHUNK_TIMEOUT).check()
+            # idempotent: the same bytes at the same offset (notrunc), so a chunk whose connection
+            # was lost is sent again over the next one; the final sha256 verifies the whole file
+            self._do(argv, stdin=chunk, timeout=CHUNK_TIMEOUT, idempotent=True).check()
             offset += len(chunk)
             sent(len(chunk))
 
