@@ -75,6 +75,30 @@ elif which == "long_block":
         got = A.decode_attention(q, k, v, torch.tensor(s), "causal", config=cfg)
         res[f"{name}/splits{A.plan(n, hq // hkv, hkv, d, k.shape[1], 'cpu', cfg)[2]}"] = max(
             err(got[i], r) for i, r in ref.items())
+elif which == "hybrid":
+    # a hybrid target's chains (a prompt longer than LONG_BLOCK, a step, a pending 9-token chain)
+    # on the split-K kernel (no [rep*n, s+n] mask) against its SDPA path
+    import os
+    from ddtree_server.bench.random_shape import build_engine
+    from ddtree_server.bench.shapes import get_shape
+    torch.manual_seed(0)
+    m = build_engine(get_shape("tiny-hybrid"), device="cpu", dtype="fp32", max_len=700).target
+    m = getattr(m, "model", m)
+    ids = torch.randint(0, m.config.vocab_size, (560,), generator=g)
+    from ddtree_server.models.hybrid import layers
+    calls = []
+    kernel = layers.decode_attention
+    layers.decode_attention = lambda q, *a, **kw: calls.append(q.shape[0]) or kernel(q, *a, **kw)
+    outs = {}
+    for flag in ("0", "1"):
+        os.environ["DDTREE_KERNELS"] = flag
+        c = m.new_cache(700)
+        a, _ = m.forward(c, ids[:550], torch.arange(550), last_only=True)
+        b, _ = m.forward(c, ids[550:551], torch.tensor([550]))
+        d, _ = m.forward(c, ids[551:560], torch.arange(551, 560))
+        outs[flag] = [a, b, d]
+    res = {name: err(x, y) for name, x, y in zip(("prompt", "step", "chain"), outs["1"], outs["0"])}
+    res["kernel_rows"] = sorted(set(calls))
 else:
     # one decode step and one 17-node chain ending at the last position of a long context
     hq, hkv, d = 4, 1, 16
@@ -116,6 +140,14 @@ def test_a_block_longer_than_long_block_splits_little_and_matches():
 def test_steps_and_chains_at_16k_32k_and_each_models_maximum():
     res = _child("lengths")
     assert len(res) == 8
+    for key, e in res.items():
+        assert e < 2e-5, (key, e)
+
+
+def test_hybrid_chains_take_the_kernel_and_match_sdpa():
+    res = _child("hybrid")
+    assert res.pop("kernel_rows") == [1, 9, 550]  # every chain on the kernel with DDTREE_KERNELS=1 only
+    assert set(res) == {"prompt", "step", "chain"}
     for key, e in res.items():
         assert e < 2e-5, (key, e)
 
