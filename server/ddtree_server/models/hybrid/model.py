@@ -27,12 +27,11 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from ddtree_server.models import fast
 from ddtree_server.models.hybrid.cache import HybridCache
 from ddtree_server.models.hybrid.config import GDN, HybridConfig
 from ddtree_server.models.hybrid.layers import HybridLayer, ZeroCenteredRMSNorm
 from ddtree_server.models.hybrid.tree import tree_meta
-from ddtree_server.models.target import _attention_backends
+from ddtree_server.models.layers import attention_backends, kernels_usable
 
 METHODS = ("chunk", "node")
 DEFAULT_METHOD = os.environ.get("DDTREE_GDN_METHOD", "chunk")
@@ -119,10 +118,10 @@ class HybridTarget(nn.Module):
         if tree_mask is not None and n > cache.cap:
             cache.grow(-(-n // 16) * 16)  # a larger tree than the static scratch: grow it once
         start = None
-        if tree_mask is None and fast.usable(self.config.head_dim, cache.k):
+        if tree_mask is None and kernels_usable(self.config.head_dim, cache.k):
             # a chain (a prompt above all) on the split-K kernel: no [rep*n, s+n] mask, which
             # for a 131k-token prompt would take ~100 GB (docs/architecture.md, "Long contexts")
-            mask, start = None, fast.start_tensor(s, input_ids.device)
+            mask, start = None, torch.full((), s, dtype=torch.long, device=input_ids.device)
         else:
             mask = self._attn_mask(s, n, tree_mask, input_ids.device)
         out = self.run(cache, input_ids, positions, mask, tree_mask, last_only=last_only, commit=commit,
@@ -153,7 +152,7 @@ class HybridTarget(nn.Module):
                               mode="commit" if commit else self.method, start=start, block=block)
         want = {layer: i for i, layer in enumerate(self.capture_layers)}
         captured: list[Tensor | None] = [None] * len(want)
-        with _attention_backends(x.device):
+        with attention_backends(x.device):
             for i, layer in enumerate(self.layers):
                 x = layer(x, cache, ctx)
                 if i in want:
