@@ -44,6 +44,7 @@ def load_engine(config: Any, status: Any, beacon: Any = None) -> Any:
         engine.tree_budget = limit
     if beacon is not None:
         beacon.watch(engine.target)
+        beacon.watch(getattr(engine, "drafter", None))
     return engine
 
 

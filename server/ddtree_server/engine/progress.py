@@ -30,11 +30,12 @@ class Beacon:
 
     def watch(self, model: Any) -> int:
         """Hook every child of every ``ModuleList`` in ``model`` (an ``nn.Module``, or a wrapper
-        such as GraphedTarget whose ``.model`` is one). Returns how many layers are watched."""
-        for _ in range(4):   # unwrap GraphedTarget / GraphedHybrid / HFRunner-style wrappers
+        such as GraphedTarget / GraphedDrafter whose ``.model`` / ``.drafter`` is one). Returns how
+        many layers are watched (0 for None)."""
+        for _ in range(4):   # unwrap GraphedTarget / GraphedHybrid / GraphedDrafter / HFRunner
             if hasattr(model, "named_modules") and hasattr(model, "register_forward_pre_hook"):
                 break
-            model = getattr(model, "model", None)
+            model = getattr(model, "model", None) or getattr(model, "drafter", None)
         if model is None or not hasattr(model, "named_modules"):
             return 0
         count = 0
