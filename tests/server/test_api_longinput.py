@@ -77,10 +77,11 @@ def test_body_over_the_limit_is_a_413_json_error(api_server):
 
 
 def test_a_long_prefill_is_progress_not_a_stall():
-    """--stall-seconds 3 and a prompt whose one prefill round runs far longer: /health stays 200
-    while the round's age passes 3 s (its layers keep starting), and the request completes."""
-    with ServerProcess("--stall-seconds", "3") as server:
-        ids = [1000 + i % 3000 for i in range(4000)]
+    """--stall-seconds 8 and a 6000-token prompt whose one prefill round runs longer: /health stays
+    200 while the round's age passes 8 s (its layers and their modules keep starting: several
+    times per layer, 30 layers), and the request completes."""
+    with ServerProcess("--stall-seconds", "8") as server:
+        ids = [1000 + i % 3000 for i in range(6000)]
         result: dict = {}
         worker = threading.Thread(target=lambda: result.update(resp=httpx.post(
             server.url("/v1/completions"), json={"prompt": ids, "max_tokens": 2, "temperature": 0}, timeout=900)))
@@ -93,10 +94,10 @@ def test_a_long_prefill_is_progress_not_a_stall():
         worker.join()
         assert result["resp"].status_code == 200, result["resp"].text
         ages = [body["round_age_s"] or 0 for _, body in polls]
-        assert max(ages) > 3, f"the prefill took under --stall-seconds ({max(ages)} s): not a long prefill"
+        assert max(ages) > 8, f"the prefill took under --stall-seconds ({max(ages)} s): not a long prefill"
         bad = [(code, body) for code, body in polls if code != 200]
         assert not bad, bad[:2]
-        assert all(body["quiet_s"] is None or body["quiet_s"] < 3 for _, body in polls)
+        assert all(body["quiet_s"] is None or body["quiet_s"] < 8 for _, body in polls)
 
 
 def test_drain_deadline_gives_queued_requests_503_not_500():
