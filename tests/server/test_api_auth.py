@@ -78,7 +78,7 @@ def test_serve_refuses_unusable_keys_with_exit_2(key, reason, via_env):
     result = CliRunner().invoke(cli_app, args if via_env else [*args, "--api-key", key], env=env)
     assert result.exit_code == 2, (result.output, result.exception)
     text = " ".join(result.output.split())
-    assert f"error: --api-key: the API key" in text and reason in text and "DDTREE_API_KEY" in text
+    assert "error: --api-key: the API key" in text and reason in text and "DDTREE_API_KEY" in text
     assert "Traceback" not in result.output
     if key.strip():
         assert key.strip() not in result.output   # the secret is never echoed

@@ -9,7 +9,6 @@ Engine, Worker and app."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest
