@@ -1,4 +1,4 @@
-"""Issue 9 class 5 on the `local` host: `ddtctl exec` (a real `python -m ddtctl` process) passes
+"""On the `local` host: `ddtctl exec` (a real `python -m ddtctl` process) passes
 every byte value both ways, forwards stdin and its EOF, streams output, relays the exit status,
 stops the command's process group after `--timeout` (124, or 137 when it ignored SIGTERM) and
 ends with 130 on Ctrl-C."""

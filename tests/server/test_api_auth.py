@@ -1,4 +1,4 @@
-"""API-key handling by class (issue 9, class 11): any Authorization header bytes give 200/401, never
+"""API-key handling by class (hostile input): any Authorization header bytes give 200/401, never
 a 500; an unusable key (non-ASCII, blank, whitespace, control characters) stops `serve` with exit 2
 before anything loads, from `--api-key` and from `$DDTREE_API_KEY` alike; an empty key turns
 authentication off and says so in the log."""

@@ -1,4 +1,4 @@
-"""GPU probe for issue 10: the numbers that decide which optimisations to build, in one short run.
+"""GPU probe of the engine's speed: the numbers that decide which optimisations to build, in one short run.
 
 ``PYTHONPATH=server python -m ddtree_server.bench.probe --out DIR [--budget-s 215]``
 
