@@ -154,6 +154,17 @@ def test_probe_runs_on_cpu(tmp_path):
     assert doc["parts"]["tree"]["v49152/b64"]["host"] > 0 and (tmp_path / "random-tiny.md").exists()
 
 
+def test_probe_command_forwards_its_arguments(tmp_path):
+    """`ddtree-server probe` is the probe's own parser: its errors and exit codes come through."""
+    from typer.testing import CliRunner
+
+    from ddtree_server.cli import app
+
+    res = CliRunner().invoke(app, ["probe", "--out", str(tmp_path), "--parts", "nope"])
+    assert res.exit_code == 2 and "--parts: unknown ['nope']" in res.output
+    assert not (tmp_path / "probe.json").exists()
+
+
 def test_random_shape_runs_a_hybrid_target(tmp_path):
     """A Qwen3.5-style hybrid at a named shape: every stage is timed (its cache cannot be truncated:
     pending blocks are dropped, committed rows stay) and the 27B row is in the table."""
