@@ -96,6 +96,13 @@ def test_empty_key_logs_that_authentication_is_off(env, monkeypatch):
         assert "authentication off: no API key" in server.log_text()
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_key_logs_that_authentication_is_on_without_the_key(monkeypatch):
+    from tests.server.serverproc import ServerProcess
+
+    monkeypatch.delenv("DDTREE_API_KEY", raising=False)
     keyed = ServerProcess("--api-key", KEY).start(wait=False)
     try:
         assert "authentication on" in keyed.log_text() and KEY not in keyed.log_text()
