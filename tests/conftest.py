@@ -4,8 +4,9 @@
 A test that uses a module-scoped fixture (a child process computing a module's results once, a
 jump host, an SSH transport) runs on the worker that runs the rest of its module, so that fixture
 is built once, as in a plain `pytest` run. Modules that share an expensive session fixture form
-one group, so it is built on one worker only. All other tests are spread one by one. Without
-xdist (`pytest` alone, `-n 0`) the marks change nothing.
+one group, so it is built on one worker only. All other tests are spread one by one. Under
+xdist the long tests (`slow`, `fleet`, `kernels`) are handed out first, so none of them starts
+last while the other workers idle. Without xdist (`pytest` alone, `-n 0`) nothing changes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ SHARED_SESSION_FIXTURES = {
     "api_server": "api-server",          # a real ddtree-server process with SmolLM2 (test_api_*.py)
 }
 MODULE_SCOPES = {"module", "package", "class"}
+LONG_MARKERS = ("slow", "fleet", "kernels")
 
 
 def _group(item) -> str | None:
@@ -39,3 +41,5 @@ def pytest_collection_modifyitems(config, items):
         group = _group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike (stable)
+        items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in LONG_MARKERS))
