@@ -16,6 +16,7 @@ import pytest
 # session fixture -> group: the tests using it run on one worker, which builds it once
 SHARED_SESSION_FIXTURES = {
     "api_server": "api-server",          # a real ddtree-server process with SmolLM2 (test_api_*.py)
+    "fleet": "fleet",                    # the two-node test fleet with deployed services (tests/fleet)
 }
 MODULE_SCOPES = {"module", "package", "class"}
 LONG_MARKERS = ("slow", "fleet", "kernels")
