@@ -111,9 +111,12 @@ def test_random_shape_cli(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     doc = json.loads((out / "random-tiny.json").read_text())
     assert doc["derived"]["projected_speedup"]["ddtree-4"]["tau"] == 2.0
-    bad = subprocess.run([sys.executable, "-m", "ddtree_server.bench", "--random-shape", "nope", "--out", str(out)],
-                         capture_output=True, text=True, timeout=240)
-    assert bad.returncode == 2 and "qwen3-8b" in bad.stderr
+    from typer.testing import CliRunner
+
+    from ddtree_server.cli import app
+
+    bad = CliRunner().invoke(app, ["bench", "--random-shape", "nope", "--out", str(out)])  # no second start-up
+    assert bad.exit_code == 2 and "qwen3-8b" in bad.stderr
 
 
 _BLOCKER = """
