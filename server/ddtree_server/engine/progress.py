@@ -3,8 +3,8 @@
 A decode round takes milliseconds, but a long prompt's prefill is one round of minutes on a CPU
 (a 7,909-token prompt took 314 s on a loaded 2-core machine, past the default --stall-seconds
 300). ``Beacon.watch(model)`` puts a forward pre-hook on every layer of the model's layer lists
-(the decoder layers of the target, dense or hybrid) and on every module inside them (norms,
-attention, projections): each one that starts records the time, so
+(the decoder layers of the target, dense or hybrid) and on their direct parts (norms,
+attention or mixer, MLP): each one that starts records the time, so
 a long prefill keeps showing progress while a round that hangs (a wedged device, a deadlock)
 stops doing so. CUDA-graph replays run no Python hooks: their rounds are short and the round's
 own start time is their progress. Torch is not imported here; ``watch`` uses the module's own API.
@@ -43,10 +43,10 @@ class Beacon:
         for _, module in model.named_modules():
             if type(module).__name__ == "ModuleList":
                 for layer in module:
-                    # the layer and every module inside it (norms, attention, projections): a
-                    # beat within each layer's big GEMMs, even when one layer of a long prompt
-                    # takes many seconds on a loaded CPU
-                    for part in layer.modules():
+                    # the layer and its direct parts (attention / mixer, MLP, norms): a beat
+                    # within each layer of a long prompt, at a few hooks per layer (a hook on every
+                    # projection costs Python time on every eager forward)
+                    for part in (layer, *layer.children()):
                         part.register_forward_pre_hook(self.beat)
                     count += 1
         return count
