@@ -9,6 +9,11 @@
   <parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``), via xgrammar's built-in
   structural tags ``qwen_3`` and ``qwen_3_5``.
 
+xgrammar's length-bounded strings (``minLength`` / ``maxLength``) use the character class
+``[^"\\\r\n]``, which admits raw control characters that JSON forbids in strings (a random test
+model emits them); the JSON grammars are built as EBNF and that class is narrowed to the one of
+xgrammar's own unbounded strings, ``[^\0-\x1f"\\]`` (the ``_json_grammar`` helper).
+
 JSON is generated without free whitespace (xgrammar ``any_whitespace=False``: one line, ", " and
 ": " separators), so a small model cannot loop on blanks, and in strict mode (no properties the
 schema does not list). Every refusal is a ``GrammarError`` (HTTP 400) naming the field: schema
@@ -32,6 +37,8 @@ from ddtree_server.constrained.limits import MAX_SCHEMA_BYTES, GrammarError, che
 
 COMPILE_TIMEOUT_S = 10.0   # longest grammar compilation before the request is refused (s)
 MAX_TOOLS = 128            # functions one tool grammar may list
+_LOOSE_CHARS = r'[^\"\\\r\n]'   # EBNF text of xgrammar's length-bounded string characters
+_JSON_CHARS = r'[^\0-\x1f\"\\]'    # ... and of its unbounded JSON string characters
 MARKUPS = {"hermes": "qwen_3", "qwen_xml": "qwen_3_5"}   # our name -> xgrammar structural-tag model
 
 
@@ -94,17 +101,21 @@ class GrammarCompiler:
             detail = detail.split("] ", 1)[-1] if detail.startswith("[") else detail
             raise GrammarError(f"{param}: this server cannot compile the {what}: {detail}", param) from None
 
+    def _json_grammar(self, schema_text: str, strict: bool):
+        import xgrammar as xgr
+
+        ebnf = str(xgr.Grammar.from_json_schema(schema_text, any_whitespace=False, strict_mode=strict))
+        return self._xgr.compile_grammar(ebnf.replace(_LOOSE_CHARS, _JSON_CHARS))
+
     def json_object(self) -> Grammar:
         """Any JSON object (``response_format: {"type": "json_object"}``)."""
-        compiled = self._compile("JSON object", "response_format", self._xgr.compile_json_schema,
-                                 '{"type": "object"}', any_whitespace=False, strict_mode=False)
+        compiled = self._compile("JSON object", "response_format", self._json_grammar, '{"type": "object"}', False)
         return Grammar("json_object", compiled)
 
     def json_schema(self, schema: Any, *, param: str = "response_format.json_schema.schema") -> Grammar:
         """Output that validates against ``schema`` (a JSON Schema object)."""
         text = check_schema(schema, param)
-        compiled = self._compile("JSON schema", param, self._xgr.compile_json_schema, text,
-                                 any_whitespace=False, strict_mode=True)
+        compiled = self._compile("JSON schema", param, self._json_grammar, text, True)
         return Grammar("json_schema", compiled)
 
     def response_format(self, fmt: dict[str, Any] | None) -> Grammar | None:
