@@ -37,6 +37,7 @@ from ddtree_server.constrained.limits import MAX_SCHEMA_BYTES, GrammarError, che
 
 COMPILE_TIMEOUT_S = 10.0   # longest grammar compilation before the request is refused (s)
 MAX_TOOLS = 128            # functions one tool grammar may list
+MAX_TOOL_WHITESPACE = 4    # blanks between the elements of a tool call (a small model cannot loop on them)
 _LOOSE_CHARS = r'[^\"\\\r\n]'   # EBNF text of xgrammar's length-bounded string characters
 _JSON_CHARS = r'[^\0-\x1f\"\\]'    # ... and of its unbounded JSON string characters
 MARKUPS = {"hermes": "qwen_3", "qwen_xml": "qwen_3_5"}   # our name -> xgrammar structural-tag model
@@ -160,7 +161,7 @@ class GrammarCompiler:
             chosen = [f for f in functions if f["name"] == name]
             if not chosen:
                 raise GrammarError(f"tool_choice names function {name!r}, which is not in tools", "tool_choice")
-            mode = "forced"
+            mode = {"type": "function", "function": {"name": name}}
         else:
             raise GrammarError("tool_choice must be \"required\" or {\"type\": \"function\", \"function\": "
                                "{\"name\": ...}} to constrain the output", "tool_choice")
@@ -174,7 +175,8 @@ class GrammarCompiler:
         try:
             tag = tags.get_model_structural_tag(
                 MARKUPS[markup], tools=[{"type": "function", "function": f} for f in chosen],
-                tool_choice=mode, reasoning="disabled", parallel_tool_calls=parallel)
+                tool_choice=mode, reasoning="disabled", parallel_tool_calls=parallel,
+                max_whitespace_cnt=MAX_TOOL_WHITESPACE)
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"tools: {exc}", "tools") from None
         compiled = self._compile("tool-call", "tools", self._xgr.compile_structural_tag, tag)
