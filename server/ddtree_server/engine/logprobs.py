@@ -17,8 +17,9 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from ddtree_server.engine.params import MAX_TOP_LOGPROBS  # noqa: F401 (re-exported)
+
 LOGPROB_FLOOR = -9999.0   # reported instead of -inf (JSON has no infinity)
-MAX_TOP_LOGPROBS = 20     # most alternatives per token (OpenAI's top_logprobs maximum)
 
 
 @dataclass
