@@ -22,7 +22,8 @@ from pathlib import Path
 import typer
 
 WIDE = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}
-DOCS = {"person": {"name": "Ada Lovelace", "age": 36, "city": "London", "hobbies": ["math", "poetry"], "employed": False},
+DOCS = {"person": {"name": "Ada Lovelace", "age": 36, "city": "London", "hobbies": ["math", "poetry"],
+                   "employed": False},
         "recipe": {"title": "Pancakes", "servings": 4, "ingredients": [{"item": "flour", "amount": "200 g"}],
                    "steps": ["Mix.", "Fry."]},
         "weather": {"reports": [{"city": c, "temperature_c": 12.5, "sky": "rain"} for c in ("Oslo", "Rome", "Lima")]},
@@ -177,7 +178,8 @@ def markdown(report: dict) -> str:
              "its first mask is included); mask: one next-token mask along a valid document; tree: the masks of "
              "a 64-node draft tree (a valid spine with random siblings) from a committed root; "
              "produced by `python -m ddtree_server.bench.grammar_libs`.", "",
-             "| library | schema | compile ms | mask us/token | 64-node tree ms | rollback |", "|---|---|---|---|---|---|"]
+             "| library | schema | compile ms | mask us/token | 64-node tree ms | rollback |",
+             "|---|---|---|---|---|---|"]
     for r in report["rows"]:
         if "error" in r:
             lines.append(f"| {r['library']} | {r['schema']} | refused: {r['error']} | | | |")
