@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ddtree_server.api import openapi, prompts
+from ddtree_server.api.logprobs import TokenTexts, chat_logprobs, completion_logprobs
 from ddtree_server.api.metrics import Metrics
 from ddtree_server.api.middleware import Middleware
 from ddtree_server.api.responses import (ApiError, chat_response, completion_response, error_body, model_card,
@@ -223,7 +224,12 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             budget = limit   # the engine's default never exceeds --max-tree-budget either
         from ddtree_server.engine.params import SamplingParams
 
-        params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams)
+        grammar = await run_in_threadpool(prompts.grammar_for, engine, body)
+        params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams,
+                                         vocab_size=vocab_size(engine), grammar=grammar)
+        format_logprobs = None
+        if params.logprobs is not None:
+            format_logprobs = await run_in_threadpool(logprob_formatter, engine, kind)
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
         job = Job(rid=rid, prompt_ids=ids, params=params, mode=mode, tree_budget=budget)
         try:
@@ -250,7 +256,7 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         metrics.ttft.observe(time.monotonic() - job.submitted_at)
         created, model = now(), engine.model_id
         if body.stream:
-            shape = ChunkShape(kind, rid, created, model, body.include_usage())
+            shape = ChunkShape(kind, rid, created, model, body.include_usage(), format_logprobs)
 
             def on_close(finished: bool) -> None:
                 if not finished and not job.cancel.is_set():
@@ -259,9 +265,10 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
 
             stream = event_stream(shape, first, lambda: job.next_event(), prompt_tokens=len(ids), on_close=on_close)
             return StreamingResponse(stream, media_type=MEDIA_TYPE, headers=HEADERS)
-        texts, event, last = [], first, first
+        texts, lps, event, last = [], [], first, first
         while event is not None:
             texts.append(event.text)
+            lps += event.logprobs or []
             last = event
             try:
                 event = await _next(job, request)
@@ -272,7 +279,17 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         build = chat_response if kind == "chat" else completion_response
         return JSONResponse(build(rid=rid, created=created, model=model, text="".join(texts),
                                   finish_reason=last.finish_reason, prompt_tokens=len(ids),
-                                  completion_tokens=tokens, decoding=stats))
+                                  completion_tokens=tokens, decoding=stats,
+                                  logprobs=format_logprobs(lps) if format_logprobs else None))
+
+    def logprob_formatter(engine: Any, kind: str) -> Any:
+        """entries -> the API's logprobs object (token texts read once per engine)."""
+        texts = getattr(app.state, "token_texts", None)
+        if texts is None or texts[0] is not engine:
+            app.state.token_texts = texts = (engine, TokenTexts(engine))
+        if kind == "chat":
+            return lambda entries, offset=0: chat_logprobs(texts[1], entries)
+        return lambda entries, offset=0: completion_logprobs(texts[1], entries, offset)
 
     async def _next(job: Job, request: Request) -> Any:
         """The job's next event; cancels the job and raises ClientGone when the client has left

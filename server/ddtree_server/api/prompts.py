@@ -135,10 +135,25 @@ def check_decoding(request: ChatCompletionRequest | CompletionRequest, modes: se
     return override.mode, override.tree_budget
 
 
+def grammar_for(engine: Any, request: ChatCompletionRequest | CompletionRequest) -> Any:
+    """The compiled grammar of the request's `response_format` (None for text / absent).
+    Raises ApiError(400) naming the problem when the server refuses the format or schema."""
+    if request.response_format is None or request.response_format.get("type") == "text":
+        return None
+    from ddtree_server.constrained.limits import GrammarError
+
+    try:
+        return engine.grammars.response_format(request.response_format)
+    except GrammarError as exc:
+        raise ApiError(400, str(exc), param=exc.param or "response_format", code="invalid_response_format") from None
+
+
 def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_len: int,
-                    max_model_len: int, params_cls: Any) -> Any:
+                    max_model_len: int, params_cls: Any, *, vocab_size: int | None = None,
+                    grammar: Any = None) -> Any:
     """SamplingParams for the request. Raises ApiError(400) when the prompt (+ max_tokens) does
-    not fit the context window of `max_model_len` tokens; max_tokens omitted -> the rest of it."""
+    not fit the context window of `max_model_len` tokens (max_tokens omitted -> the rest of it),
+    for a `logit_bias` token id outside [0, vocab_size) and for top_logprobs without logprobs."""
     limit = request.token_limit()
     param = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) else "max_tokens"
     if prompt_len >= max_model_len:
@@ -153,6 +168,19 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_l
                             f"exceeds the context window of {max_model_len} tokens",
                        param=param, code="context_length_exceeded")
     temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+    bias = request.token_bias()
+    bad = [t for t in bias if vocab_size is not None and t >= vocab_size]
+    if bad:
+        raise ApiError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
+                       param="logit_bias", code="invalid_token_id")
+    try:
+        logprobs = request.logprob_count()
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="top_logprobs") from None
     return params_cls(max_tokens=limit, temperature=temperature,
                       top_p=1.0 if request.top_p is None else request.top_p, seed=request.seed,
-                      stop=list(request.stop), ignore_eos=request.ignore_eos)
+                      stop=list(request.stop), ignore_eos=request.ignore_eos,
+                      presence_penalty=request.presence_penalty or 0.0,
+                      frequency_penalty=request.frequency_penalty or 0.0,
+                      repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+                      logit_bias=bias, logprobs=logprobs, grammar=grammar)
