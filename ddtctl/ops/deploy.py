@@ -87,7 +87,7 @@ class _Run:
     def __init__(self, result: DeployResult, log: Callable[[str, Step], None] | None):
         self.result, self.log = result, log
         self.replaced: dict[str, tuple[str, int]] = {}     # path -> (previous text, mode) of rewritten files
-        self.reinstalled = False                          # the current release was installed again in place
+        self.verify = False                               # re-hash every weight file (deploy --verify)
 
     def step(self, name: str, status: str, detail: str = "", since: float | None = None) -> Step:
         step = Step(name, status, detail, round(time.monotonic() - since, 2) if since else 0.0)
@@ -100,10 +100,11 @@ class _Run:
 def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_run: bool = False,
                 smoke: bool = True, timeout_s: float | None = None, progress_factory=None,
                 log: Callable[[str, Step], None] | None = None, break_lock: bool = False,
-                rollback_timeout_s: float | None = None) -> DeployResult:
+                rollback_timeout_s: float | None = None, verify: bool = False) -> DeployResult:
     """Deploy `host`; never raises for a host failure (see `DeployResult.error`).
 
-    `timeout_s`: the new release's wait-ready deadline; `rollback_timeout_s`: the rollback's own
+    `verify`: re-hash every weight file on the target (`deploy --verify`), not only those whose
+    size, mtime or inode changed since the last push. `timeout_s`: the new release's wait-ready deadline; `rollback_timeout_s`: the rollback's own
     (default: the service's ready_timeout_s; see ops/recovery.py).
 
     `bundle`: a built Bundle (ddtree services; for dry runs a SourceIdentity is enough).
@@ -112,6 +113,7 @@ def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_
     """
     result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id, url=host.url)
     run = _Run(result, log)
+    run.verify = verify
     try:
         lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock,
                                                        note=lambda text: run.step("lock", "changed", text))
@@ -131,15 +133,16 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
     layout = releases.Layout(host.root, host.unit)
     manager = manager_for(host, transport)
     old = res.previous_release = res.current_release = releases.read_link(transport, layout.current)
-    old_previous = None if dry_run else releases.read_link(transport, layout.previous)
+    old_previous = releases.read_link(transport, layout.previous)
     cancel.check("the release step")
-    release_changed = release_step(host, transport, layout, bundle, old, run, dry_run, progress_factory)
+    release_changed = release_step(host, transport, layout, bundle, old, run, dry_run, progress_factory,
+                                   old_previous)
     try:
         cancel.check("the weights")
         weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
         cancel.check("the unit files")
         unit_changed = _unit_files(host, transport, manager, run, dry_run)
-        res.changed = release_changed or run.reinstalled or unit_changed or weights_changed
+        res.changed = release_changed or unit_changed or weights_changed
         if dry_run:
             run.step("restart", "planned" if res.changed else "skipped",
                      "would restart" if res.changed else "nothing changed: no restart")
@@ -227,7 +230,7 @@ def _weights(host, transport, node_transport, run: _Run, dry_run, progress_facto
             continue
         t = time.monotonic()
         wr = weights.sync_service_model(host, name, ref, transport, node_transport, dry_run=dry_run,
-                                        progress_factory=progress_factory)
+                                        progress_factory=progress_factory, verify=run.verify)
         run.result.weights_bytes_sent += 0 if dry_run else wr.bytes_sent
         changed |= wr.changed
         status = ("planned" if dry_run else "changed") if wr.changed else "ok"

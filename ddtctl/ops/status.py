@@ -58,7 +58,8 @@ class HostStatus:
 
     @property
     def version_mismatch(self) -> bool:
-        return bool(self.expected_release and self.release and self.release != self.expected_release)
+        return bool(self.expected_release and self.release
+                    and releases.build_of(self.release) != self.expected_release)
 
     @property
     def stopped(self) -> bool:
