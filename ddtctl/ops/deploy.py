@@ -24,7 +24,7 @@ from pathlib import Path
 from ddtctl import cancel
 from ddtctl.errors import DdtctlError, RemoteError
 from ddtctl.inventory import Host
-from ddtctl.ops import recovery, releases, weights
+from ddtctl.ops import logcause, recovery, releases, weights
 from ddtctl.ops.lock import HostLocked, host_lock
 from ddtctl.ops.readiness import ReadyReport, wait_ready
 from ddtctl.ops.release_step import release_step
@@ -169,8 +169,9 @@ def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout
         try:
             manager.restart() if res.changed else manager.start()
         except RemoteError as exc:        # e.g. a Type=notify unit that died before READY=1
-            run.step("restart", "failed", str(exc).splitlines()[0], t)
-            raise RemoteError(f"{exc}\nlast service log lines:\n{manager.log_tail(50)}", exc.result) from exc
+            why = logcause.cause(logcause.last_start(manager.log_tail(80)))
+            run.step("restart", "failed", str(exc).splitlines()[0] + (f": {why}" if why else ""), t)
+            raise RemoteError(f"{exc}\n{logcause.explain(manager.log_tail(80))}", exc.result) from exc
         run.step("restart", "changed", ("restarted" if res.changed else f"started (was {state.active})"), t)
     else:
         run.step("restart", "ok", "nothing changed: not restarted")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from ddtctl import cancel
 from ddtctl.errors import DdtctlError, ExitCode, UsageError
 from ddtctl.inventory import Host
-from ddtctl.ops import releases
+from ddtctl.ops import logcause, releases
 from ddtctl.ops.lock import host_lock
 from ddtctl.ops.readiness import ReadyReport, wait_ready
 from ddtctl.ops.supervisor import manager_for
@@ -111,7 +111,7 @@ def _undo(host, transport, manager, layout, result: RollbackResult, was_running:
           cause: DdtctlError) -> RecoveryFailed:
     """Links back to where the rollback started; that release restarted if it was running."""
     lines = [f"{host.name}: rollback to {result.to_release} failed: {first_line(cause)}"]
-    tail = "" if isinstance(cause, cancel.Interrupted) else manager.log_tail(30).rstrip()
+    tail = "" if isinstance(cause, cancel.Interrupted) else logcause.explain(manager.log_tail(80)).rstrip()
     try:
         if result.from_release:
             releases.switch(transport, layout, result.from_release, keep_previous=False)

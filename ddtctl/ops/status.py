@@ -29,7 +29,7 @@ from ddtctl.errors import AuthError, UnreachableError
 from ddtctl.inventory import Host
 from ddtctl.ops import container as container_ops
 from ddtctl.ops import gpu as gpu_ops
-from ddtctl.ops import releases
+from ddtctl.ops import logcause, releases
 from ddtctl.ops.container import ContainerState
 from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error, health_path
 from ddtctl.ops.supervisor import manager_for
@@ -43,6 +43,9 @@ class HostStatus:
     ready: bool | None = None
     ready_detail: str = ""
     ready_state: str | None = None  # the bundled server's /ready `state` (loading, warming, ready, ...)
+    live: bool | None = None        # liveness: GET /health == 200 (None: not asked)
+    live_detail: str = ""           # e.g. "/health 503: stalled: the engine round in progress has run 301 s"
+    devices: dict | None = None     # CUDA services in containers: {"present": [...], "missing": [...]}
     models: list[str] = field(default_factory=list)
     gpus: list[dict] | None = None
     gpu_error: dict | None = None
@@ -68,8 +71,14 @@ class HostStatus:
         return bool(self.unit) and self.unit.get("active") == "inactive" and not self.unit.get("failed")
 
     @property
+    def not_installed(self) -> bool:
+        """systemd does not know the unit (LoadState=not-found) / no supervisor spec: never deployed."""
+        return bool(self.unit) and self.unit.get("installed") is False
+
+    @property
     def ok(self) -> bool:
         return not self.errors and bool(self.ready) and not self.unreachable and not self.auth_failed \
+            and self.live is not False and not (self.devices or {}).get("missing") \
             and (self.container is None or self.container["state"] == "running")
 
     @property
@@ -86,8 +95,16 @@ class HostStatus:
                 state, "container error")
         if self.auth_failed:
             return "auth failed"
+        if self.not_installed:
+            return "not installed"
         if self.stopped:
             return "stopped"
+        if self.live is False:
+            return "stalled" if "stalled" in self.live_detail else "unhealthy"
+        if (self.devices or {}).get("missing"):
+            return "no GPU device"
+        if self.ready and self.errors:
+            return "error"
         return self.ready_state if self.ready_state in ("loading", "warming") else "failed"
 
     @property
@@ -101,13 +118,52 @@ class HostStatus:
             return self.container["detail"]
         if self.auth_failed:
             return next(e for e in self.errors if "authentication failed" in e).split(": ", 1)[-1]
+        if self.not_installed or self.stopped:
+            return self.ready_detail
+        if self.live is False:
+            return self.live_detail
+        if (self.devices or {}).get("missing"):
+            return devices_cause(self.devices["missing"])
         if self.errors:
             return self.errors[0]
         return self.ready_detail
 
     def to_dict(self) -> dict:
         return {**self.__dict__, "version_mismatch": self.version_mismatch, "stopped": self.stopped,
+                "not_installed": self.not_installed,
                 "verdict": self.verdict, "cause": self.cause, "ok": self.ok}
+
+
+# Device nodes a CUDA process opens (NVIDIA driver README, "Installing the NVIDIA Driver" / the
+# nvidia-modprobe device files): the control device, one node per GPU, and the unified-memory
+# device without which cuInit fails (CUDA_ERROR_UNKNOWN) although nvidia-smi works.
+DEVICES_ARGV = ["find", "/dev", "-maxdepth", "1", "-name", "nvidia*", "-type", "c", "-printf", "%f\\n"]
+
+
+def needs_devices(host: Host) -> bool:
+    """A container service that uses CUDA: `gpus` set or `device: cuda`."""
+    return host.kind == "container" and bool(host.service.gpus or getattr(host.service, "device", None) == "cuda")
+
+
+def required_devices(gpus: list[str]) -> list[str]:
+    """/dev names a CUDA service needs: nvidiactl, nvidia-uvm, and nvidiaN for each numeric GPU
+    index (`nvidia[0-9]` stands for "at least one GPU" when none is numbered, e.g. MIG UUIDs)."""
+    nums = [g for g in gpus if str(g).isdigit()]
+    return ["nvidiactl", "nvidia-uvm"] + ([f"nvidia{g}" for g in nums] if nums else ["nvidia[0-9]"])
+
+
+def missing_devices(found: list[str], gpus: list[str]) -> list[str]:
+    """Required device names (required_devices) that are not among the character devices found."""
+    have = set(found)
+    any_gpu = any(n[len("nvidia"):].isdigit() for n in have)
+    return [f"/dev/{n}" for n in required_devices(gpus)
+            if not (n in have or (n == "nvidia[0-9]" and any_gpu))]
+
+
+def devices_cause(missing: list[str]) -> str:
+    return (f"{', '.join(missing)} missing in the container: CUDA cannot start there (add the node's "
+            "device with lxc.mount.entry and lxc.cgroup2.devices.allow; the nvidia-uvm device appears on the "
+            "node only after `nvidia-modprobe -u -c=0` or a first CUDA program)")
 
 
 def unreachable_cause(message: str, connect_timeout: float | None = None) -> str:
@@ -175,6 +231,38 @@ def _state_of(resp) -> str | None:
     return state if isinstance(state, str) else None
 
 
+def node_endpoint(host: Host, transport) -> str:
+    """`address:port` of a container's node as the SSH configuration resolves it (the inventory's
+    port, else the ssh config's, else 22), never `None`."""
+    node = getattr(transport, "node", None)
+    try:
+        cfg = node.config() if node is not None else None
+        if cfg is not None:
+            return f"{cfg.hostname}:{cfg.port}"
+    except Exception:  # noqa: BLE001 - an unusable ssh config: fall back to the inventory
+        pass
+    return f"{host.node.address}:{host.node.port or 22}"
+
+
+def _log_cause(st: HostStatus, manager) -> None:
+    """Add the failed start's cause from the service log (ops/logcause.py) to `ready_detail`."""
+    why = logcause.cause(logcause.last_start(manager.log_tail(80)))
+    if why:
+        st.ready_detail += f": {why}"
+
+
+def _reason_of(resp) -> str:
+    """Why a /health answer is not 200: the body's `reason` (the bundled server), else a short text."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("reason"):
+        return str(body["reason"])[:200]
+    from ddtctl.ops.readiness import brief_body
+    return brief_body(resp)
+
+
 def _guard(st: HostStatus, part: str, fn: Callable[[], None], connect_timeout: float | None = None) -> None:
     try:
         fn()
@@ -224,7 +312,11 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
                     raise auth_error(host, f"{path} {r.status_code}")
                 return r
 
-            r = get(health_path(host))
+            r = get("/health")                           # liveness: a stalled engine answers 503
+            st.live = r.status_code == 200
+            st.live_detail = f"/health {r.status_code}" + ("" if st.live else f": {_reason_of(r)}")
+            if health_path(host) != "/health":               # readiness of the bundled server
+                r = get(health_path(host))
             st.ready, st.ready_detail = r.status_code == 200, f"{health_path(host)} {r.status_code}"
             st.ready_state = _state_of(r)
             if st.ready_state and not st.ready:
@@ -250,26 +342,45 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
         else:
             st.gpus = [g.to_dict() for g in gpu_ops.select_gpus(got, host.service.gpus)]
 
+    def devices() -> None:
+        res = transport.run(DEVICES_ARGV, timeout=60)
+        found = container_ops.pct_failure(res.exit_code, res.err_text)
+        if found is not None:
+            _container_problem(st, found)
+            return
+        names = sorted(res.text.split())
+        st.devices = {"present": [f"/dev/{n}" for n in names],
+                      "missing": missing_devices(names, [str(g) for g in host.service.gpus])}
+
     def release() -> None:
         st.release = releases.read_link(transport, releases.Layout(host.root, host.unit).current)
 
     _guard(st, "container", container, timeout)
     if st.unreachable and host.node is not None:
-        st.errors[-1] += f" (node {host.node_name} at {host.node.address}:{host.node.port})"
+        st.errors[-1] += f" (node {host.node_name} at {node_endpoint(host, transport)})"
     if not st.unreachable and (st.container is None or st.container["state"] == "running"):
         _guard(st, "unit", unit, timeout)
     if st.unreachable or (st.container and st.container["state"] != "running"):
         # nothing else can be asked; do not wait on HTTP/GPU/release timeouts
         st.ready, st.ready_detail = False, st.ready_detail if st.container else "unreachable"
         return st
-    if st.unit and st.unit["active"] in ("inactive", "failed"):
-        st.ready, st.ready_detail = False, f"service {st.unit['active']}"
+    if st.unit and st.unit.get("installed") is False:
+        st.ready, st.ready_detail = False, (f"{host.unit} is not installed (systemd: LoadState=not-found): "
+                                            f"deploy it (ddtctl deploy {host.name})" if host.kind != "local" else
+                                            f"no service installed: deploy it (ddtctl deploy {host.name})")
+    elif st.unit and st.unit["active"] == "failed":
+        st.ready, st.ready_detail = False, f"service {st.unit['description']}"
+        _guard(st, "log", lambda: _log_cause(st, manager), timeout)
+    elif st.unit and st.unit["active"] == "inactive":
+        st.ready, st.ready_detail = False, f"service inactive: start it (ddtctl start {host.name})"
     else:
         _guard(st, "http", http, timeout)
     if st.ready is None:
         st.ready, st.ready_detail = False, "unreachable"
     if gpus and (host.kind != "local" or host.service.gpus or getattr(host.service, "device", None) == "cuda"):
         _guard(st, "gpu", gpu, timeout)
+    if needs_devices(host) and (st.container is None or st.container["state"] == "running"):
+        _guard(st, "devices", devices, timeout)
     if host.service.kind == "ddtree" and (st.container is None or st.container["state"] == "running"):
         _guard(st, "release", release, timeout)
     return st
