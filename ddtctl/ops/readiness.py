@@ -119,7 +119,7 @@ def brief_body(resp: httpx.Response) -> str:
         text = resp.text
         if "html" in resp.headers.get("content-type", "").lower() or text.lstrip()[:15].lower().startswith(
                 ("<!doctype html", "<html")):
-            title = re.search(r"<title[^>]*>(.*?)</title>", text, re.I | re.S)
+            title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
             words = " ".join(html.unescape(title.group(1)).split())[:80] if title else ""
             return f'HTML page "{words}" ({len(resp.content)} bytes)' if words else f"HTML page ({len(resp.content)} bytes)"
         return " ".join(text[:120].split())
