@@ -273,7 +273,7 @@ def status_table(statuses: Iterable[Any]) -> None:
         unit_cell = _styled(unit.get("active", "-")) if unit.get("installed", True) else _styled("not installed")
         if unit.get("active") == "failed" and unit.get("result") not in (None, "", "success"):
             unit_cell += f" ({escape(unit['result'])})"
-        if unit.get("start_limit_hit"):
+        if unit.get("start_limit_hit") and unit.get("result") != "start-limit-hit":
             unit_cell += ", start limit hit"
         table.add_row(st.host, st.kind, unit_cell, str(unit.get("restarts", "-")),
                       ready, ", ".join(st.models) or "-", escape(gpu_cell(st.gpus, st.gpu_error)),

@@ -1,8 +1,8 @@
 """The cause of a failed start, from the service log (pure): shown first, then only that start's lines.
 
 A failed restart used to print the last 50 journal lines, most of them from earlier runs, with
-the cause somewhere in the middle. `last_start(text)` keeps the lines of the most recent start
-(after systemd's `Starting UNIT...` line, or the local supervisor's `--- ddtctl start` line);
+the cause somewhere in the middle. `last_start(text)` keeps the lines of the most recent start that says something (after
+systemd's `Starting UNIT...` line, or the local supervisor's `--- ddtctl start` line);
 `cause(lines)` picks the line that says why: the last exception line of a Python traceback
 (`SomeError: message`), else the last line that is not systemd's own bookkeeping
 (`Main process exited`, `Failed with result`, ...). `explain(text)` joins both for an error
@@ -20,13 +20,19 @@ _SYSTEMD = ("Main process exited", "Failed with result", "Failed to start", "Sto
             "Starting ", "--- ddtctl start", "Traceback (most recent call last)")
 
 
-def last_start(text: str) -> list[str]:
-    """The log lines from the most recent start on (the whole text when no start line is found)."""
+def starts(text: str) -> list[list[str]]:
+    """The log split at each start line, most recent start first (one part when there is none)."""
     lines = text.rstrip("\n").splitlines()
-    for i in range(len(lines) - 1, -1, -1):
-        if _START.match(lines[i].strip()):
-            return lines[i:]
-    return lines
+    cuts = [i for i, line in enumerate(lines) if _START.match(line.strip())] or [0]
+    return [lines[a:b] for a, b in zip(cuts[::-1], [len(lines), *cuts[::-1][:-1]], strict=True)]
+
+
+def last_start(text: str) -> list[str]:
+    """The lines of the most recent start that say why it failed (`cause`); systemd's automatic
+    restart may have begun another start that has printed nothing yet: then the one before it.
+    The most recent start's lines when none says anything."""
+    parts = starts(text)
+    return next((part for part in parts[:3] if cause(part)), parts[0])
 
 
 def _bookkeeping(line: str) -> bool:

@@ -36,6 +36,7 @@ from ddtctl.ops.verdict import (
     DEVICES_ARGV,
     HostStatus,
     missing_devices,
+    parse_devices,
     needs_devices,
     unreachable_cause,
 )
@@ -197,7 +198,7 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
         if found is not None:
             _container_problem(st, found)
             return
-        names = sorted(res.text.split())
+        names = parse_devices(res.text)
         st.devices = {"present": [f"/dev/{n}" for n in names],
                       "missing": missing_devices(names, [str(g) for g in host.service.gpus])}
 

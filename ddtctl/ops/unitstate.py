@@ -40,7 +40,7 @@ class UnitState:
 
     def describe(self) -> str:
         """`active (running)`, `failed (Result: exit-code; start limit hit)`, ... (one line)."""
-        notes = [f"Result: {self.result}"] if self.result not in ("", "success") else []
+        notes = [f"Result: {self.result}"] if self.result not in ("", "success") else []   # start-limit-hit too
         if self.start_limit_hit and self.result != "start-limit-hit":
             notes.append("start limit hit")
         if self.restarts:
@@ -77,4 +77,5 @@ def parse_show(text: str) -> UnitState:
     return UnitState(active=props.get("ActiveState") or "unknown", sub=props.get("SubState", ""),
                      result=props.get("Result", ""), restarts=int(restarts) if restarts.isdigit() else 0,
                      pid=int(pid) if pid.isdigit() and int(pid) > 0 else None,
+                     start_limit_hit=props.get("Result") == "start-limit-hit",
                      load=props.get("LoadState") or "loaded")

@@ -120,7 +120,15 @@ class HostStatus:
 # Device nodes a CUDA process opens (NVIDIA driver README, "Installing the NVIDIA Driver" / the
 # nvidia-modprobe device files): the control device, one node per GPU, and the unified-memory
 # device without which cuInit fails (CUDA_ERROR_UNKNOWN) although nvidia-smi works.
-DEVICES_ARGV = ["find", "/dev", "-maxdepth", "1", "-name", "nvidia*", "-type", "c", "-printf", "%f\\n"]
+# `%Y` stats each entry (following links): `-type c` would trust the directory entry's type, and a
+# device bound over a `create=file` mount point (lxc.mount.entry) is listed as a regular file there
+DEVICES_ARGV = ["find", "/dev", "-maxdepth", "1", "-name", "nvidia*", "-printf", "%Y %f\\n"]
+
+
+def parse_devices(find_output: str) -> list[str]:
+    """Names of the character devices in `DEVICES_ARGV` output (pure)."""
+    return sorted(name for kind, _, name in (line.partition(" ") for line in find_output.splitlines())
+                  if kind == "c" and name)
 
 
 def needs_devices(host: Host) -> bool:
