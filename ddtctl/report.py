@@ -199,6 +199,8 @@ def deploy_table(results: Iterable[Any]) -> None:
             error(host_message(r.host, r.error))
             if getattr(r, "service", ""):
                 info(f"{r.host}: service now {r.service} (current release: {r.current_release or '-'})")
+            if r.rolled_back and not any(s.name == "rollback" and s.status == "failed" for s in r.steps):
+                info(f"{r.host}: rolled back: serving {r.model_id} at {r.url}")
 
 
 def diffs(results: Iterable[Any]) -> None:

@@ -207,6 +207,8 @@ def _rollback(host, transport, manager, layout, old: str | None, run: _Run, time
             _write(transport, path, text, mode)
         if run.replaced:
             manager.activate()
+            host = recovery.restored_host(host, run.replaced)     # wait for it where it serves again
+            run.result.url, run.result.model_id = host.url, host.model_id
         if not run.result.restarted:              # failed before the restart: nothing else to undo
             run.result.rolled_back = True
             run.step("rollback", "changed", f"restored {' and '.join(what)} (service not restarted)", t)

@@ -66,6 +66,10 @@ class Local:
         kw.setdefault("stderr", subprocess.PIPE)
         return subprocess.Popen(self.argv(*args), env=self.env, cwd=REPO, stdin=subprocess.DEVNULL, **kw)
 
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(*args), env=self.env, cwd=REPO, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+
     def wait_for_mark(self, proc: subprocess.Popen, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout
         while not (self.mark.exists() and self.mark.read_text()):
