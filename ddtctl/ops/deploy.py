@@ -207,8 +207,8 @@ def _rollback(host, transport, manager, layout, old: str | None, run: _Run, time
             _write(transport, path, text, mode)
         if run.replaced:
             manager.activate()
-            host = recovery.restored_host(host, run.replaced)     # wait for it where it serves again
-            run.result.url, run.result.model_id = host.url, host.model_id
+        host = recovery.restored_host(host, _installed(transport, manager, host))
+        run.result.url, run.result.model_id = host.url, host.model_id     # where it serves again
         if not run.result.restarted:              # failed before the restart: nothing else to undo
             run.result.rolled_back = True
             run.step("rollback", "changed", f"restored {' and '.join(what)} (service not restarted)", t)
@@ -232,8 +232,12 @@ def _weights(host, transport, node_transport, run: _Run, dry_run, progress_facto
         if ref is None:
             continue
         t = time.monotonic()
-        wr = weights.sync_service_model(host, name, ref, transport, node_transport, dry_run=dry_run,
-                                        progress_factory=progress_factory, verify=run.verify)
+        try:
+            wr = weights.sync_service_model(host, name, ref, transport, node_transport, dry_run=dry_run,
+                                            progress_factory=progress_factory, verify=run.verify)
+        except DdtctlError as exc:
+            run.step(f"weights:{name}", "failed", str(exc).splitlines()[0], t)
+            raise
         run.result.weights_bytes_sent += 0 if dry_run else wr.bytes_sent
         changed |= wr.changed
         status = ("planned" if dry_run else "changed") if wr.changed else "ok"
@@ -273,6 +277,16 @@ def _unit_files(host, transport, manager, run: _Run, dry_run) -> bool:
     manager.activate()
     run.step("unit", "changed", f"written ({manager.kind}; verify {verdict})", t)
     return True
+
+
+def _installed(transport, manager, host) -> dict[str, tuple[str, int]]:
+    """The unit/env files installed now (after a rollback: the restored ones, or those it left)."""
+    out = {}
+    for path, (_text, mode) in manager.unit_files(service_spec(host)).items():
+        res = transport.run(["cat", "--", path], timeout=60)
+        if res.ok:
+            out[path] = (res.text, mode)
+    return out
 
 
 def _write(transport, path: str, text: str, mode: int) -> None:
