@@ -225,9 +225,22 @@ def _probe(transport, python: str, mode: str, *args: str, timeout: float) -> tup
 
 def _settings_diff(old: dict | None, new: dict) -> list[str]:
     """`key: old -> new` for each setting of `new` the release was installed with otherwise
-    (keys `new` leaves out, e.g. a dry run's unknown wheelhouse, are not compared)."""
+    (keys `new` leaves out, e.g. a dry run's unknown wheelhouse, are not compared); lists (the
+    wheelhouse's wheel names) as what was added and removed, never both lists whole."""
     old = old or {}
-    return [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in sorted(new) if old.get(k) != new[k]]
+    out = []
+    for k in sorted(new):
+        was, now = old.get(k), new[k]
+        if was == now:
+            continue
+        if isinstance(was, list) and isinstance(now, list):
+            added, removed = sorted(set(now) - set(was)), sorted(set(was) - set(now))
+            out.append(f"{k}: " + ", ".join([*(f"+{x}" for x in added[:3]), *(f"-{x}" for x in removed[:3])])
+                       + (f" ... ({len(added)} added, {len(removed)} removed)" if len(added) + len(removed) > 6
+                          else ""))
+        else:
+            out.append(f"{k}: {was!r} -> {now!r}")
+    return out
 
 
 def verify(transport, layout: Layout, version_id: str, python: str, fingerprint: dict,

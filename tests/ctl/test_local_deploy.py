@@ -395,3 +395,17 @@ def test_deploy_local_end_to_end(tmp_path: Path) -> None:
         assert code == 0, err
     code, doc, _ = _ddtctl(env, "status", "local", "--json", "--no-gpu")
     assert code == 1 and doc["hosts"][0]["unit"]["active"] == "inactive"
+
+
+def test_a_reinstall_reason_is_short_even_when_the_wheelhouse_changed() -> None:
+    """The wheel names a release was installed with are compared as what was added and removed
+    (the whole lists made a 7.9 KB reason line), and the release step bounds its line."""
+    from ddtctl.ops.release_step import _bounded
+
+    was = [f"package_{i}-1.0-py3-none-any.whl" for i in range(80)]
+    now = [*was[1:], "package_0-1.1-py3-none-any.whl"]
+    (line,) = releases._settings_diff({"wheels": was, "mode": "wheelhouse"}, {"wheels": now, "mode": "wheelhouse"})
+    assert line == "wheels: +package_0-1.1-py3-none-any.whl, -package_0-1.0-py3-none-any.whl"
+    many = releases._settings_diff({"wheels": was}, {"wheels": [w.replace("1.0", "2.0") for w in was]})[0]
+    assert len(many) < 400 and "(80 added, 80 removed)" in many
+    assert len(_bounded("x" * 8000)) == 300 and _bounded("a\n b") == "a b"
