@@ -109,7 +109,7 @@ def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HO
     finally:
         transport.close()
     report.info(f"{target.name}: rolled back {result.from_release} -> {result.to_release}; ready in "
-                f"{result.ready.seconds:.1f} s; service: {result.service}")
+                f"{result.ready.seconds:.1f} s; service: {result.service}; serving {target.model_id} at {target.url}")
     if json_out:
         report.emit_json({"ok": True, **result.to_dict()})
 
