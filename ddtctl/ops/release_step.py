@@ -12,7 +12,7 @@ import posixpath
 import sys
 import time
 
-from ddtctl.errors import UsageError
+from ddtctl.errors import DdtctlError, UsageError
 from ddtctl.inventory import Host
 from ddtctl.ops import packages, releases
 
@@ -75,8 +75,14 @@ def release_step(host, transport, layout, bundle, old, run, dry_run, progress_fa
             wr = packages.push_wheelhouse(transport, house, layout.wheelhouse, progress_factory)
             sent_wh = f"; wheelhouse {len(house.names)} wheels, {wr.files_sent} sent ({wr.bytes_sent} bytes)"
         cb = progress_factory(f"wheel {wheel.name}", wheel.stat().st_size) if progress_factory else None
-        sent, after = releases.install(transport, layout, rid, wheel, python, plan, version=_version(bundle),
-                                       progress=cb)
+        try:
+            sent, after = releases.install(transport, layout, rid, wheel, python, plan, version=_version(bundle),
+                                           progress=cb)
+        except DdtctlError as exc:           # e.g. pip: the first line says what ran, the last why
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            last = f" ({_bounded(lines[-1], 200)})" if len(lines) > 1 else ""
+            run.step("release", "failed", f"installing {rid}: {_bounded(lines[0] if lines else '')}{last}", t)
+            raise
         run.step("release", "changed", (f"{why}; " if why else "") + f"installed {rid} ({how}; {sent} wheel "
                  f"bytes sent{sent_wh}; {after.summary()})", t)
     return _point_current(transport, layout, old, rid, run, dry_run)
