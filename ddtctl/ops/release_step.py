@@ -28,7 +28,7 @@ def release_step(host, transport, layout, bundle, old, run, dry_run, progress_fa
 
     Releases are immutable (ops/releases.py): the id is `<version-id>+<deps>`; a release that
     verifies is used as it is (the current one first when it is this release or a fresh install
-    of it); otherwise it is installed into a folder no link points at: `<id>`, or `<id>.rN` when
+    of it, then `<id>`, then its fresh installs `<id>.rN`, newest first); otherwise it is installed into a folder no link points at: `<id>`, or `<id>.rN` when
     `current` or `previous` (`old`, `old_previous`) points at the broken `<id>`. So a deploy never
     modifies the release the service runs, and a failed deploy can always switch back to it.
 
@@ -50,8 +50,9 @@ def release_step(host, transport, layout, bundle, old, run, dry_run, progress_fa
                                      wheelhouse_dir=layout.wheelhouse, wheel_names=house.names if house else None)
 
     base = releases.release_id(vid, plan_for(vid).fingerprint)
+    listed = [r.version_id for r in releases.list_releases(transport, layout)]   # newest first
     tried = [old] if releases.same_release(old, base) else []
-    tried += [base] if base not in tried else []
+    tried += [name for name in (base, *listed) if releases.same_release(name, base) and name not in tried]
     checks = {}
     for rid in tried:
         checks[rid] = releases.verify(transport, layout, rid, python, plan_for(rid).fingerprint, _version(bundle))
@@ -62,7 +63,7 @@ def release_step(host, transport, layout, bundle, old, run, dry_run, progress_fa
     check = checks[base]
     rid = base
     if base in (old, old_previous) and check.stage != "missing":   # never touch a linked release
-        rid = releases.repair_id(base, [r.version_id for r in releases.list_releases(transport, layout)])
+        rid = releases.repair_id(base, listed)
     run.result.release = rid
     plan = plan_for(rid)
     how = f"{plan.mode} mode, venv from {python}"
