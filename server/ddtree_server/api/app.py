@@ -59,6 +59,11 @@ def vocab_size(engine: Any) -> int:
     return min(sizes)
 
 
+def model_type(engine: Any) -> str | None:
+    """The target's `config.model_type` (chooses the tool-call format with the chat template)."""
+    return getattr(getattr(getattr(engine, "target", None), "config", None), "model_type", None)
+
+
 _BRANCH_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}
 
 
@@ -146,7 +151,8 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
                 "running": worker.running, "queued": worker.queued, "stall_seconds": worker.stall_seconds,
                 "stalled": worker.stalled()}
 
-    app.openapi = lambda: openapi.document(app, api_key=bool(config.api_key))
+    app.openapi = lambda: openapi.document(app, api_key=bool(config.api_key),
+                                           max_tree_budget=config.tree_budget_limit)
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi_route() -> JSONResponse:
@@ -201,8 +207,9 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         engine = ready_engine()
         check_model(body.model, engine)
-        ids = await run_in_threadpool(prompts.chat_prompt_ids, engine.tokenizer, body, config.chat_template_kwargs)
-        return await _generate(request, engine, body, ids, "chat")
+        prompt = await run_in_threadpool(prompts.chat_prompt, engine.tokenizer, body, config.chat_template_kwargs,
+                                         model_type(engine))
+        return await _generate(request, engine, body, prompt.ids, "chat", parser=prompt.parser)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -212,14 +219,16 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
                                       vocab_size(engine))
         return await _generate(request, engine, body, ids, "completion")
 
-    async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str) -> Response:
+    async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str,
+                        parser: Any = None) -> Response:
         limit = config.tree_budget_limit
         mode, budget = prompts.check_decoding(body, available_modes(engine), limit)
         if budget is None and (getattr(engine, "tree_budget", None) or 0) > limit:
             budget = limit   # the engine's default never exceeds --max-tree-budget either
         from ddtree_server.engine.sampling import SamplingParams
 
-        params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams)
+        params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams,
+                                         getattr(engine, "sampling_defaults", None))
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
         job = Job(rid=rid, prompt_ids=ids, params=params, mode=mode, tree_budget=budget)
         try:
@@ -250,7 +259,8 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
                     log.info("request %s: client disconnected during the stream", rid)
                     job.cancel.set()
 
-            stream = event_stream(shape, first, lambda: job.next_event(), prompt_tokens=len(ids), on_close=on_close)
+            stream = event_stream(shape, first, lambda: job.next_event(), prompt_tokens=len(ids), on_close=on_close,
+                                  parser=parser)
             return StreamingResponse(stream, media_type=MEDIA_TYPE, headers=HEADERS)
         texts, event, last = [], first, first
         while event is not None:
@@ -262,10 +272,16 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
                 return Response(status_code=499)
         stats = last.stats.to_dict() if last.stats is not None else None
         tokens = stats["generated_tokens"] if stats else 0
-        build = chat_response if kind == "chat" else completion_response
-        return JSONResponse(build(rid=rid, created=created, model=model, text="".join(texts),
-                                  finish_reason=last.finish_reason, prompt_tokens=len(ids),
-                                  completion_tokens=tokens, decoding=stats))
+        common = dict(rid=rid, created=created, model=model, text="".join(texts), prompt_tokens=len(ids),
+                      completion_tokens=tokens, decoding=stats)
+        if kind != "chat":
+            return JSONResponse(completion_response(finish_reason=last.finish_reason, **common))
+        finish, message = last.finish_reason, None
+        if parser is not None and parser.active:
+            parser.feed(common["text"])
+            parser.finish()
+            finish, message = parser.finish_reason(finish), parser.message()
+        return JSONResponse(chat_response(finish_reason=finish, message=message, **common))
 
     async def _next(job: Job, request: Request) -> Any:
         """The job's next event; cancels the job and raises ClientGone when the client has left

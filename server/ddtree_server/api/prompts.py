@@ -15,8 +15,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ddtree_server.api import reasoning
+from ddtree_server.api.output import OutputParser
 from ddtree_server.api.responses import ApiError
 from ddtree_server.api.schemas import ChatCompletionRequest, CompletionRequest, check_text
+from ddtree_server.api.tools import choose_format, template_source
+from ddtree_server.api.tools.render import template_input
 from ddtree_server.config import RESERVED_TEMPLATE_KWARGS
 
 log = logging.getLogger("ddtree_server.api")
@@ -34,8 +38,20 @@ class Prepared:
     tree_budget: int | None
 
 
-def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any]) -> list[int]:
-    """Render the chat template and tokenise it. Raises ApiError(400) on any template failure.
+@dataclass
+class ChatPrompt:
+    """A rendered chat request: prompt ids, the prompt text, and the parser of its completion."""
+
+    ids: list[int]
+    text: str
+    parser: OutputParser
+
+
+def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any],
+                model_type: str | None = None) -> ChatPrompt:
+    """Render the chat template (with the request's tools, api/tools/render.py) and tokenise it;
+    the completion's parser splits reasoning (api/reasoning.py) and tool calls (api/output.py).
+    Raises ApiError(400) on any template failure or a tool message that answers no call.
 
     `developer` messages are rendered as `system` (chat templates know no developer role).
     """
@@ -43,16 +59,14 @@ def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwar
     clash = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
     if clash:
         raise ApiError(400, f"chat_template_kwargs may not set {', '.join(clash)}", param="chat_template_kwargs")
-    messages = []
-    for message in request.messages:
-        item = message.model_dump(exclude_none=True)
-        item["role"] = "system" if message.role == "developer" else message.role
-        item["content"] = message.text()
-        messages.append(item)
-    if not getattr(tokenizer, "chat_template", None):
+    template = template_source(tokenizer)
+    if not template:
         raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
+    fmt = choose_format(template, model_type)
+    messages, extra = template_input(request, fmt)
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **extra, **kwargs)
     except Exception as exc:   # jinja errors, raise_exception() in templates, bad kwargs
         log.info("chat template error: %s", exc)
         raise ApiError(400, f"chat template error: {exc}", param="messages", code="chat_template_error") from None
@@ -60,7 +74,18 @@ def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwar
         check_text(text)   # surrogates can only come from chat_template_kwargs here (messages are checked)
     except ValueError as exc:
         raise ApiError(400, f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    tools = request.tools if request.tools and request.tool_choice != "none" else []
+    thinking = reasoning.thinks(template)
+    parser = OutputParser(parse=fmt.parse if tools else None,
+                          functions={tool.function.name: tool.function for tool in tools},
+                          reasoning=thinking, in_reasoning=thinking and reasoning.opened(text),
+                          parallel=request.parallel_tool_calls is not False)
+    return ChatPrompt(list(tokenizer.encode(text, add_special_tokens=False)), text, parser)
+
+
+def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any]) -> list[int]:
+    """Only the prompt ids of `chat_prompt`."""
+    return chat_prompt(tokenizer, request, default_kwargs).ids
 
 
 def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int) -> list[int]:
@@ -98,9 +123,11 @@ def check_decoding(request: ChatCompletionRequest | CompletionRequest, modes: se
 
 
 def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_len: int,
-                    max_model_len: int, params_cls: Any) -> Any:
+                    max_model_len: int, params_cls: Any, defaults: dict[str, Any] | None = None) -> Any:
     """SamplingParams for the request. Raises ApiError(400) when the prompt (+ max_tokens) does
-    not fit the context window of `max_model_len` tokens; max_tokens omitted -> the rest of it."""
+    not fit the context window of `max_model_len` tokens; max_tokens omitted -> the rest of it.
+    temperature / top_p the request omits come from `defaults` (the model's generation_config,
+    engine/defaults.py), else OpenAI's 1.0; a default top_k applies when the engine samples with one."""
     limit = request.token_limit()
     param = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) else "max_tokens"
     if prompt_len >= max_model_len:
@@ -114,7 +141,15 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_l
         raise ApiError(400, f"prompt ({prompt_len} tokens) + {param} ({limit}) = {prompt_len + limit} tokens "
                             f"exceeds the context window of {max_model_len} tokens",
                        param=param, code="context_length_exceeded")
-    temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
-    return params_cls(max_tokens=limit, temperature=temperature,
-                      top_p=1.0 if request.top_p is None else request.top_p, seed=request.seed,
-                      stop=list(request.stop), ignore_eos=request.ignore_eos)
+    defaults = defaults or {}
+    temperature = request.temperature if request.temperature is not None else defaults.get(
+        "temperature", DEFAULT_TEMPERATURE)
+    top_p = request.top_p if request.top_p is not None else defaults.get("top_p", 1.0)
+    extra = {}
+    top_k = getattr(request, "top_k", None)
+    if top_k is None:
+        top_k = defaults.get("top_k")
+    if top_k is not None and "top_k" in getattr(params_cls, "__dataclass_fields__", {}):
+        extra["top_k"] = top_k
+    return params_cls(max_tokens=limit, temperature=temperature, top_p=top_p, seed=request.seed,
+                      stop=list(request.stop), ignore_eos=request.ignore_eos, **extra)

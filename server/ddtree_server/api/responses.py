@@ -55,10 +55,11 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def chat_response(*, rid: str, created: int, model: str, text: str, finish_reason: str | None,
-                  prompt_tokens: int, completion_tokens: int, decoding: dict | None) -> dict[str, Any]:
-    """A complete `chat.completion` object."""
+                  prompt_tokens: int, completion_tokens: int, decoding: dict | None,
+                  message: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A complete `chat.completion` object; `message` (api/output.py) replaces the plain text one."""
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0, "message": message or {"role": "assistant", "content": text},
                          "logprobs": None, "finish_reason": finish_reason}],
             "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
 

@@ -10,10 +10,13 @@ Extensions over the OpenAI schema:
 
 Unknown request fields are ignored (OpenAI clients send many optional ones); fields we cannot honour
 are rejected with 400 ("... is not supported by this server") rather than silently ignored: `n` > 1,
-`best_of` > 1, several prompts, non-text content parts, `logprobs`, non-empty `tools`, a
-`tool_choice` other than "none", `response_format` other than `{"type": "text"}`, non-empty
-`logit_bias`, `presence_penalty` / `frequency_penalty` other than 0 (outside [-2, 2] is a range
-error). `stream` must be a JSON boolean. system / developer / user messages need text content.
+`best_of` > 1, several prompts, non-text content parts, `logprobs`, `tool_choice` "required" or
+naming a function, tools on /v1/completions, `response_format` other than `{"type": "text"}`,
+non-empty `logit_bias`, `presence_penalty` / `frequency_penalty` other than 0 (outside [-2, 2] is
+a range error). `stream` must be a JSON boolean; sampling numbers must be JSON numbers (not
+booleans). system / developer / user messages need text content. Chat `tools`, `tool_choice`
+("auto"/"none"), `parallel_tool_calls` and the messages' `tool_calls` / `tool_call_id` are
+served by api/tools/.
 
 `seed` must be a 64-bit signed integer, -2**63 <= seed < 2**63 (OpenAI's range; anything else is
 400 with param "seed"); torch seeds the request's generator with it modulo 2**64, so every value
@@ -23,11 +26,15 @@ in the range is reproducible and distinct.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationInfo, field_validator
 
+from ddtree_server.api.tools.schemas import Tool, ToolCall, ToolChoice, check_tools
+
 Role = Literal["system", "developer", "user", "assistant", "tool"]
+# A JSON number, never a boolean or a string (pydantic's lax mode would read `false` as 0.0).
+Number = Annotated[float, Field(strict=True)]
 
 
 def check_text(value: str) -> str:
@@ -69,6 +76,8 @@ class ChatMessage(BaseModel):
     role: Role
     content: StrictStr | list[TextPart] | None = Field(None, validate_default=True)
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="assistant: the calls it made")
+    tool_call_id: StrictStr | None = Field(None, description="tool: the id of the call this result answers")
 
     @field_validator("content")
     @classmethod
@@ -103,9 +112,10 @@ class _GenerationRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
     max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate (tokens).")
-    temperature: float | None = Field(None, ge=0.0, le=2.0, description=(
-        "Omitted: 1.0. Below 1e-5 (0 included): greedy decoding (engine/sampling.py GREEDY_TEMPERATURE)."))
-    top_p: float | None = Field(None, gt=0.0, le=1.0, description=(
+    temperature: Number | None = Field(None, ge=0.0, le=2.0, description=(
+        "Omitted: the model's generation_config, else 1.0. Below 1e-5 (0 included): greedy decoding "
+        "(engine/sampling.py GREEDY_TEMPERATURE)."))
+    top_p: Number | None = Field(None, gt=0.0, le=1.0, description=(
         "Nucleus mass; the most probable token is always kept (a top_p that rounds to 0 in fp32 is top-1)."))
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1,
                              description="OpenAI's int64 range; negative seeds are taken modulo 2**64.")
@@ -117,12 +127,10 @@ class _GenerationRequest(BaseModel):
     ignore_eos: bool = False
     logprobs: Any = None
     best_of: int | None = Field(None, ge=1)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, Any] | None = None
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
 
     @field_validator("stream")
     @classmethod
@@ -136,18 +144,11 @@ class _GenerationRequest(BaseModel):
             raise ValueError("best_of > 1 is not supported by this server")
         return value
 
-    @field_validator("tools", "logit_bias", "echo", "suffix", check_fields=False)
+    @field_validator("logit_bias", "echo", "suffix", check_fields=False)
     @classmethod
     def _empty_only(cls, value: Any, info: ValidationInfo) -> Any:
         if value:
             raise ValueError(f"{info.field_name} is not supported by this server")
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        if value not in (None, "none"):
-            raise ValueError("tool_choice is not supported by this server (tools are not supported)")
         return value
 
     @field_validator("response_format")
@@ -208,6 +209,26 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[Tool] | None = Field(None, description="OpenAI function tools (api/tools/).")
+    tool_choice: ToolChoice | None = Field(None, description=(
+        '"auto" (default with tools), "none"; "required" and a named function need constrained decoding'))
+    parallel_tool_calls: StrictBool | None = Field(None, description="false: at most one call per answer")
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, value: list[Tool] | None) -> list[Tool] | None:
+        return check_tools(value)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None or value in ("none", "auto"):
+            return value
+        if not info.data.get("tools"):
+            raise ValueError(f"tool_choice {value if isinstance(value, str) else 'naming a function'!r} "
+                             "needs tools")
+        raise ValueError("tool_choice \"required\" or a named function is not supported by this server "
+                         "(it needs constrained decoding); use \"auto\"")
 
     def token_limit(self) -> int | None:
         """`max_completion_tokens` (newer name) wins over `max_tokens`; None -> rest of the context."""
@@ -224,8 +245,31 @@ def _as_prompt(value: Any) -> str | list[int]:
                      "or a list of one list of token ids")
 
 
+NonEmptyText = Annotated[str, Field(min_length=1)]
+TokenIds = Annotated[list[int], Field(min_length=1)]
+
+
 class CompletionRequest(_GenerationRequest):
-    prompt: Union[str, list[int]] = Field(..., description="Tokenised verbatim: no chat template.")
+    prompt: Union[NonEmptyText, TokenIds, Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)],
+                  Annotated[list[TokenIds], Field(min_length=1, max_length=1)]] = Field(
+        ..., description="Tokenised verbatim: no chat template. One prompt: a string or token ids, "
+                         "alone or as a list of one.")
+    tools: list[Any] | None = Field(None, description="chat only: refused when non-empty")
+    tool_choice: Any = Field(None, description="chat only: refused unless null or \"none\"")
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: Any) -> Any:
+        if value:
+            raise ValueError("tools are supported on /v1/chat/completions only")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: Any) -> Any:
+        if value not in (None, "none"):
+            raise ValueError("tool_choice is supported on /v1/chat/completions only")
+        return value
     echo: bool = False
     suffix: StrictStr | None = None
     max_tokens: int | None = Field(16, ge=1, description="Most tokens to generate (OpenAI default 16).")

@@ -65,6 +65,14 @@ class ChunkShape:
             chunk["decoding"] = decoding
         return chunk
 
+    def chat_delta(self, delta: dict[str, Any], finish_reason: str | None = None,
+                   decoding: dict | None = None) -> dict[str, Any]:
+        """A chat chunk carrying one delta object of api/output.py (reasoning, content, tool calls)."""
+        chunk = self._chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}])
+        if finish_reason is not None:
+            chunk["decoding"] = decoding
+        return chunk
+
     def usage(self, prompt_tokens: int, completion_tokens: int, decoding: dict | None) -> dict[str, Any]:
         """The final `choices: []` chunk with the token counts (only with include_usage)."""
         chunk = self._chunk([])
@@ -73,13 +81,30 @@ class ChunkShape:
         return chunk
 
 
+def _chunks(shape: ChunkShape, event: Any, stats: dict | None, parser: Any) -> list[dict[str, Any]]:
+    """The chunks of one engine event: as they are, or through the chat output parser."""
+    if parser is None or not parser.active:
+        if event.text or event.finish_reason is not None:
+            return [shape.delta(event.text, event.finish_reason, stats)]
+        return []
+    deltas = parser.feed(event.text)
+    if event.finish_reason is None:
+        return [shape.chat_delta(delta) for delta in deltas]
+    deltas += parser.finish()
+    return [shape.chat_delta(delta) for delta in deltas] + [
+        shape.chat_delta({}, parser.finish_reason(event.finish_reason), stats)]
+
+
 async def event_stream(shape: ChunkShape, first: Any, next_event: Callable[[], Awaitable[Any]], *,
-                       prompt_tokens: int, on_close: Callable[[bool], None]) -> AsyncIterator[bytes]:
+                       prompt_tokens: int, on_close: Callable[[bool], None],
+                       parser: Any = None) -> AsyncIterator[bytes]:
     """The SSE bytes of one generation.
 
     `first` is the first GenerationEvent (already received, so that errors before it became HTTP
     errors); `next_event()` returns the following ones and None at the end. `on_close(finished)`
     runs exactly once when the stream ends or is abandoned (client gone: finished is False).
+    `parser` (chat, api/output.py) turns text into reasoning / content / tool-call deltas; then
+    the chunk with `finish_reason` has an empty delta.
     """
     finished = False
     try:
@@ -90,8 +115,8 @@ async def event_stream(shape: ChunkShape, first: Any, next_event: Callable[[], A
         while event is not None:
             generated += len(event.token_ids)
             stats = event.stats.to_dict() if event.stats is not None else None
-            if event.text or event.finish_reason is not None:
-                yield sse(shape.delta(event.text, event.finish_reason, stats))
+            for chunk in _chunks(shape, event, stats, parser):
+                yield sse(chunk)
             if event.finish_reason is not None:
                 if shape.include_usage:
                     tokens = stats.get("generated_tokens", generated) if stats else generated

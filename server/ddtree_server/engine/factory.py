@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from ddtree_server.engine.defaults import sampling_defaults
 from ddtree_server.engine.engine import Engine
 from ddtree_server.models import default
 from ddtree_server.models.load import load_target, resolve_dtype
@@ -68,6 +69,10 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
                     default_mode=mode, tree_budget=tree_budget, eos_token_ids=loaded.eos_token_ids)
     messages.append(f"default mode {engine.default_mode}" + (
         f", tree budget {engine.tree_budget}" if engine.default_mode == "ddtree" else ""))
+    engine.sampling_defaults = sampling_defaults(loaded.folder, embedded=sha is not None)
+    if engine.sampling_defaults:
+        messages.append("sampling defaults for requests that omit them: " + ", ".join(
+            f"{k} {v}" for k, v in engine.sampling_defaults.items()))
     engine.messages = messages
     for line in messages:
         log.info("%s", line)
