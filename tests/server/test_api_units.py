@@ -251,8 +251,14 @@ _U = [{"role": "user", "content": "x"}]
 
 
 @pytest.mark.parametrize("path, extra, param, unsupported", [
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", True),
-    ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice", True),
+    ("/v1/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", False),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+     "tool_choice", True),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice", False),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+     "tools.0.function.name", False),
+    ("/v1/chat/completions", {"frequency_penalty": False}, "frequency_penalty", False),
+    ("/v1/chat/completions", {"temperature": True}, "temperature", False),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format", True),
     ("/v1/chat/completions", {"logit_bias": {"50256": -100}}, "logit_bias", True),
     ("/v1/chat/completions", {"presence_penalty": 0.5}, "presence_penalty", True),
