@@ -18,12 +18,9 @@ from ddtree_server.engine import decode
 from ddtree_server.engine.sampling import SamplingParams, TokenChooser
 from ddtree_server.engine.stats import DecodeStats
 from ddtree_server.engine.stopping import StopChecker
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_graphs import GraphedDrafter
-from ddtree_server.models.graphs import GraphedTarget
-from ddtree_server.models.hybrid.graphs import GraphedHybrid
-from ddtree_server.models.hybrid.model import HybridTarget
-from ddtree_server.models.target import TargetModel
+from ddtree_server.models import families
+from ddtree_server.models.drafter.graphs import GraphedDrafter
+from ddtree_server.models.drafter.model import DFlashDrafter
 
 MODES = ("ar", "dflash", "ddtree")
 CUDA_TREE_BUDGET = 64  # default DDTree budget on CUDA (nodes)
@@ -54,7 +51,7 @@ class Engine:
         tree_budget: default DDTree node budget (None -> block_size - 1 on CPU, 64 on CUDA).
         eos_token_ids: stop tokens always added (unless ignore_eos).
         cuda_graphs: on CUDA, replay the target's forwards and the drafter's proposals from CUDA
-            graphs (models/graphs.py, models/drafter_graphs.py).
+            graphs (models/dense/graphs.py, models/drafter/graphs.py).
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
     """
@@ -64,8 +61,9 @@ class Engine:
                  default_mode: str | None = None, tree_budget: int | None = None,
                  eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True):
         device = target.embed_tokens.weight.device
-        if cuda_graphs and device.type == "cuda" and isinstance(target, (TargetModel, HybridTarget)):
-            target = GraphedHybrid(target) if isinstance(target, HybridTarget) else GraphedTarget(target)
+        graphed = families.graphed(target) if cuda_graphs and device.type == "cuda" else None
+        if graphed is not None:  # a family of ours: its CUDA-graph wrapper (models/families.py)
+            target = graphed
             if isinstance(drafter, DFlashDrafter):  # checks itself against eager on first use
                 drafter = GraphedDrafter(drafter)
         self.target = target
