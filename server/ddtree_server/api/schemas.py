@@ -8,7 +8,9 @@ Extensions over the OpenAI schema:
 * request `chat_template_kwargs: {...}` (chat only) is passed to the tokenizer's chat template;
 * every response, and the final chunk of every stream, carries `decoding` = `DecodeStats.to_dict()`.
 
-Unknown request fields are ignored (OpenAI clients send many optional ones); fields we cannot honour
+Known fields are validated strictly (pydantic strict mode: `"5"` or `5.0` is no integer, `false` no
+number, `0` no boolean), so the OpenAPI document generated from these models is the contract the
+handler enforces. Unknown request fields are ignored (OpenAI clients send many optional ones); fields we cannot honour
 are rejected with 400 ("... is not supported by this server") rather than silently ignored: `n` > 1,
 `best_of` > 1, several prompts, non-text content parts, `logprobs`, `tool_choice` "required" or
 naming a function, tools on /v1/completions, `response_format` other than `{"type": "text"}`,
@@ -50,21 +52,21 @@ def check_text(value: str) -> str:
 class DecodingOverride(BaseModel):
     """Per-request decoding override (extension field `decoding`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     mode: Literal["ar", "dflash", "ddtree"] | None = None
     tree_budget: int | None = Field(None, ge=1, le=4096, description=(
         "DDTree node budget; at most the server's --max-tree-budget (model card: decoding.max_tree_budget)."))
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     include_usage: bool = False
 
 
 class TextPart(BaseModel):
     """A `{"type": "text", "text": ...}` content part (the only part type we accept)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["text"]
     text: StrictStr
 
@@ -72,7 +74,7 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     """One chat message. `content` is text or a list of text parts; assistant/tool may send null."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     role: Role
     content: StrictStr | list[TextPart] | None = Field(None, validate_default=True)
     name: StrictStr | None = None
@@ -109,7 +111,7 @@ class ChatMessage(BaseModel):
 class _GenerationRequest(BaseModel):
     """Fields shared by chat and text completions (OpenAI names, OpenAI ranges)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     model: StrictStr | None = None
     max_tokens: int | None = Field(None, ge=1, description="Most tokens to generate (tokens).")
     temperature: Number | None = Field(None, ge=0.0, le=2.0, description=(

@@ -34,7 +34,7 @@ def depth(value: Any, limit: int) -> int:
 class FunctionDef(BaseModel):
     """`tools[i].function`: name, description and the arguments' JSON Schema."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     name: StrictStr = Field(..., pattern=NAME_PATTERN)
     description: StrictStr | None = None
     parameters: dict[str, Any] | None = None
@@ -49,20 +49,20 @@ class FunctionDef(BaseModel):
 
 
 class Tool(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["function"]
     function: FunctionDef
 
 
 class FunctionName(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     name: StrictStr
 
 
 class NamedToolChoice(BaseModel):
     """`tool_choice: {"type": "function", "function": {"name": ...}}`."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     type: Literal["function"]
     function: FunctionName
 
@@ -71,7 +71,7 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class CalledFunction(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     name: StrictStr
     arguments: StrictStr = Field(..., description="The arguments as a JSON string (OpenAI's encoding).")
 
@@ -79,7 +79,7 @@ class CalledFunction(BaseModel):
 class ToolCall(BaseModel):
     """One entry of an assistant message's `tool_calls` (conversation history)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     id: StrictStr
     type: Literal["function"] = "function"
     function: CalledFunction
