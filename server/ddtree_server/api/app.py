@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ddtree_server.api import openapi, prompts
+from ddtree_server.api.logprobs import TokenTexts, chat_logprobs, completion_logprobs
 from ddtree_server.api.metrics import Metrics
 from ddtree_server.api.middleware import Middleware
 from ddtree_server.api.responses import (ApiError, chat_response, completion_response, error_body, model_card,
@@ -209,7 +210,7 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         check_model(body.model, engine)
         prompt = await run_in_threadpool(prompts.chat_prompt, engine.tokenizer, body, config.chat_template_kwargs,
                                          model_type(engine))
-        return await _generate(request, engine, body, prompt.ids, "chat", parser=prompt.parser)
+        return await _generate(request, engine, body, prompt.ids, "chat", parser=prompt.parser, markup=prompt.markup)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -220,15 +221,20 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         return await _generate(request, engine, body, ids, "completion")
 
     async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str,
-                        parser: Any = None) -> Response:
+                        parser: Any = None, markup: str | None = None) -> Response:
         limit = config.tree_budget_limit
         mode, budget = prompts.check_decoding(body, available_modes(engine), limit)
         if budget is None and (getattr(engine, "tree_budget", None) or 0) > limit:
             budget = limit   # the engine's default never exceeds --max-tree-budget either
         from ddtree_server.engine.params import SamplingParams
 
+        grammar = await run_in_threadpool(prompts.grammar_for, engine, body, markup)
         params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams,
-                                         getattr(engine, "sampling_defaults", None))
+                                         getattr(engine, "sampling_defaults", None),
+                                         vocab_size=vocab_size(engine), grammar=grammar)
+        format_logprobs = None
+        if params.logprobs is not None:
+            format_logprobs = await run_in_threadpool(logprob_formatter, engine, kind)
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
         job = Job(rid=rid, prompt_ids=ids, params=params, mode=mode, tree_budget=budget)
         try:
@@ -252,7 +258,7 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         metrics.ttft.observe(time.monotonic() - job.submitted_at)
         created, model = now(), engine.model_id
         if body.stream:
-            shape = ChunkShape(kind, rid, created, model, body.include_usage())
+            shape = ChunkShape(kind, rid, created, model, body.include_usage(), format_logprobs)
 
             def on_close(finished: bool) -> None:
                 if not finished and not job.cancel.is_set():
@@ -262,9 +268,10 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             stream = event_stream(shape, first, lambda: job.next_event(), prompt_tokens=len(ids), on_close=on_close,
                                   parser=parser)
             return StreamingResponse(stream, media_type=MEDIA_TYPE, headers=HEADERS)
-        texts, event, last = [], first, first
+        texts, lps, event, last = [], [], first, first
         while event is not None:
             texts.append(event.text)
+            lps += event.logprobs or []
             last = event
             try:
                 event = await _next(job, request)
@@ -272,8 +279,9 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
                 return Response(status_code=499)
         stats = last.stats.to_dict() if last.stats is not None else None
         tokens = stats["generated_tokens"] if stats else 0
+        logprobs = format_logprobs(lps) if format_logprobs else None
         common = dict(rid=rid, created=created, model=model, text="".join(texts), prompt_tokens=len(ids),
-                      completion_tokens=tokens, decoding=stats)
+                      completion_tokens=tokens, decoding=stats, logprobs=logprobs)
         if kind != "chat":
             return JSONResponse(completion_response(finish_reason=last.finish_reason, **common))
         finish, message = last.finish_reason, None
@@ -282,6 +290,15 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             parser.finish()
             finish, message = parser.finish_reason(finish), parser.message()
         return JSONResponse(chat_response(finish_reason=finish, message=message, **common))
+
+    def logprob_formatter(engine: Any, kind: str) -> Any:
+        """entries -> the API's logprobs object (token texts read once per engine)."""
+        texts = getattr(app.state, "token_texts", None)
+        if texts is None or texts[0] is not engine:
+            app.state.token_texts = texts = (engine, TokenTexts(engine))
+        if kind == "chat":
+            return lambda entries, offset=0: chat_logprobs(texts[1], entries)
+        return lambda entries, offset=0: completion_logprobs(texts[1], entries, offset)
 
     async def _next(job: Job, request: Request) -> Any:
         """The job's next event; cancels the job and raises ClientGone when the client has left

@@ -55,6 +55,33 @@ class ToolCallOut(_Doc):
     function: CalledFunction
 
 
+class TopLogprob(_Doc):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(_Doc):
+    """One output token (api/logprobs.py): the target's processed distribution at that token."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Doc):
+    content: list[TokenLogprob]
+    refusal: None = None
+
+
+class CompletionLogprobs(_Doc):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class AssistantMessage(_Doc):
     role: Literal["assistant"]
     content: str | None
@@ -65,7 +92,7 @@ class AssistantMessage(_Doc):
 class ChatChoice(_Doc):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: str | None
 
 
@@ -82,7 +109,7 @@ class ChatCompletion(_Doc):
 class CompletionChoice(_Doc):
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: str | None
 
 
@@ -120,7 +147,7 @@ class ChatDelta(_Doc):
 class ChatChunkChoice(_Doc):
     index: int
     delta: ChatDelta
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: str | None
 
 

@@ -45,6 +45,7 @@ class ChatPrompt:
     ids: list[int]
     text: str
     parser: OutputParser
+    markup: str = "hermes"     # the tool-call format (api/tools/): "hermes" or "qwen_xml"
 
 
 def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any],
@@ -76,11 +77,13 @@ def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: 
         raise ApiError(400, f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
     tools = request.tools if request.tools and request.tool_choice != "none" else []
     thinking = reasoning.thinks(template)
+    forced = forced_tool_choice(request) is not None   # the grammar starts the answer with a call
     parser = OutputParser(parse=fmt.parse if tools else None,
                           functions={tool.function.name: tool.function for tool in tools},
-                          reasoning=thinking, in_reasoning=thinking and reasoning.opened(text),
+                          reasoning=thinking and not forced,
+                          in_reasoning=thinking and not forced and reasoning.opened(text),
                           parallel=request.parallel_tool_calls is not False)
-    return ChatPrompt(list(tokenizer.encode(text, add_special_tokens=False)), text, parser)
+    return ChatPrompt(list(tokenizer.encode(text, add_special_tokens=False)), text, parser, fmt.name)
 
 
 def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any]) -> list[int]:
@@ -122,10 +125,46 @@ def check_decoding(request: ChatCompletionRequest | CompletionRequest, modes: se
     return override.mode, override.tree_budget
 
 
+def grammar_for(engine: Any, request: ChatCompletionRequest | CompletionRequest, markup: str | None = None) -> Any:
+    """The compiled grammar of the request's `response_format`, or of its forced tool calls
+    (`tool_choice` "required" / a named function, in the tool-call `markup` of the model's format:
+    "hermes" or "qwen_xml"); None for neither. Raises ApiError(400) naming the problem when the
+    server refuses the format, schema or tools, or when both are asked for."""
+    forced = forced_tool_choice(request)
+    text = request.response_format is None or request.response_format.get("type") == "text"
+    if text and forced is None:
+        return None
+    if forced is not None and not text:
+        raise ApiError(400, "response_format and a tool_choice that forces a call cannot be combined",
+                       param="response_format")
+    from ddtree_server.constrained.limits import GrammarError
+
+    try:
+        if forced is not None:
+            tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
+            return engine.grammars.tool_calls(tools, forced, markup=markup or "hermes",
+                                              parallel=request.parallel_tool_calls is not False)
+        return engine.grammars.response_format(request.response_format)
+    except GrammarError as exc:
+        code = "invalid_tools" if forced is not None else "invalid_response_format"
+        raise ApiError(400, str(exc), param=exc.param or ("tools" if forced is not None else "response_format"),
+                       code=code) from None
+
+
+def forced_tool_choice(request: Any) -> str | dict[str, Any] | None:
+    """`"required"` or `{"type": "function", "function": {"name"}}` when the request forces a call."""
+    choice = getattr(request, "tool_choice", None)
+    if choice is None or choice in ("none", "auto") or not getattr(request, "tools", None):
+        return None
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
 def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_len: int,
-                    max_model_len: int, params_cls: Any, defaults: dict[str, Any] | None = None) -> Any:
+                    max_model_len: int, params_cls: Any, defaults: dict[str, Any] | None = None, *,
+                    vocab_size: int | None = None, grammar: Any = None) -> Any:
     """SamplingParams for the request. Raises ApiError(400) when the prompt (+ max_tokens) does
-    not fit the context window of `max_model_len` tokens; max_tokens omitted -> the rest of it.
+    not fit the context window of `max_model_len` tokens (max_tokens omitted -> the rest of it),
+    for a `logit_bias` token id outside [0, vocab_size) and for top_logprobs without logprobs.
     temperature / top_p the request omits come from `defaults` (the model's generation_config,
     engine/defaults.py), else OpenAI's 1.0; a default top_k applies when the engine samples with one."""
     limit = request.token_limit()
@@ -151,5 +190,18 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_l
         top_k = defaults.get("top_k")
     if top_k is not None and "top_k" in getattr(params_cls, "__dataclass_fields__", {}):
         extra["top_k"] = top_k
+    bias = request.token_bias()
+    bad = [t for t in bias if vocab_size is not None and t >= vocab_size]
+    if bad:
+        raise ApiError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
+                       param="logit_bias", code="invalid_token_id")
+    try:
+        logprobs = request.logprob_count()
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="top_logprobs") from None
     return params_cls(max_tokens=limit, temperature=temperature, top_p=top_p, seed=request.seed,
-                      stop=list(request.stop), ignore_eos=request.ignore_eos, **extra)
+                      stop=list(request.stop), ignore_eos=request.ignore_eos,
+                      presence_penalty=request.presence_penalty or 0.0,
+                      frequency_penalty=request.frequency_penalty or 0.0,
+                      repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+                      logit_bias=bias, logprobs=logprobs, grammar=grammar, **extra)

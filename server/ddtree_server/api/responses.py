@@ -56,19 +56,21 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 def chat_response(*, rid: str, created: int, model: str, text: str, finish_reason: str | None,
                   prompt_tokens: int, completion_tokens: int, decoding: dict | None,
-                  message: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A complete `chat.completion` object; `message` (api/output.py) replaces the plain text one."""
+                  message: dict[str, Any] | None = None, logprobs: dict | None = None) -> dict[str, Any]:
+    """A complete `chat.completion` object; `message` (api/output.py) replaces the plain text one;
+    `logprobs`: api/logprobs.py's chat object or None."""
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": message or {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason}],
+                         "logprobs": logprobs, "finish_reason": finish_reason}],
             "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
 
 
 def completion_response(*, rid: str, created: int, model: str, text: str, finish_reason: str | None,
-                        prompt_tokens: int, completion_tokens: int, decoding: dict | None) -> dict[str, Any]:
-    """A complete `text_completion` object."""
+                        prompt_tokens: int, completion_tokens: int, decoding: dict | None,
+                        logprobs: dict | None = None) -> dict[str, Any]:
+    """A complete `text_completion` object (`logprobs`: api/logprobs.py's completions object or None)."""
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
             "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
 
 

@@ -4,7 +4,8 @@ Every event is `data: <json>\\n\\n`; a stream always ends with `data: [DONE]\\n\
 error (sent as `data: {"error": {...}}`). Chat streams start with a chunk whose delta carries the
 role; the chunk that carries `finish_reason` also carries the `decoding` statistics; with
 `stream_options.include_usage` every chunk has `"usage": null` and one last chunk has
-`"choices": []`, the usage and the statistics.
+`"choices": []`, the usage and the statistics. With logprobs requested, each content chunk carries
+the logprobs of the tokens released since the previous chunk (api/logprobs.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 from ddtree_server.api.responses import error_body, usage
 
@@ -37,6 +38,7 @@ class ChunkShape:
     created: int
     model: str
     include_usage: bool
+    logprobs: Optional[Callable[..., dict[str, Any]]] = None   # (entries, text offset) -> logprobs object
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -53,13 +55,14 @@ class ChunkShape:
         return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
                              "logprobs": None, "finish_reason": None}])
 
-    def delta(self, text: str, finish_reason: str | None, decoding: dict | None) -> dict[str, Any]:
+    def delta(self, text: str, finish_reason: str | None, decoding: dict | None,
+              logprobs: dict | None = None) -> dict[str, Any]:
         """A content chunk; the last one carries `finish_reason` and `decoding`."""
         if self.kind == "chat":
-            choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
+            choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                       "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         chunk = self._chunk([choice])
         if finish_reason is not None:
             chunk["decoding"] = decoding
@@ -111,11 +114,17 @@ async def event_stream(shape: ChunkShape, first: Any, next_event: Callable[[], A
         opening = shape.role()
         if opening is not None:
             yield sse(opening)
-        event, generated = first, 0
+        event, generated, pending, offset = first, 0, [], 0
         while event is not None:
             generated += len(event.token_ids)
+            pending += event.logprobs or []
             stats = event.stats.to_dict() if event.stats is not None else None
-            for chunk in _chunks(shape, event, stats, parser):
+            chunks = _chunks(shape, event, stats, parser)
+            if chunks:
+                if shape.logprobs is not None:   # the tokens so far ride on the next chunk sent
+                    chunks[0]["choices"][0]["logprobs"] = shape.logprobs(pending, offset)
+                pending, offset = [], offset + len(event.text)
+            for chunk in chunks:
                 yield sse(chunk)
             if event.finish_reason is not None:
                 if shape.include_usage:

@@ -15,6 +15,8 @@ from typing import Iterator, Sequence
 import torch
 
 from ddtree_server.engine import decode
+from ddtree_server.engine.logprobs import TokenLogprob
+from ddtree_server.engine.processors import RequestProcessor
 from ddtree_server.engine.sampling import SamplingParams, TokenChooser
 from ddtree_server.engine.stats import DecodeStats
 from ddtree_server.engine.stopping import StopChecker
@@ -28,12 +30,14 @@ CUDA_TREE_BUDGET = 64  # default DDTree budget on CUDA (nodes)
 
 @dataclass
 class GenerationEvent:
-    """One streamed step: tokens accepted this round (after stop trimming) and their text."""
+    """One streamed step: tokens accepted this round (after stop trimming) and their text;
+    ``logprobs``: one entry per token of ``token_ids`` when the request asked for logprobs."""
 
     token_ids: list[int]
     text: str
     finish_reason: str | None
     stats: DecodeStats | None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class Engine:
@@ -86,6 +90,8 @@ class Engine:
         self._check_mode(self.default_mode)
         self._cache = None
         self._draft_cache = None
+        self._grammars = None
+        self._grammars_lock = threading.Lock()
         self.messages: list[str] = []  # start-up lines (set by engine.factory.load_engine)
 
     def _default_budget(self) -> int | None:
@@ -109,6 +115,22 @@ class Engine:
             raise ValueError(f"mode {mode} is unavailable: {why}")
         return mode
 
+    @property
+    def vocab_size(self) -> int:
+        """Logits columns of the target (token ids a processor or grammar may refer to)."""
+        return int(self.target.config.vocab_size)
+
+    @property
+    def grammars(self):
+        """The ``constrained.compiler.GrammarCompiler`` for this tokenizer (built on first use;
+        thread-safe): the API compiles ``response_format`` / tool grammars with it."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from ddtree_server.constrained.compiler import GrammarCompiler
+
+                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            return self._grammars
+
     def encode(self, text: str, chat: bool = True) -> list[int]:
         """Prompt ids: the chat template with one user message (``chat``), else raw tokens."""
         if not chat:
@@ -129,15 +151,16 @@ class Engine:
             self._draft_cache.crop(0)
         return self._cache, self._draft_cache
 
-    def _loop(self, mode: str, prompt_ids, chooser, budget: int | None):
+    def _loop(self, mode: str, prompt_ids, chooser, budget: int | None, proc: RequestProcessor):
         cache, dcache = self._caches()
+        proc = proc if proc.active or proc.wants_logprobs else None
         if mode == "ar":
-            return decode.ar_loop(self.target, cache, prompt_ids, chooser, self.device)
+            return decode.ar_loop(self.target, cache, prompt_ids, chooser, self.device, proc)
         if mode == "dflash":
             return decode.spec_loop(self.target, self.drafter, cache, dcache, prompt_ids, chooser,
-                                    self.device, decode.dflash_builder, self.block_size - 1)
+                                    self.device, decode.dflash_builder, self.block_size - 1, proc)
         return decode.spec_loop(self.target, self.drafter, cache, dcache, prompt_ids, chooser,
-                                self.device, decode.ddtree_builder, budget)
+                                self.device, decode.ddtree_builder, budget, proc)
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, mode: str | None = None,
                  tree_budget: int | None = None, cancel: threading.Event | None = None
@@ -164,22 +187,24 @@ class Engine:
         stop_ids = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
         checker = StopChecker(self.tokenizer, max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
                               stop=params.stop, stop_token_ids=stop_ids, prompt_ids=prompt_ids)
-        return self._run(mode, prompt_ids, params, budget, checker, cancel)
+        proc = RequestProcessor(params, prompt_ids, self.vocab_size, self.device)
+        return self._run(mode, prompt_ids, params, budget, checker, cancel, proc)
 
-    def _run(self, mode, prompt_ids, params, budget, checker, cancel) -> Iterator[GenerationEvent]:
+    def _run(self, mode, prompt_ids, params, budget, checker, cancel, proc) -> Iterator[GenerationEvent]:
         chooser = TokenChooser(params, self.device)
         t0 = time.perf_counter()
-        loop = self._loop(mode, prompt_ids, chooser, budget)
+        loop = self._loop(mode, prompt_ids, chooser, budget, proc)
         prefill_s, rounds, produced, first = 0.0, 0, 0, True
         t_decode = t0
+        logprobs = None
         while True:
             if cancel is not None and cancel.is_set():
-                ids, text = [], checker.finish("cancelled")
+                ids, text, logprobs = [], checker.finish("cancelled"), None
                 break
             with torch.inference_mode():
                 tokens = next(loop, None)
             if tokens is None:  # KV cache full
-                ids, text = [], checker.finish("length")
+                ids, text, logprobs = [], checker.finish("length"), None
                 break
             if first:
                 first = False
@@ -189,10 +214,12 @@ class Engine:
                 rounds += 1
                 produced += len(tokens)
             ids, text = checker.feed(tokens)
+            logprobs = proc.take_logprobs()
+            logprobs = None if logprobs is None else logprobs[:len(ids)]
             if checker.finished:
                 break
             if ids or text:
-                yield GenerationEvent(ids, text, None, None)
+                yield GenerationEvent(ids, text, None, None, logprobs)
         loop.close()
         decode_s = time.perf_counter() - t_decode
         n = len(checker.token_ids)
@@ -203,7 +230,8 @@ class Engine:
             prefill_seconds=prefill_s, decode_seconds=decode_s,
             tokens_per_second=(produced / decode_s) if rounds and decode_s > 0 else None,
             decode_tokens=produced)
-        yield GenerationEvent(ids, text, checker.finish_reason, stats)
+        yield GenerationEvent(ids, text, checker.finish_reason, stats,
+                              logprobs if logprobs is not None or not proc.wants_logprobs else [])
 
     def generate_text(self, prompt: str | list[int], params: SamplingParams, *, chat: bool = True,
                       mode: str | None = None, tree_budget: int | None = None,
