@@ -59,6 +59,38 @@ def test_auto_tool_call_round_trip(api_client):
     assert second.choices[0].message.content and "<tool" not in second.choices[0].message.content
 
 
+READ = {"type": "function", "function": {
+    "name": "read_file", "description": "Read a file",
+    "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
+                   "required": ["path"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.mark.parametrize("choice, name", [
+    ("required", None), ({"type": "function", "function": {"name": "read_file"}}, "read_file")])
+def test_forced_tool_choice_calls_a_tool_streamed_and_plain(api_client, choice, name):
+    """A tool-call grammar (constrained decoding) makes even this model call; the streamed
+    deltas add up to the plain answer; the call's result fed back gets a text answer."""
+    kwargs = dict(tools=[WEATHER, READ], tool_choice=choice)
+    plain = api_client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=64, **kwargs)
+    choice_ = plain.choices[0]
+    assert choice_.finish_reason == "tool_calls" and choice_.message.tool_calls
+    for call in choice_.message.tool_calls:
+        assert call.function.name in ("get_weather", "read_file") and (name is None or call.function.name == name)
+        arguments = json.loads(call.function.arguments)
+        assert isinstance(arguments, dict) and ("city" in arguments or "path" in arguments)
+    streamed, finish, _ = reassemble(api_client.chat.completions.create(
+        model=MODEL, messages=ASK, temperature=0, max_tokens=64, stream=True, **kwargs))
+    expected = choice_.message.model_dump(exclude_none=True, include={"role", "content", "tool_calls"})
+    expected.setdefault("content", None)
+    assert without_ids(streamed) == without_ids(expected) and finish == "tool_calls"
+    turn = choice_.message.model_dump(exclude_none=True)
+    results = [{"role": "tool", "tool_call_id": c.id, "content": "sunny"} for c in choice_.message.tool_calls]
+    answer = api_client.chat.completions.create(model=MODEL, messages=[*ASK, turn, *results], tools=[WEATHER, READ],
+                                                temperature=0, max_tokens=24)
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+
 def test_tool_choice_none_never_returns_tool_calls(api_client):
     response = ask(api_client, HISTORY, tool_choice="none")
     assert response.choices[0].finish_reason in ("stop", "length")
@@ -155,6 +187,10 @@ USER = [{"role": "user", "content": "hi"}]
      "tool_choice", None),
     ({"messages": USER, "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
      "tools.0.function.parameters", None),
+    ({"messages": USER, "tools": [fn("f")], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format", "cannot be combined"),
+    ({"messages": USER, "tools": [fn("f", {"type": "object", "properties": {"x": {"type": "no-such-type"}}})],
+      "tool_choice": "required"}, "tools[0].function.parameters", None),
 ])
 def test_hostile_tool_requests_are_clear_400s(api_http, body, param, words):
     response, seconds = post(api_http, body)
