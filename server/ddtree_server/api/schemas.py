@@ -21,7 +21,7 @@ text content. Chat `tools`, `tool_choice`, `parallel_tool_calls` and the message
 Logits processing, exact under speculation (engine/processors.py): `response_format` `text`,
 `json_object` or `json_schema` (compiled to a grammar, constrained/compiler.py; a schema it refuses
 is a 400 naming the problem), `logit_bias` (token id -> [-100, 100]), `presence_penalty` /
-`frequency_penalty` in [-2, 2], `repetition_penalty` > 0 (vLLM's extension; 1 = off). Logprobs:
+`frequency_penalty` in [-2, 2], `repetition_penalty` in [0.01, 100] (vLLM's extension; 1 = off). Logprobs:
 chat `logprobs: true` + `top_logprobs` 0..20, completions `logprobs` 0..20 (api/logprobs.py).
 
 `seed` must be a 64-bit signed integer, -2**63 <= seed < 2**63 (OpenAI's range; anything else is
@@ -136,7 +136,8 @@ class _GenerationRequest(BaseModel):
     logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in [-100, 100].")
     presence_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Number | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: Number | None = Field(None, gt=0.0, description="vLLM's extension: > 1 discourages repeats (1 = off).")
+    repetition_penalty: Number | None = Field(None, ge=0.01, le=100.0, description=(
+        "vLLM's extension: > 1 discourages repeats (1 = off); [0.01, 100] keeps logits finite."))
 
     @field_validator("stream")
     @classmethod

@@ -13,6 +13,7 @@ from typing import Any
 # NaN; at or above it, `processed_probs` is finite for every finite logit row (it subtracts the
 # row maximum before dividing, so the largest scaled logit is exactly 0).
 GREEDY_TEMPERATURE = 1e-5
+REPETITION_PENALTY_RANGE = (0.01, 100.0)   # beyond it logits / penalty overflows fp32 (a 5e-324 penalty gives inf)
 MAX_TOP_LOGPROBS = 20     # most alternatives per emitted token (OpenAI's top_logprobs maximum)
 
 
@@ -26,7 +27,7 @@ class SamplingParams:
     seed: seeds the request's torch.Generator (None: random); stop: stop strings;
     stop_token_ids: extra stop tokens (EOS is always added by the engine unless ignore_eos).
     Logits processing (engine/processors.py, applied per tree node, exact under speculation):
-    presence_penalty / frequency_penalty in [-2, 2] (0 = off), repetition_penalty > 0 (1 = off),
+    presence_penalty / frequency_penalty in [-2, 2] (0 = off), repetition_penalty in [0.01, 100] (1 = off),
     logit_bias: token id -> bias in [-100, 100], grammar: a ``constrained.compiler.Grammar`` (None =
     unconstrained). logprobs: None = off, else 0..MAX_TOP_LOGPROBS alternatives per emitted token
     (engine/logprobs.py).
@@ -63,8 +64,9 @@ class SamplingParams:
             value = getattr(self, name)
             if not (math.isfinite(value) and -2.0 <= value <= 2.0):
                 raise ValueError(f"{name} must be in [-2, 2], got {value}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
-            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
+            raise ValueError(f"repetition_penalty must be in [{low:g}, {high:g}], got {self.repetition_penalty}")
         for tok, bias in self.logit_bias.items():
             if not (isinstance(tok, int) and tok >= 0):
                 raise ValueError(f"logit_bias keys must be token ids >= 0, got {tok!r}")
