@@ -3,7 +3,7 @@
 Every check is greedy (temperature 0) and short. Checks: the model is listed; a factual chat
 answer contains the known fact; a multi-turn chat uses an earlier turn; a raw completion
 continues the prompt (no chat-template markers); streamed == non-streamed; a tool-call round
-trip (ops/smoke_tools.py: a well-formed call, then an answer to its result); a stop sequence is
+trip and a json_schema answer (ops/smoke_tools.py); a stop sequence is
 honoured (picked from the unconstrained output, so it works for any model); a bad request gets a
 4xx, never a 5xx; for the bundled server with a drafter, the reported mean acceptance length is
 above 1 ("n/a" in mode `ar`).
@@ -22,7 +22,7 @@ from ddtctl import cancel
 from ddtctl.errors import SmokeFailed
 from ddtctl.inventory import Host
 from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error
-from ddtctl.ops.smoke_tools import tool_round_trip
+from ddtctl.ops.smoke_tools import json_schema_answer, tool_round_trip
 
 FACT = ("What is the capital of France?", "paris")
 MEMORY = ([{"role": "user", "content": "My name is Ada."},
@@ -205,7 +205,8 @@ def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
 
         for name, fn in (("models", models), ("chat_fact", fact), ("multi_turn", multi_turn),
                          ("raw_completion", raw), ("stream_equal", stream_equal),
-                         ("tool_call", lambda: tool_round_trip(api)), ("stop_sequence", stop),
+                         ("tool_call", lambda: tool_round_trip(api)), ("json_schema", lambda: json_schema_answer(api)),
+                         ("stop_sequence", stop),
                          ("bad_request_4xx", bad_request), ("acceptance", acceptance)):
             if cancel.requested() or report.interrupted:
                 report.interrupted = True

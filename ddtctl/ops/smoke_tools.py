@@ -1,10 +1,15 @@
-"""Smoke check of function calling: a tool-call round trip over the OpenAI API.
+"""Smoke checks of what coding agents use: a tool-call round trip and a json_schema answer.
 
 The conversation has called `get_weather` twice before (OpenAI `tool_calls` and `tool` messages),
 so even a 135M model continues the pattern greedily; the check passes when the answer is a
 well-formed call (`finish_reason: "tool_calls"`, the function's name, `arguments` a JSON object
 naming the city) and the call's result, sent back, gets a text answer. A server that refuses
 `tools` fails it with its 4xx.
+
+The json_schema check asks for the capital of France with `response_format: {"type":
+"json_schema", ...}` (strict, no other properties): the answer must be one JSON object with the
+two required string fields and nothing else (checked here without a schema library: ddtctl stays
+small), and the city must be Paris.
 """
 
 from __future__ import annotations
@@ -51,3 +56,22 @@ def tool_round_trip(api: Any, max_tokens: int = 48) -> str:
                                                   "max_tokens": max_tokens})["choices"][0]["message"]
     assert answer.get("content"), f"no answer after the tool result: {answer}"
     return f"get_weather({arguments['city']}) -> {answer['content'].strip()[:40]!r}"
+
+
+CAPITAL_SCHEMA = {"type": "object", "properties": {"country": {"type": "string"}, "city": {"type": "string"}},
+                  "required": ["country", "city"], "additionalProperties": False}
+
+
+def json_schema_answer(api: Any, max_tokens: int = 48) -> str:
+    """Run the check with `api` (smoke.py's `_Api`); AssertionError says what was wrong."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL_SCHEMA, "strict": True}}
+    text, _ = api.chat([{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+                       max_tokens=max_tokens, response_format=fmt)
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise AssertionError(f"not JSON: {text[:80]!r}") from None
+    assert isinstance(value, dict) and set(value) == {"country", "city"}, f"not the schema's object: {text[:80]!r}"
+    assert all(isinstance(v, str) for v in value.values()), f"not strings: {text[:80]!r}"
+    assert "paris" in value["city"].lower(), f"city {value['city']!r}"
+    return text.strip()[:60]
