@@ -166,7 +166,7 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_l
     not fit the context window of `max_model_len` tokens (max_tokens omitted -> the rest of it),
     for a `logit_bias` token id outside [0, vocab_size) and for top_logprobs without logprobs.
     temperature / top_p the request omits come from `defaults` (the model's generation_config,
-    engine/defaults.py), else OpenAI's 1.0; a default top_k applies when the engine samples with one."""
+    engine/defaults.py), else OpenAI's 1.0; top_k likewise (else off)."""
     limit = request.token_limit()
     param = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) else "max_tokens"
     if prompt_len >= max_model_len:
@@ -189,7 +189,7 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_l
     if top_k is None:
         top_k = defaults.get("top_k")
     if top_k is not None and "top_k" in getattr(params_cls, "__dataclass_fields__", {}):
-        extra["top_k"] = top_k
+        extra["top_k"] = max(int(top_k), 0)   # vLLM's -1 = off
     bias = request.token_bias()
     bad = [t for t in bias if vocab_size is not None and t >= vocab_size]
     if bad:

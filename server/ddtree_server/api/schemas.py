@@ -123,6 +123,9 @@ class _GenerationRequest(BaseModel):
         "(engine/sampling.py GREEDY_TEMPERATURE)."))
     top_p: Number | None = Field(None, gt=0.0, le=1.0, description=(
         "Nucleus mass; the most probable token is always kept (a top_p that rounds to 0 in fp32 is top-1)."))
+    top_k: int | None = Field(None, ge=-1, description=(
+        "vLLM's extension: sample from the k most probable tokens (before top_p); 0 or -1 = off. "
+        "Omitted: the model's generation_config, else off."))
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1,
                              description="OpenAI's int64 range; negative seeds are taken modulo 2**64.")
     stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)

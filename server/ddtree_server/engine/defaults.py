@@ -2,7 +2,7 @@
 
 Like vLLM (`--generation-config auto`), the values come from the model folder's
 `generation_config.json` (`temperature`, `top_p`, `top_k`); a key it lacks falls back to OpenAI's
-default (temperature 1, top_p 1, no top-k). The embedded SmolLM2 GGUF carries no generation
+default (temperature 1, top_p 1) and no top-k. The embedded SmolLM2 GGUF carries no generation
 config, so it gets the sampling of its model card's usage example
 (https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct: `temperature=0.2, top_p=0.9`): at
 OpenAI's temperature 1 this 135M model answers "What is the capital of France?" with noise.
