@@ -92,8 +92,8 @@ def test_completion_logprobs(app):
 def test_penalties_and_bias_change_output_and_agree_across_modes(app):
     plain = _chat(app, max_tokens=40, ignore_eos=True)["choices"][0]["message"]["content"]
     knobs = dict(frequency_penalty=1.5, repetition_penalty=1.5, logit_bias={str(ord("e")): 5})
-    outs = {m: _chat(app, max_tokens=40, ignore_eos=True, decoding={"mode": m}, **knobs)["choices"][0]["message"]["content"]
-            for m in ("ar", "dflash", "ddtree")}
+    outs = {m: _chat(app, max_tokens=40, ignore_eos=True, decoding={"mode": m}, **knobs)
+            ["choices"][0]["message"]["content"] for m in ("ar", "dflash", "ddtree")}
     assert outs["ar"] != plain and outs["ar"] == outs["dflash"] == outs["ddtree"]
 
 
@@ -116,7 +116,8 @@ def _deep(n):
 ])
 def test_hostile_schemas_are_400_in_bounded_time(app, schema, needle):
     t0 = time.monotonic()
-    resp = app.request("POST", "/v1/chat/completions", json={"messages": CHAT, "response_format": _schema_format(schema)})
+    body = {"messages": CHAT, "response_format": _schema_format(schema)}
+    resp = app.request("POST", "/v1/chat/completions", json=body)
     assert time.monotonic() - t0 < 10
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]

@@ -173,8 +173,9 @@ def markdown(report: dict) -> str:
              "| method | tau | tok/s | speedup vs constrained ar | mask ms/round | process ms/round | "
              "tokens | = ar | valid |", "|---|---|---|---|---|---|---|---|---|"]
     for s in report["summary"]:
-        lines.append(f"| {s['method']} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | {s['speedup_vs_constrained_ar']:.2f}x | "
-                     f"{s['grammar_mask_ms_per_round']:.3f} | {s['grammar_process_ms_per_round']:.3f} | "
+        lines.append(f"| {s['method']} | {s['tau']:.2f} | {s['tokens_per_s']:.1f} | "
+                     f"{s['speedup_vs_constrained_ar']:.2f}x | {s['grammar_mask_ms_per_round']:.3f} | "
+                     f"{s['grammar_process_ms_per_round']:.3f} | "
                      f"{s['tokens']:.0f} | {s['all_same_as_ar']} | {s['all_valid']} |")
     return "\n".join(lines) + "\n"
 

@@ -4,7 +4,7 @@ rests on (docs/constrained.md, "Why xgrammar").
 `python -m ddtree_server.bench.grammar_libs --out DIR [--repeats 20]`
 
 Per library and schema (the constrained benchmark's four schemas, `{"type": "object"}` and a
-pathological 2,000-property object): compile time (cold: a new compiler, no cache), the mean time
+pathological 1,000-property object): compile time (cold: a new compiler, no cache), the mean time
 of one next-token mask along a valid JSON document (tokenised by the model's tokenizer), the time
 to mask a 64-node draft tree (xgrammar: its native ``traverse_draft_tree``; llguidance: the same
 depth-first walk in Python with ``consume_token`` / ``rollback``), and whether rollback is
@@ -21,8 +21,9 @@ from pathlib import Path
 
 import typer
 
-WIDE = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}
-DOCS = {"person": {"name": "Ada Lovelace", "age": 36, "city": "London", "hobbies": ["math", "poetry"], "employed": False},
+WIDE = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(1000)}}
+DOCS = {"person": {"name": "Ada Lovelace", "age": 36, "city": "London", "hobbies": ["math", "poetry"],
+                   "employed": False},
         "recipe": {"title": "Pancakes", "servings": 4, "ingredients": [{"item": "flour", "amount": "200 g"}],
                    "steps": ["Mix.", "Fry."]},
         "weather": {"reports": [{"city": c, "temperature_c": 12.5, "sky": "rain"} for c in ("Oslo", "Rome", "Lima")]},
@@ -36,7 +37,7 @@ def _schemas():
     from ddtree_server.bench.constrained import PROMPTS
 
     names = ("person", "recipe", "weather", "books")
-    return {**{n: s for n, (_, s) in zip(names, PROMPTS)}, "object": {"type": "object"}, "wide2000": WIDE}
+    return {**{n: s for n, (_, s) in zip(names, PROMPTS)}, "object": {"type": "object"}, "wide1000": WIDE}
 
 
 def _tree(doc_ids, n=64, seed=0):
@@ -44,11 +45,12 @@ def _tree(doc_ids, n=64, seed=0):
     random siblings (some valid, most not)."""
     rng = random.Random(seed)
     parents, tokens = [-1], [doc_ids[0]]
-    spine = 0
+    spine, depth = 0, 0
     for i in range(1, n):
-        if i < len(doc_ids) and rng.random() < 0.5:
+        if depth + 1 < len(doc_ids) and rng.random() < 0.5:
+            depth += 1
             parents.append(spine)
-            tokens.append(doc_ids[len(parents) - 1] if len(parents) - 1 < len(doc_ids) else doc_ids[-1])
+            tokens.append(doc_ids[depth])
             spine = i
         else:
             parents.append(rng.randrange(i))
@@ -58,6 +60,7 @@ def _tree(doc_ids, n=64, seed=0):
 
 class XG:
     name = "xgrammar"
+    separators = (", ", ": ")   # any_whitespace=False
 
     def __init__(self, tok, vocab):
         import xgrammar as xgr
@@ -83,6 +86,7 @@ class XG:
         from ddtree_server.constrained.matcher import child_sibling
 
         m = self.xgr.GrammarMatcher(compiled)
+        assert m.accept_token(tokens[0])   # the root is committed
         bm = self.xgr.allocate_token_bitmask(len(parents), self.vocab)
         first, sib = child_sibling(parents)
         t0 = time.perf_counter()
@@ -92,6 +96,7 @@ class XG:
 
 class LLG:
     name = "llguidance"
+    separators = (",", ":")     # whitespace_flexible False
 
     def __init__(self, tok, vocab):
         import llguidance
@@ -119,6 +124,7 @@ class LLG:
 
     def tree(self, grammar, parents, tokens):
         m = self.llg.LLMatcher(self.tok, grammar)
+        assert m.consume_token(tokens[0])   # the root is committed
         children = [[] for _ in parents]
         for i in range(1, len(parents)):
             children[parents[i]].append(i)
@@ -130,9 +136,9 @@ class LLG:
                 m.rollback(1)
                 continue
             if node:
-                if not m.consume_token(tokens[node]):
-                    m = self.llg.LLMatcher(self.tok, grammar) if m.is_error() else m
+                if m.validate_tokens([tokens[node]]) != 1:   # refused: skip the subtree
                     continue
+                m.consume_token(tokens[node])
                 stack.append((node, True))
             m.compute_bitmask()
             stack.extend((c, False) for c in reversed(children[node]))
@@ -158,7 +164,7 @@ def run(repeats: int) -> dict:
             row = {"library": lib.name, "schema": name, "compile_ms": 1e3 * (time.perf_counter() - t0),
                    "rollback": True}
             if name in DOCS:
-                ids = tok.encode(json.dumps(DOCS[name]), add_special_tokens=False)
+                ids = tok.encode(json.dumps(DOCS[name], separators=lib.separators), add_special_tokens=False)
                 row["mask_us_per_token"] = 1e6 * statistics.median(lib.mask_walk(compiled, ids) for _ in range(repeats))
                 parents, tokens = _tree(ids)
                 row["tree64_ms"] = 1e3 * statistics.median(lib.tree(compiled, parents, tokens) for _ in range(repeats))
@@ -168,7 +174,12 @@ def run(repeats: int) -> dict:
 
 def markdown(report: dict) -> str:
     lines = ["# Grammar libraries on the SmolLM2 tokenizer (49,152 tokens), CPU", "",
-             "| library | schema | compile ms | mask us/token | 64-node tree ms | rollback |", "|---|---|---|---|---|---|"]
+             f"Medians of {report['repeats']}. compile: a new compiler without cache (llguidance compiles lazily, "
+             "its first mask is included); mask: one next-token mask along a valid document; tree: the masks of "
+             "a 64-node draft tree (a valid spine with random siblings) from a committed root; "
+             "produced by `python -m ddtree_server.bench.grammar_libs`.", "",
+             "| library | schema | compile ms | mask us/token | 64-node tree ms | rollback |",
+             "|---|---|---|---|---|---|"]
     for r in report["rows"]:
         if "error" in r:
             lines.append(f"| {r['library']} | {r['schema']} | refused: {r['error']} | | | |")
