@@ -25,7 +25,7 @@ ASK = ("Describe a fictional person as JSON with the fields of this schema, valu
 
 @pytest.fixture(scope="module")
 def engine(smollm2):
-    from ddtree_server.models.drafter_load import load_drafter
+    from ddtree_server.models.drafter.load import load_drafter
 
     cfg = smollm2.config
     drafter = load_drafter(default.default_drafter_dir(), embed_tokens=smollm2.model.embed_tokens,
