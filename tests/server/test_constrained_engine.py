@@ -61,7 +61,7 @@ def test_json_schema_speculative_equals_ar(target, grammars, name):
 
 
 def test_json_object_with_random_drafter(target):
-    from ddtree_server.models.drafter import DFlashDrafter
+    from ddtree_server.models.drafter.model import DFlashDrafter
     from ddtree_server.models.drafter.config import DrafterConfig
 
     raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,

@@ -64,3 +64,26 @@ def test_response_format_kinds(compiler):
     with pytest.raises(GrammarError) as err:
         compiler.response_format({"type": "regex"})
     assert err.value.param == "response_format.type"
+
+
+HERMES = '<tool_call>\n{"name": "f", "arguments": {"x": 5}}\n</tool_call>'
+QWEN_XML = "<tool_call>\n<function=f>\n<parameter=x>\n5\n</parameter>\n</function>\n</tool_call>"
+
+
+def _accepts(grammar, text: str) -> bool:
+    import xgrammar as xgr
+
+    matcher = xgr.GrammarMatcher(grammar.compiled)
+    return all(matcher.accept_token(b) for b in text.encode()) and matcher.accept_token(EOS)
+
+
+@pytest.mark.parametrize("markup, text, reasoning", [
+    ("hermes", HERMES, "disabled"), ("qwen_xml", QWEN_XML, "disabled"),
+    ("qwen_xml", "let me think</think>\n\n" + QWEN_XML, "enabled")])
+def test_tool_grammars_take_the_markup(compiler, markup, text, reasoning):
+    named = {"type": "function", "function": {"name": "f"}}
+    for choice in ("required", named):
+        grammar = compiler.tool_calls([TOOL], choice, markup=markup, reasoning=reasoning)
+        assert _accepts(grammar, text)
+        assert reasoning == "enabled" or not _accepts(grammar, "Sure! " + text)   # no text before the call
+        assert not _accepts(grammar, text.replace("5", '"five"'))          # arguments follow the schema

@@ -145,14 +145,19 @@ class GrammarCompiler:
                            "or 'json_schema')", "response_format.type")
 
     def tool_calls(self, tools: Sequence[dict[str, Any]], choice: str | dict[str, Any], *,
-                   markup: str = "hermes", parallel: bool = True) -> Grammar:
+                   markup: str = "hermes", parallel: bool = True, reasoning: str = "disabled") -> Grammar:
         """Grammar forcing tool calls: ``choice`` is "required" or ``{"type": "function",
         "function": {"name": ...}}``; ``tools`` are OpenAI function tools; ``markup`` is "hermes"
-        or "qwen_xml"; ``parallel`` False allows one call only."""
+        or "qwen_xml"; ``parallel`` False allows one call only. ``reasoning`` (xgrammar's modes):
+        "disabled" = the calls come first; "enabled" = the prompt ends inside ``<think>`` (Qwen3.5 /
+        3.6 with thinking on): free text up to ``</think>\n\n``, then the calls; "auto" = an
+        optional ``<think>...</think>`` block first."""
         from xgrammar import builtin_structural_tag as tags
 
         if markup not in MARKUPS:
             raise GrammarError(f"unknown tool-call markup {markup!r} (use {', '.join(MARKUPS)})", "tools")
+        if reasoning not in ("disabled", "enabled", "auto"):
+            raise GrammarError(f"unknown reasoning mode {reasoning!r} (use disabled, enabled or auto)", "tools")
         functions = _functions(tools)
         if choice == "required":
             mode, chosen = "required", functions
@@ -175,7 +180,7 @@ class GrammarCompiler:
         try:
             tag = tags.get_model_structural_tag(
                 MARKUPS[markup], tools=[{"type": "function", "function": f} for f in chosen],
-                tool_choice=mode, reasoning="disabled", parallel_tool_calls=parallel,
+                tool_choice=mode, reasoning=reasoning, parallel_tool_calls=parallel,
                 max_whitespace_cnt=MAX_TOOL_WHITESPACE)
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"tools: {exc}", "tools") from None
