@@ -76,6 +76,14 @@ def test_hermes_parallel_calls_and_parallel_false_keeps_the_first():
     assert [json.loads(c["function"]["arguments"])["city"] for c in message["tool_calls"]] == ["Paris"]
 
 
+def test_stray_closing_tags_after_a_call_are_dropped():
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    message = same_when_split(call + "\n</tool_call>\n</tool_call>\nDone </tool_call>", **HERMES)
+    assert message["content"] == "Done" and len(message["tool_calls"]) == 1
+    # before any call a closing tag is just text
+    assert same_when_split("a </tool_call> b", **HERMES)["content"] == "a </tool_call> b"
+
+
 def test_stream_deltas_name_first_then_arguments():
     _, deltas = run('<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>', **HERMES)
     first, second = deltas

@@ -13,7 +13,8 @@ undecided: text that may be the start of a tag is held back until the next piece
   `<tool_call>...</tool_call>` block is parsed by the format's parser (api/tools/); a call
   becomes a `tool_calls` delta with id, type and name and an empty `arguments`, then one with
   the arguments; a block that does not parse is passed on as plain content (never an error);
-  whitespace around calls is dropped; with `parallel_tool_calls: false` only the first call is
+  whitespace around calls is dropped, and so is a stray `</tool_call>` after a call (loose
+  grammars and small models repeat it); with `parallel_tool_calls: false` only the first call is
   kept. A block left open at the end is parsed as if it were closed, else returned as content.
 """
 
@@ -127,8 +128,16 @@ class OutputParser:
                     if THINK_OPEN.startswith(head):   # undecided (empty or a start of the tag)
                         break
                 start = self.buf.find(CALL_OPEN) if self.parse else -1
+                stray = self.buf.find(CALL_CLOSE) if self.parse and self.calls else -1
+                if stray >= 0 and (start < 0 or stray < start):   # a closing tag after a call: dropped
+                    self._content(out, self.buf[:stray])
+                    self.buf, self.held_ws, self.skip_ws = self.buf[stray + len(CALL_CLOSE):], "", True
+                    continue
                 if start < 0:
-                    keep = partial_tail(self.buf, CALL_OPEN) if self.parse else 0
+                    keep = 0
+                    if self.parse:
+                        keep = max(partial_tail(self.buf, CALL_OPEN),
+                                   partial_tail(self.buf, CALL_CLOSE) if self.calls else 0)
                     self._content(out, self.buf[:len(self.buf) - keep])
                     self.buf = self.buf[len(self.buf) - keep:]
                     break
