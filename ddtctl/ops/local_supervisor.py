@@ -66,7 +66,7 @@ class LocalSupervisor:
         try:
             spec = json.loads(self.spec_file.read_text())
         except (OSError, ValueError) as exc:
-            raise RemoteError(f"local: no service installed at {self.spec_file} (run `ddtctl deploy`): {exc}")
+            raise RemoteError(f"local: no service installed at {self.spec_file} (run `ddtctl deploy`): {exc}") from None
         env = {**os.environ, **spec["environment"], **spec["env_file_vars"]}
         env.pop("NOTIFY_SOCKET", None)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -116,7 +116,8 @@ class LocalSupervisor:
         if saved.get("desired") == "running":
             code = saved.get("exit_code")
             return UnitState("failed", "dead", "exit-code" if code else "exited", 0, None)
-        return UnitState("inactive", "dead", "success", 0, None)
+        return UnitState("inactive", "dead", "success", 0, None,
+                         load="loaded" if self.spec_file.exists() else "not-found")
 
     def diagnose(self) -> UnitState:
         """state() (no start limit here)."""

@@ -2,12 +2,14 @@
 
 Routes: GET /health, /ready, /metrics, /openapi.json, /v1/models[/{id}]; POST
 /v1/chat/completions, /v1/completions. /health and /ready report how old the engine round in
-progress and the oldest queued request are (busy vs stuck); /health is 503 while a round is
-older than --stall-seconds. Every error is `{"error": {message, type, param, code}}`; request
-validation errors are 400 (not FastAPI's 422); everything a client can get wrong is decided
-before the first byte of a stream. With an API key, /v1/* needs `Authorization: Bearer <key>` (401);
-/health, /ready, /metrics and /openapi.json (api/openapi.py) stay open. A request body over
-MAX_BODY_BYTES (api/middleware.py) is a 413 before it is parsed.
+progress and the oldest queued request are (busy vs stuck); /health is 503 while a round has
+shown no progress for --stall-seconds (a long prefill moving layer by layer is progress). Every
+error is `{"error": {message, type, param, code}}`; request validation errors are 400 (not
+FastAPI's 422); everything a client can get wrong is decided before the first byte of a stream.
+With an API key, /v1/* needs `Authorization: Bearer <key>` (401); /health, /ready, /metrics and
+/openapi.json (api/openapi.py) stay open. A request body over MAX_BODY_BYTES (api/middleware.py)
+is a 413 before it is parsed; a prompt whose characters cannot fit the context window is a 400
+before it is tokenised (api/prompts.py).
 """
 
 from __future__ import annotations
@@ -148,7 +150,8 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         def seconds(value: float | None) -> float | None:
             return None if value is None else round(value, 3)
 
-        return {"round_age_s": seconds(worker.round_age()), "oldest_queued_age_s": seconds(worker.oldest_queued_age()),
+        return {"round_age_s": seconds(worker.round_age()), "quiet_s": seconds(worker.quiet_age()),
+                "oldest_queued_age_s": seconds(worker.oldest_queued_age()),
                 "running": worker.running, "queued": worker.queued, "stall_seconds": worker.stall_seconds,
                 "stalled": worker.stalled()}
 
@@ -209,7 +212,7 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         engine = ready_engine()
         check_model(body.model, engine)
         prompt = await run_in_threadpool(prompts.chat_prompt, engine.tokenizer, body, config.chat_template_kwargs,
-                                         model_type(engine))
+                                         model_type(engine), engine.max_model_len)
         return await _generate(request, engine, body, prompt.ids, "chat", parser=prompt.parser, markup=prompt.markup)
 
     @app.post("/v1/completions")
@@ -217,7 +220,7 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         engine = ready_engine()
         check_model(body.model, engine)
         ids = await run_in_threadpool(prompts.completion_prompt_ids, engine.tokenizer, body.prompt,
-                                      vocab_size(engine))
+                                      vocab_size(engine), engine.max_model_len)
         return await _generate(request, engine, body, ids, "completion")
 
     async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str,
@@ -253,6 +256,9 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         except Exception as exc:
             log.exception("request %s failed", rid)
             raise ApiError(500, f"generation failed: {exc}", type="server_error") from None
+        if first is None and job.cancel.is_set():   # cancelled while queued (the drain deadline): never ran
+            raise ApiError(503, "the server is shutting down: the request was cancelled before it started; retry",
+                           type="service_unavailable", code="draining")
         if first is None:   # the engine ended without a final event (never expected)
             raise ApiError(500, "the generation produced no result", type="server_error")
         metrics.ttft.observe(time.monotonic() - job.submitted_at)

@@ -7,6 +7,12 @@
   token-id prompts are used as given after a vocabulary check.
 
 Every client mistake raises `ApiError` (HTTP 4xx) here, before anything is queued or streamed.
+A text that cannot fit the context window is refused BEFORE it is tokenised (`check_chars`): no
+token covers more characters than the tokenizer's longest vocabulary entry (byte-level BPE and
+SentencePiece entries spell one character per byte or character they cover), so a text of more
+than ``max_model_len`` x that many characters needs more tokens than the window holds. A 10 MB
+prompt then costs no tokenisation (~650 MB of memory for the SmolLM2 tokenizer); what passes is
+tokenised and counted exactly (`sampling_params`).
 """
 
 from __future__ import annotations
@@ -38,6 +44,32 @@ class Prepared:
     tree_budget: int | None
 
 
+_TOKEN_CHARS: dict[int, int | None] = {}   # id(tokenizer) -> longest vocabulary entry (characters)
+
+
+def max_token_chars(tokenizer: Any) -> int | None:
+    """Characters of the tokenizer's longest vocabulary entry (added tokens included), computed
+    once per tokenizer; None when the tokenizer has no ``get_vocab``."""
+    key = id(tokenizer)
+    if key not in _TOKEN_CHARS:
+        try:
+            vocab = tokenizer.get_vocab()
+        except Exception:   # a tokenizer without a vocabulary listing: no character bound
+            vocab = {}
+        _TOKEN_CHARS[key] = max((len(token) for token in vocab), default=0) or None
+    return _TOKEN_CHARS[key]
+
+
+def check_chars(tokenizer: Any, chars: int, max_model_len: int | None, param: str) -> None:
+    """Raise ApiError(400, context_length_exceeded) when a text of ``chars`` characters needs more
+    than ``max_model_len`` tokens whatever the tokenizer does (see the module docstring)."""
+    per_token = max_token_chars(tokenizer) if max_model_len else None
+    if per_token and chars > max_model_len * per_token:
+        raise ApiError(400, f"the prompt has {chars} characters, more than the context window of {max_model_len} "
+                            f"tokens can hold ({per_token} characters at most per token); it was not tokenised",
+                       param=param, code="context_length_exceeded")
+
+
 @dataclass
 class ChatPrompt:
     """A rendered chat request: prompt ids, the prompt text, and the parser of its completion."""
@@ -49,10 +81,11 @@ class ChatPrompt:
 
 
 def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any],
-                model_type: str | None = None) -> ChatPrompt:
+                model_type: str | None = None, max_model_len: int | None = None) -> ChatPrompt:
     """Render the chat template (with the request's tools, api/tools/render.py) and tokenise it;
     the completion's parser splits reasoning (api/reasoning.py) and tool calls (api/output.py).
-    Raises ApiError(400) on any template failure or a tool message that answers no call.
+    Raises ApiError(400) on any template failure, a tool message that answers no call, or when
+    the rendered text cannot fit ``max_model_len`` tokens (`check_chars`, before tokenising).
 
     `developer` messages are rendered as `system` (chat templates know no developer role).
     """
@@ -75,6 +108,7 @@ def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: 
         check_text(text)   # surrogates can only come from chat_template_kwargs here (messages are checked)
     except ValueError as exc:
         raise ApiError(400, f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
+    check_chars(tokenizer, len(text), max_model_len, "messages")
     tools = request.tools if request.tools and request.tool_choice != "none" else []
     thinking = reasoning.thinks(template)
     forced = forced_tool_choice(request) is not None   # the grammar starts the answer with a call
@@ -86,19 +120,23 @@ def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: 
     return ChatPrompt(list(tokenizer.encode(text, add_special_tokens=False)), text, parser, fmt.name)
 
 
-def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any]) -> list[int]:
+def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any],
+                    max_model_len: int | None = None) -> list[int]:
     """Only the prompt ids of `chat_prompt`."""
-    return chat_prompt(tokenizer, request, default_kwargs).ids
+    return chat_prompt(tokenizer, request, default_kwargs, max_model_len=max_model_len).ids
 
 
-def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int) -> list[int]:
-    """Token ids of a raw prompt. Raises ApiError(400) for ids outside [0, vocab_size)."""
+def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int,
+                          max_model_len: int | None = None) -> list[int]:
+    """Token ids of a raw prompt. Raises ApiError(400) for ids outside [0, vocab_size), or for a
+    text that cannot fit ``max_model_len`` tokens (`check_chars`, before tokenising)."""
     if isinstance(prompt, list):
         bad = [t for t in prompt if not 0 <= t < vocab_size]
         if bad:
             raise ApiError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
                            param="prompt", code="invalid_token_id")
         return list(prompt)
+    check_chars(tokenizer, len(prompt), max_model_len, "prompt")
     ids = list(tokenizer.encode(prompt, add_special_tokens=True))
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos:

@@ -40,6 +40,11 @@ def _schemas():
     return {**{n: s for n, (_, s) in zip(names, PROMPTS)}, "object": {"type": "object"}, "wide1000": WIDE}
 
 
+def _check(ok: bool, why: str) -> None:
+    if not ok:
+        raise RuntimeError(why)
+
+
 def _tree(doc_ids, n=64, seed=0):
     """A draft tree of n nodes around the document's tokens: a spine of the true tokens with
     random siblings (some valid, most not)."""
@@ -77,7 +82,7 @@ class XG:
         t0 = time.perf_counter()
         for t in ids:
             m.fill_next_token_bitmask(bm)
-            assert m.accept_token(t)
+            _check(m.accept_token(t), "xgrammar refused a token of the valid document")
         return (time.perf_counter() - t0) / len(ids)
 
     def tree(self, compiled, parents, tokens):
@@ -86,7 +91,7 @@ class XG:
         from ddtree_server.constrained.matcher import child_sibling
 
         m = self.xgr.GrammarMatcher(compiled)
-        assert m.accept_token(tokens[0])   # the root is committed
+        _check(m.accept_token(tokens[0]), "xgrammar refused the root")   # the root is committed
         bm = self.xgr.allocate_token_bitmask(len(parents), self.vocab)
         first, sib = child_sibling(parents)
         t0 = time.perf_counter()
@@ -119,12 +124,12 @@ class LLG:
         t0 = time.perf_counter()
         for t in ids:
             m.compute_bitmask()
-            assert m.consume_token(t), m.get_error()
+            _check(m.consume_token(t), m.get_error())
         return (time.perf_counter() - t0) / len(ids)
 
     def tree(self, grammar, parents, tokens):
         m = self.llg.LLMatcher(self.tok, grammar)
-        assert m.consume_token(tokens[0])   # the root is committed
+        _check(m.consume_token(tokens[0]), m.get_error())   # the root is committed
         children = [[] for _ in parents]
         for i in range(1, len(parents)):
             children[parents[i]].append(i)
