@@ -38,23 +38,25 @@ HISTORY = [
 
 
 def tool_round_trip(api: Any, max_tokens: int = 48) -> str:
-    """Run the check with `api` (smoke.py's `_Api`); AssertionError says what was wrong."""
+    """Run the check with `api` (smoke.py's `_Api`); CheckFailed says what was wrong."""
+    from ddtctl.ops.smoke import expect   # smoke.py imports this module
+
     data = api.ok_json("/v1/chat/completions", {"messages": HISTORY, "tools": [WEATHER], "max_tokens": max_tokens})
     choice = data["choices"][0]
     message = choice["message"]
     calls = message.get("tool_calls") or []
-    assert calls, (f"no tool call (finish_reason {choice.get('finish_reason')!r}): "
-                   f"{(message.get('content') or '')[:80]!r}")
+    expect(calls, (f"no tool call (finish_reason {choice.get('finish_reason')!r}): "
+                   f"{(message.get('content') or '')[:80]!r}"))
     call = calls[0]
-    assert call["function"]["name"] == "get_weather", f"called {call['function']['name']!r}"
+    expect(call["function"]["name"] == "get_weather", f"called {call['function']['name']!r}")
     arguments = json.loads(call["function"]["arguments"])
-    assert isinstance(arguments, dict) and arguments.get("city"), f"arguments {call['function']['arguments']!r}"
-    assert choice["finish_reason"] == "tool_calls", f"finish_reason {choice['finish_reason']!r}"
+    expect(isinstance(arguments, dict) and arguments.get("city"), f"arguments {call['function']['arguments']!r}")
+    expect(choice["finish_reason"] == "tool_calls", f"finish_reason {choice['finish_reason']!r}")
     result = {"role": "tool", "tool_call_id": call["id"], "content": "snow, -3 C"}
     turn = {"role": "assistant", "content": message.get("content"), "tool_calls": calls}
     answer = api.ok_json("/v1/chat/completions", {"messages": [*HISTORY, turn, result], "tools": [WEATHER],
                                                   "max_tokens": max_tokens})["choices"][0]["message"]
-    assert answer.get("content"), f"no answer after the tool result: {answer}"
+    expect(answer.get("content"), f"no answer after the tool result: {answer}")
     return f"get_weather({arguments['city']}) -> {answer['content'].strip()[:40]!r}"
 
 
@@ -63,15 +65,17 @@ CAPITAL_SCHEMA = {"type": "object", "properties": {"country": {"type": "string"}
 
 
 def json_schema_answer(api: Any, max_tokens: int = 48) -> str:
-    """Run the check with `api` (smoke.py's `_Api`); AssertionError says what was wrong."""
+    """Run the check with `api` (smoke.py's `_Api`); CheckFailed says what was wrong."""
+    from ddtctl.ops.smoke import CheckFailed, expect   # smoke.py imports this module
+
     fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL_SCHEMA, "strict": True}}
     text, _ = api.chat([{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
                        max_tokens=max_tokens, response_format=fmt)
     try:
         value = json.loads(text)
     except ValueError:
-        raise AssertionError(f"not JSON: {text[:80]!r}") from None
-    assert isinstance(value, dict) and set(value) == {"country", "city"}, f"not the schema's object: {text[:80]!r}"
-    assert all(isinstance(v, str) for v in value.values()), f"not strings: {text[:80]!r}"
-    assert "paris" in value["city"].lower(), f"city {value['city']!r}"
+        raise CheckFailed(f"not JSON: {text[:80]!r}") from None
+    expect(isinstance(value, dict) and set(value) == {"country", "city"}, f"not the schema's object: {text[:80]!r}")
+    expect(all(isinstance(v, str) for v in value.values()), f"not strings: {text[:80]!r}")
+    expect("paris" in value["city"].lower(), f"city {value['city']!r}")
     return text.strip()[:60]
