@@ -22,6 +22,7 @@ from ddtctl import cancel
 from ddtctl.errors import RemoteError, SmokeFailed
 from ddtctl.inventory import Host
 from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error
+from ddtctl.ops.checks import CheckFailed, expect
 from ddtctl.ops.smoke_tools import json_schema_answer, tool_round_trip
 
 FACT = ("What is the capital of France?", "paris")
@@ -37,15 +38,6 @@ TEMPLATE_MARKERS = ("<|im_start|>", "<|im_end|>", "<|user|>", "<|assistant|>", "
                     "<|start_header_id|>", "[INST]")
 
 
-class CheckFailed(Exception):
-    """A smoke check found the service wrong (the message says how). A real exception, not `assert`:
-    the checks must fail under `python -O` too."""
-
-
-def expect(condition: object, message: str) -> None:
-    """Raise CheckFailed(message) unless `condition` holds."""
-    if not condition:
-        raise CheckFailed(message)
 
 
 @dataclass

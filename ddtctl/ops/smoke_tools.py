@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ddtctl.ops.checks import CheckFailed, expect
+
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -39,7 +41,6 @@ HISTORY = [
 
 def tool_round_trip(api: Any, max_tokens: int = 48) -> str:
     """Run the check with `api` (smoke.py's `_Api`); CheckFailed says what was wrong."""
-    from ddtctl.ops.smoke import expect   # smoke.py imports this module
 
     data = api.ok_json("/v1/chat/completions", {"messages": HISTORY, "tools": [WEATHER], "max_tokens": max_tokens})
     choice = data["choices"][0]
@@ -66,7 +67,6 @@ CAPITAL_SCHEMA = {"type": "object", "properties": {"country": {"type": "string"}
 
 def json_schema_answer(api: Any, max_tokens: int = 48) -> str:
     """Run the check with `api` (smoke.py's `_Api`); CheckFailed says what was wrong."""
-    from ddtctl.ops.smoke import CheckFailed, expect   # smoke.py imports this module
 
     fmt = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CAPITAL_SCHEMA, "strict": True}}
     text, _ = api.chat([{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
