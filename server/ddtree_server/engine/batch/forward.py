@@ -1,0 +1,187 @@
+"""One target forward over the rows of several requests (dense Llama-family and Qwen3.5 hybrids).
+
+Rows are flattened ``[N]`` (request after request; a request's rows are its block: 1 row for plain
+decoding, a chain or a tree); GEMMs (projections, MLP, LM head) run once over all N rows.
+Attention is per request in one padded SDPA: queries ``[b, heads, rows_max]`` against the
+request's slot ``pool_k[slot, layer, :, :kv_max]``; a row sees its request's committed prefix
+``[0, s)`` and its own ancestors in the block (causal for chains), rows past a request's live
+length are zeroed before use (a freed slot may hold anything, NaN in the debug mode). K/V of row
+i of a request go to slot row ``s + i`` (compaction to the accepted path is the cache's ``keep``).
+GDN layers (hybrids) project all rows at once and run the recurrent core per request on its
+slot's state (``GatedDeltaNet.mix`` / the fused kernels), pending until the cache's ``keep``.
+
+This is the torch path (every device). The split-K Triton kernel and CUDA graphs serve batch 1
+through the per-request forward (``runner.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ddtree_server.models.hybrid import gdn_fast
+from ddtree_server.models.hybrid.config import GDN
+from ddtree_server.models.hybrid.tree import tree_meta
+from ddtree_server.models.target import _apply_rope, _attention_backends, _linear_add
+
+
+@dataclass
+class Block:
+    """One request's rows in a batched forward: token ids, depths (position = s + depth), the
+    bool ancestor-or-self mask ``[n, n]`` on the device (None: a causal chain)."""
+
+    slot: int
+    s: int
+    ids: list[int]
+    depths: list[int]
+    mask: Tensor | None
+
+
+class Layout:
+    """Flattened rows of a batch of blocks and the padded attention geometry."""
+
+    def __init__(self, blocks: list[Block], device):
+        self.blocks = blocks
+        self.sizes = [len(b.ids) for b in blocks]
+        self.offsets = [0]
+        for n in self.sizes:
+            self.offsets.append(self.offsets[-1] + n)
+        self.b, self.rmax = len(blocks), max(self.sizes)
+        self.kv_max = max(b.s + n for b, n in zip(blocks, self.sizes))
+        req = [i for i, n in enumerate(self.sizes) for _ in range(n)]
+        row = [j for n in self.sizes for j in range(n)]
+        self.req = torch.tensor(req, device=device)
+        self.row = torch.tensor(row, device=device)
+        self.ids = torch.tensor([t for b in blocks for t in b.ids], device=device)
+        self.pos = torch.tensor([b.s + d for b in blocks for d in b.depths], device=device)
+        self.slots = torch.tensor([b.slot for b in blocks], device=device)
+        self.slot_of_row = self.slots[self.req]
+        self.dest = torch.tensor([b.s + j for b, n in zip(blocks, self.sizes) for j in range(n)], device=device)
+        lens = torch.tensor([b.s + n for b, n in zip(blocks, self.sizes)], device=device)
+        cols = torch.arange(self.kv_max, device=device)
+        self.valid = cols[None, :] < lens[:, None]                      # [b, kv_max]
+        see = torch.zeros((self.b, self.rmax, self.kv_max), dtype=torch.bool, device=device)
+        for i, (blk, n) in enumerate(zip(blocks, self.sizes)):
+            see[i, :n, : blk.s] = True
+            inner = blk.mask if blk.mask is not None else torch.ones((n, n), dtype=torch.bool, device=device).tril_()
+            see[i, :n, blk.s: blk.s + n] = inner
+            see[i, n:, 0] = True                                         # padding rows: one column
+        self.see = see
+
+    def additive(self, rep: int, dtype) -> Tensor:
+        """Additive mask ``[b, 1, rep*rmax, kv_max]`` (GQA rows: rep query heads per KV head)."""
+        m = self.see[:, None, None].expand(self.b, 1, rep, self.rmax, self.kv_max)
+        m = m.reshape(self.b, 1, rep * self.rmax, self.kv_max)
+        return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
+
+    def split(self, x: Tensor) -> list[Tensor]:
+        return [x[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
+
+
+def attend(lay: Layout, q: Tensor, k: Tensor, v: Tensor, kpool: Tensor, vpool: Tensor, li: int,
+           mask: Tensor) -> Tensor:
+    """Write K/V ``[N, hkv, d]`` to the slots and attend: q ``[N, hq, d]`` -> ``[N, hq * d]``."""
+    kl, vl = kpool[:, li], vpool[:, li]                                  # [slots, hkv, rows, d]
+    kl[lay.slot_of_row, :, lay.dest] = k
+    vl[lay.slot_of_row, :, lay.dest] = v
+    keep = lay.valid[:, None, :, None]
+    keys = kl[lay.slots, :, : lay.kv_max].masked_fill(~keep, 0.0)
+    vals = vl[lay.slots, :, : lay.kv_max].masked_fill(~keep, 0.0)
+    n, hq, d = q.shape
+    hkv = k.shape[1]
+    rep = hq // hkv
+    qp = q.new_zeros((lay.b, lay.rmax, hq, d))
+    qp[lay.req, lay.row] = q
+    qp = qp.permute(0, 2, 1, 3).reshape(lay.b, hkv, rep * lay.rmax, d)
+    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask)
+    out = out.reshape(lay.b, hq, lay.rmax, d).permute(0, 2, 1, 3)
+    return out[lay.req, lay.row].reshape(n, hq * d)
+
+
+def _features(model, x, i, want, captured):
+    if i in want:
+        captured[want[i]] = x
+
+
+def dense_forward(model, kpool: Tensor, vpool: Tensor, lay: Layout) -> tuple[Tensor, Tensor | None]:
+    """TargetModel over the batch: logits ``[N, vocab]`` and captured features ``[N, F]``."""
+    x = model.embed_tokens(lay.ids)
+    cos, sin = model._rope(lay.pos, x.dtype)
+    a0 = model.layers[0].self_attn
+    mask = lay.additive(a0.n_heads // a0.n_kv, x.dtype)
+    want = {layer: i for i, layer in enumerate(model.capture_layers)}
+    captured: list = [None] * len(want)
+    n = x.shape[0]
+    with _attention_backends(x.device):
+        for i, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            hq, hkv = attn.n_heads, attn.n_kv
+            qkv = attn.qkv_proj(layer.input_layernorm(x)).view(n, hq + 2 * hkv, attn.head_dim)
+            qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv:]
+            if attn.qk_norm:
+                qk = torch.cat((attn.q_norm(qk[:, :hq]), attn.k_norm(qk[:, hq:])), dim=1)
+            qk = _apply_rope(qk, cos, sin)
+            out = attend(lay, qk[:, :hq], qk[:, hq:], v, kpool, vpool, i, mask)
+            x = _linear_add(x, out, attn.o_proj)
+            x = _linear_add(x, layer.mlp.hidden(layer.post_attention_layernorm(x)), layer.mlp.down_proj)
+            _features(model, x, i, want, captured)
+    logits = model.lm_head(model.norm(x))
+    return logits, (torch.cat(captured, dim=-1) if captured else None)
+
+
+def _gated_attention(attn, x: Tensor, lay: Layout, kpool, vpool, li: int, cos, sin, mask) -> Tensor:
+    n, hq, hkv, hd = x.shape[0], attn.n_heads, attn.n_kv, attn.head_dim
+    qg, k, v = attn.qkv_proj(x).split((2 * hq * hd, hkv * hd, hkv * hd), dim=-1)
+    qg = qg.view(n, hq, 2 * hd)
+    q, gate = qg[..., :hd], qg[..., hd:].reshape(n, hq * hd)
+    qk = torch.cat((attn.q_norm(q), attn.k_norm(k.view(n, hkv, hd))), dim=1)
+    if attn.rot:
+        qk = torch.cat((_apply_rope(qk[..., : attn.rot], cos, sin), qk[..., attn.rot:]), dim=-1)
+    out = attend(lay, qk[:, :hq], qk[:, hq:], v.view(n, hkv, hd), kpool, vpool, li, mask)
+    return out * torch.sigmoid(gate)
+
+
+def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layout
+                   ) -> tuple[Tensor, Tensor | None]:
+    """HybridTarget over the batch; ``caches``: the requests' slot caches (HybridCache views).
+    Blocks of one row are committed at once, longer ones stay pending until ``cache.keep``."""
+    x = model.embed_tokens(lay.ids)
+    cos, sin = model.rope(lay.pos, x.dtype)
+    mask = lay.additive(model.rep, x.dtype)
+    kernel = model.config.linear_conv_kernel_dim
+    ctxs = []
+    for blk, n, cache in zip(lay.blocks, lay.sizes, caches):
+        cache.settle()
+        commit = blk.mask is None and n == 1
+        if blk.mask is not None and n > cache.cap:
+            raise ValueError(f"a tree of {n} nodes exceeds the slot's verify scratch ({cache.cap})")
+        meta = tree_meta(blk.mask, n, kernel, x.device)
+        if not commit:
+            cache.win[:n] = meta.win
+        ctxs.append(SimpleNamespace(meta=meta, mode="commit" if commit else model.method, rows=None,
+                                    kv_len=None, start=None, block=blk.mask, cos=None, sin=None, mask=None))
+    want = {layer: i for i, layer in enumerate(model.capture_layers)}
+    captured: list = [None] * len(want)
+    with _attention_backends(x.device):
+        for i, layer in enumerate(model.layers):
+            h = layer.input_layernorm(x)
+            if layer.kind == GDN:
+                mixer = layer.linear_attn
+                outs = []
+                for proj, cache, ctx in zip(lay.split(mixer.in_proj(h)), caches, ctxs):
+                    fast = gdn_fast.usable(proj, cache, ctx)
+                    outs.append((gdn_fast.mix if fast else type(mixer).mix)(mixer, proj, cache, layer.index, ctx))
+                x = _linear_add(x, torch.cat(outs), mixer.out_proj)
+            else:
+                out = _gated_attention(layer.self_attn, h, lay, kpool, vpool, layer.index, cos, sin, mask)
+                x = _linear_add(x, out, layer.self_attn.o_proj)
+            x = _linear_add(x, layer.mlp.hidden(layer.post_attention_layernorm(x)), layer.mlp.down_proj)
+            _features(model, x, i, want, captured)
+    for blk, n, cache, ctx in zip(lay.blocks, lay.sizes, caches, ctxs):
+        cache.begin(blk.s, n, blk.mask is not None, ctx.mode == "commit")
+    logits = model.lm_head(model.norm(x))
+    return logits, (torch.cat(captured, dim=-1) if captured else None)
