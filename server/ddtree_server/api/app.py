@@ -13,6 +13,7 @@ MAX_BODY_BYTES (api/middleware.py) is a 413 before it is parsed.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import logging
 import time
@@ -221,51 +222,76 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
 
         params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams)
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
-        job = Job(rid=rid, prompt_ids=ids, params=params, mode=mode, tree_budget=budget)
+        jobs = [Job(rid=rid if body.n == 1 else f"{rid}-{i}", prompt_ids=ids, tree_budget=budget, mode=mode,
+                    params=params if params.seed is None or i == 0 else
+                    dataclasses.replace(params, seed=(params.seed + i) % 2**64))
+                for i in range(body.n)]
         try:
-            worker.submit(job)
+            for job in jobs:
+                worker.submit(job)
         except QueueFull as exc:
+            for job in jobs:
+                job.cancel.set()
             raise ApiError(429, f"the server is busy: {exc}; retry later", type="rate_limit_error",
                            code="queue_full") from None
         except NotAccepting as exc:
+            for job in jobs:
+                job.cancel.set()
             raise ApiError(503, f"the server is {exc}", type="service_unavailable", code=str(exc)) from None
         try:
-            first = await _next(job, request)
+            firsts = [await _next(job, request) for job in jobs]
         except ClientGone:
+            for job in jobs:
+                job.cancel.set()
             return Response(status_code=499)
         except Rejected as exc:
+            for job in jobs:
+                job.cancel.set()
             raise ApiError(400, str(exc)) from None
         except Exception as exc:
+            for job in jobs:
+                job.cancel.set()
             log.exception("request %s failed", rid)
             raise ApiError(500, f"generation failed: {exc}", type="server_error") from None
-        if first is None:   # the engine ended without a final event (never expected)
+        if any(first is None for first in firsts):   # the engine ended without a final event (never expected)
             raise ApiError(500, "the generation produced no result", type="server_error")
-        metrics.ttft.observe(time.monotonic() - job.submitted_at)
+        metrics.ttft.observe(time.monotonic() - jobs[0].submitted_at)
         created, model = now(), engine.model_id
         if body.stream:
             shape = ChunkShape(kind, rid, created, model, body.include_usage())
 
             def on_close(finished: bool) -> None:
-                if not finished and not job.cancel.is_set():
+                if not finished and not all(job.cancel.is_set() for job in jobs):
                     log.info("request %s: client disconnected during the stream", rid)
-                    job.cancel.set()
+                    for job in jobs:
+                        job.cancel.set()
 
-            stream = event_stream(shape, first, lambda: job.next_event(), prompt_tokens=len(ids), on_close=on_close)
+            nexts = [(lambda job=job: job.next_event()) for job in jobs]
+            stream = event_stream(shape, firsts if body.n > 1 else firsts[0], nexts if body.n > 1 else nexts[0],
+                                  prompt_tokens=len(ids), on_close=on_close)
             return StreamingResponse(stream, media_type=MEDIA_TYPE, headers=HEADERS)
-        texts, event, last = [], first, first
-        while event is not None:
-            texts.append(event.text)
-            last = event
-            try:
-                event = await _next(job, request)
-            except ClientGone:
-                return Response(status_code=499)
-        stats = last.stats.to_dict() if last.stats is not None else None
-        tokens = stats["generated_tokens"] if stats else 0
+        texts, reasons, all_stats, tokens = [], [], [], 0
+        for job, event in zip(jobs, firsts):
+            parts, last = [], event
+            while event is not None:
+                parts.append(event.text)
+                last = event
+                try:
+                    event = await _next(job, request)
+                except ClientGone:
+                    for other in jobs:
+                        other.cancel.set()
+                    return Response(status_code=499)
+            stats = last.stats.to_dict() if last.stats is not None else None
+            tokens += stats["generated_tokens"] if stats else 0
+            texts.append("".join(parts))
+            reasons.append(last.finish_reason)
+            all_stats.append(stats)
         build = chat_response if kind == "chat" else completion_response
-        return JSONResponse(build(rid=rid, created=created, model=model, text="".join(texts),
-                                  finish_reason=last.finish_reason, prompt_tokens=len(ids),
-                                  completion_tokens=tokens, decoding=stats))
+        many = body.n > 1
+        return JSONResponse(build(rid=rid, created=created, model=model, text=texts if many else texts[0],
+                                  finish_reason=reasons if many else reasons[0], prompt_tokens=len(ids),
+                                  completion_tokens=tokens, decoding=all_stats[0]))
 
     async def _next(job: Job, request: Request) -> Any:
         """The job's next event; cancels the job and raises ClientGone when the client has left

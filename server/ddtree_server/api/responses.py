@@ -54,20 +54,28 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def chat_response(*, rid: str, created: int, model: str, text: str, finish_reason: str | None,
+def _many(text, finish_reason) -> list[tuple[str, str | None]]:
+    """(text, finish_reason) per choice from one value each or lists of the n choices."""
+    if isinstance(text, str):
+        return [(text, finish_reason)]
+    return list(zip(text, finish_reason))
+
+
+def chat_response(*, rid: str, created: int, model: str, text: str | list[str], finish_reason,
                   prompt_tokens: int, completion_tokens: int, decoding: dict | None) -> dict[str, Any]:
-    """A complete `chat.completion` object."""
+    """A complete `chat.completion` object (``text`` / ``finish_reason``: lists for n choices)."""
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": i, "message": {"role": "assistant", "content": t},
+                         "logprobs": None, "finish_reason": f} for i, (t, f) in enumerate(_many(text, finish_reason))],
             "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
 
 
-def completion_response(*, rid: str, created: int, model: str, text: str, finish_reason: str | None,
+def completion_response(*, rid: str, created: int, model: str, text: str | list[str], finish_reason,
                         prompt_tokens: int, completion_tokens: int, decoding: dict | None) -> dict[str, Any]:
-    """A complete `text_completion` object."""
+    """A complete `text_completion` object (``text`` / ``finish_reason``: lists for n choices)."""
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": i, "text": t, "logprobs": None, "finish_reason": f}
+                        for i, (t, f) in enumerate(_many(text, finish_reason))],
             "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
 
 

@@ -9,6 +9,7 @@ role; the chunk that carries `finish_reason` also carries the `decoding` statist
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -46,20 +47,20 @@ class ChunkShape:
             chunk["usage"] = None
         return chunk
 
-    def role(self) -> dict[str, Any] | None:
-        """The opening chunk of a chat stream (None for text completions)."""
+    def role(self, index: int = 0) -> dict[str, Any] | None:
+        """The opening chunk of a chat stream's choice (None for text completions)."""
         if self.kind != "chat":
             return None
-        return self._chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
+        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
                              "logprobs": None, "finish_reason": None}])
 
-    def delta(self, text: str, finish_reason: str | None, decoding: dict | None) -> dict[str, Any]:
-        """A content chunk; the last one carries `finish_reason` and `decoding`."""
+    def delta(self, text: str, finish_reason: str | None, decoding: dict | None, index: int = 0) -> dict[str, Any]:
+        """A content chunk of choice `index`; its last one carries `finish_reason` and `decoding`."""
         if self.kind == "chat":
-            choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
+            choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": None,
                       "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
         chunk = self._chunk([choice])
         if finish_reason is not None:
             chunk["decoding"] = decoding
@@ -73,37 +74,60 @@ class ChunkShape:
         return chunk
 
 
-async def event_stream(shape: ChunkShape, first: Any, next_event: Callable[[], Awaitable[Any]], *,
+async def event_stream(shape: ChunkShape, first: Any | list[Any], next_event: Callable[[], Awaitable[Any]] | list, *,
                        prompt_tokens: int, on_close: Callable[[bool], None]) -> AsyncIterator[bytes]:
-    """The SSE bytes of one generation.
+    """The SSE bytes of one generation, or of the n choices of one request (lists of firsts and
+    next-event functions; choice i's chunks carry index i, in the order their events arrive).
 
     `first` is the first GenerationEvent (already received, so that errors before it became HTTP
     errors); `next_event()` returns the following ones and None at the end. `on_close(finished)`
     runs exactly once when the stream ends or is abandoned (client gone: finished is False).
     """
-    finished = False
+    firsts = first if isinstance(first, list) else [first]
+    nexts = next_event if isinstance(next_event, list) else [next_event]
+    finished, tasks = False, {}
     try:
-        opening = shape.role()
-        if opening is not None:
-            yield sse(opening)
-        event, generated = first, 0
-        while event is not None:
-            generated += len(event.token_ids)
-            stats = event.stats.to_dict() if event.stats is not None else None
-            if event.text or event.finish_reason is not None:
-                yield sse(shape.delta(event.text, event.finish_reason, stats))
-            if event.finish_reason is not None:
-                if shape.include_usage:
-                    tokens = stats.get("generated_tokens", generated) if stats else generated
-                    yield sse(shape.usage(prompt_tokens, tokens, stats))
+        for i in range(len(firsts)):
+            opening = shape.role(i)
+            if opening is not None:
+                yield sse(opening)
+        generated, totals, open_, failed = [0] * len(firsts), 0, set(range(len(firsts))), False
+        ready = [(i, ev) for i, ev in enumerate(firsts)]
+        while ready or tasks:
+            for i, event in ready:
+                generated[i] += len(event.token_ids)
+                stats = event.stats.to_dict() if event.stats is not None else None
+                if event.text or event.finish_reason is not None:
+                    yield sse(shape.delta(event.text, event.finish_reason, stats, index=i))
+                if event.finish_reason is not None:
+                    open_.discard(i)
+                    totals += stats.get("generated_tokens", generated[i]) if stats else generated[i]
+                    if not open_ and shape.include_usage:
+                        yield sse(shape.usage(prompt_tokens, totals, stats))
+                else:
+                    tasks[asyncio.ensure_future(nexts[i]())] = i
+            ready = []
+            if not tasks:
                 break
-            try:
-                event = await next_event()
-            except Exception as exc:   # the engine failed mid-stream: report it in-band
-                log.exception("generation %s failed mid-stream", shape.rid)
-                yield sse(error_body(f"generation failed: {exc}", type="server_error"))
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = tasks.pop(task)
+                try:
+                    event = task.result()
+                except Exception as exc:   # the engine failed mid-stream: report it in-band
+                    log.exception("generation %s failed mid-stream", shape.rid)
+                    yield sse(error_body(f"generation failed: {exc}", type="server_error"))
+                    failed = True
+                    break
+                if event is not None:
+                    ready.append((i, event))
+                else:
+                    open_.discard(i)
+            if failed:
                 break
         finished = True
         yield DONE
     finally:
+        for task in tasks:
+            task.cancel()
         on_close(finished)

@@ -89,8 +89,8 @@ def attend(lay: Layout, q: Tensor, k: Tensor, v: Tensor, kpool: Tensor, vpool: T
     kl[lay.slot_of_row, :, lay.dest] = k
     vl[lay.slot_of_row, :, lay.dest] = v
     keep = lay.valid[:, None, :, None]
-    keys = kl[lay.slots, :, : lay.kv_max].masked_fill(~keep, 0.0)
-    vals = vl[lay.slots, :, : lay.kv_max].masked_fill(~keep, 0.0)
+    keys = kl[lay.slots, :, : lay.kv_max].masked_fill_(~keep, 0.0)
+    vals = vl[lay.slots, :, : lay.kv_max].masked_fill_(~keep, 0.0)
     n, hq, d = q.shape
     hkv = k.shape[1]
     rep = hq // hkv
