@@ -5,12 +5,11 @@ model cannot be loaded or warmed up. The thread loads the engine itself, so the 
 answer /health and /ready while the weights load.
 
 Requests are `Job`s: the asyncio side submits them (`submit`, never blocks) and awaits their events
-(`Job.next_event`). With a batching engine (``engine.batch``, engine/batch/) the worker admits up
-to `max_concurrency` jobs into it and calls its `step()` in a loop: one step advances every running
-job by one round (or prefills the jobs just admitted), and the worker hands every
-`GenerationEvent` back through its job's event loop. Engines without a batch engine (test doubles
-with only `generate`) run as generators interleaved one round at a time. Setting `Job.cancel`
-stops a generation at the next step (finish_reason "cancelled").
+(`Job.next_event`). The worker admits up to `max_concurrency` jobs into the engine's batch engine
+(``engine.batch``, engine/batch/) and calls its `step()` in a loop: one step advances every
+running job by one round (or prefills the jobs just admitted), and the worker hands every
+`GenerationEvent` back through its job's event loop. Setting `Job.cancel` stops a generation at
+the next step (finish_reason "cancelled").
 
 Busy or stuck: `round_age()` is how long the engine step in progress (a prefill step or one
 batched decode round) has run, `oldest_queued_age()` how long the oldest request not yet started
@@ -26,19 +25,13 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 log = logging.getLogger("ddtree_server.worker")
 
 STALL_SECONDS = 300.0   # default: /health fails when one engine round has run this long (s)
 _END = object()             # delivered after a job's last event
-
-
-def _raising(exc: Exception) -> Iterator[Any]:
-    raise exc
-    yield  # pragma: no cover  (makes this a generator)
 
 
 class NotAccepting(Exception):
@@ -264,50 +257,10 @@ class Worker:
         self._serve()
 
     def _serve(self) -> None:
-        if getattr(self.engine, "batch", None) is not None and hasattr(self.engine, "make_request"):
-            return self._serve_batched()
-        active: deque[tuple[Job, Iterator[Any]]] = deque()
-        while True:
-            self._admit(active)
-            if not active:
-                if self._stop.is_set() and self._queue.empty():
-                    return
-                continue
-            job, events = active.popleft()
-            if self._step(job, events):
-                active.append((job, events))
-            else:
-                with self._lock:
-                    self._running -= 1
-
-    def _admit(self, active: deque) -> None:
-        while len(active) < self._max_concurrency:
-            try:
-                job = self._queue.get(timeout=0.2) if not active else self._queue.get_nowait()
-            except queue.Empty:
-                return
-            with self._lock:
-                self._running += 1
-                self._waiting.pop(job.rid, None)
-            if job.cancel.is_set():   # the client left while the job waited
-                self._finish(job, None, cancelled=True)
-                with self._lock:
-                    self._running -= 1
-                continue
-            try:
-                events = self.engine.generate(job.prompt_ids, job.params, mode=job.mode,
-                                              tree_budget=job.tree_budget, cancel=job.cancel)
-            except ValueError as exc:   # the engine validates before generating
-                events = _raising(Rejected(str(exc)))
-            except Exception as exc:
-                events = _raising(exc)
-            active.append((job, events))
-
-    def _serve_batched(self) -> None:
         """Admit jobs into the batch engine and step it; one step advances every running job."""
         batch, jobs = self.engine.batch, {}
         while True:
-            self._admit_batched(batch, jobs)
+            self._admit(batch, jobs)
             if not jobs:
                 if self._stop.is_set() and self._queue.empty():
                     return
@@ -345,7 +298,7 @@ class Worker:
         with self._lock:
             self._running -= 1
 
-    def _admit_batched(self, batch, jobs: dict) -> None:
+    def _admit(self, batch, jobs: dict) -> None:
         while len(jobs) < self._max_concurrency:
             try:
                 job = self._queue.get(timeout=0.2) if not jobs else self._queue.get_nowait()
@@ -368,30 +321,6 @@ class Worker:
                 continue
             batch.add(req)
             jobs[job.rid] = (req, job)
-
-    def _step(self, job: Job, events: Iterator[Any]) -> bool:
-        """Advance one job by one engine round; False when it is finished."""
-        self._round_started = time.monotonic()
-        try:
-            event = next(events)
-        except StopIteration:
-            self._finish(job, None, cancelled=job.cancel.is_set())
-            return False
-        except Exception as exc:
-            if not isinstance(exc, Rejected):
-                log.exception("request %s failed", job.rid)
-            job.deliver(exc)
-            self._finish(job, None, cancelled=False)
-            return False
-        finally:
-            self._round_started = None
-        if job.first_event_at is None:
-            job.first_event_at = time.monotonic()
-        job.deliver(event)
-        if event.finish_reason is None:
-            return True
-        self._finish(job, event, cancelled=event.finish_reason == "cancelled")
-        return False
 
     def _finish(self, job: Job, event: Any, *, cancelled: bool) -> None:
         job.deliver(_END)

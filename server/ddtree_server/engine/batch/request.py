@@ -69,6 +69,11 @@ class Request:
             logits = self.processor.process(logits, parents, tokens)
         return rng.choose(logits, self.params, self.seed, positions)
 
+    def accept(self, tokens: list[int]) -> None:
+        """The round's accepted tokens (path + bonus): the processor advances its state."""
+        if self.processor is not None:
+            self.processor.commit(tokens)
+
     def stats(self, block_size: int | None, end: float) -> DecodeStats:
         decode_s = end - self.t_decode if self.t_decode else 0.0
         return DecodeStats(

@@ -70,6 +70,7 @@ class StepRunner:
         logits, ctx = self.target.forward(cache, ids, torch.arange(n, device=self.device), last_only=True)
         token = req.choose(logits, [-1], [req.prompt_ids[-1]], [n])[0]
         req.s, req.bonus = n, token
+        req.accept([token])
         req.ctx = ctx.clone() if ctx is not None and req.mode != "ar" else None
         return [token]
 
@@ -161,4 +162,6 @@ class StepRunner:
         if req.mode != "ar" and ctx is not None:
             req.ctx = ctx.clone()
         req.s, req.bonus = s + k, bonus
-        return accepted_tokens(tree, path, bonus)
+        out = accepted_tokens(tree, path, bonus)
+        req.accept(out)
+        return out
