@@ -24,10 +24,7 @@ When several hosts fail differently, the CLI exits with the highest code seen.
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # pragma: no cover
-    from ddtctl.remote.result import Result
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -61,9 +58,10 @@ class ArgvError(UsageError, ValueError):
 
 
 class RemoteError(DdtctlError):
-    """A remote command ran and failed; ``result`` holds argv, exit code and output (exit 1)."""
+    """A remote command ran and failed; ``result`` (a remote.result.Result; errors.py imports no
+    other module) holds argv, exit code and output (exit 1)."""
 
-    def __init__(self, message: str, result: Result | None = None):
+    def __init__(self, message: str, result: Any = None):
         super().__init__(message)
         self.result = result
 

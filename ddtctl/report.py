@@ -1,31 +1,26 @@
 """How results look: rich tables and lines on STDERR, one JSON document on STDOUT (`--json`).
 
-Nothing else in ddtctl prints. rich honours NO_COLOR and drops colour/animation when stderr is not
+Nothing else in ddtctl prints (output.py carries the lines and the notices of remote/). rich honours NO_COLOR and drops colour/animation when stderr is not
 a terminal.
 
-Broken pipes (`ddtctl deploy local 2>&1 | tee log` after `tee` died, `ddtctl status | head -1`):
-inside :func:`pipe_safe` (every command runs in it) a write or flush that fails with EPIPE never
-raises: the stream's file descriptor is pointed at /dev/null (what Python's documentation
-recommends for SIGPIPE), ddtctl keeps working (rollbacks, lock releases) and only its output is
-lost; :func:`output_lost` tells the CLI to exit non-zero (cli/_common.py).
+Lines reach the terminal through output.py (broken-pipe safety, ``err_console``, ``info``), which
+the transport layer uses too; this module stays above ops/ and remote/ and imports neither.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from typing import Any, Iterator
 
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
-from ddtctl.ops.gpu import short_meaning
+from ddtctl.output import err_console, info
 
 STATUS_STYLE = {"ok": "green", "pass": "green", "changed": "yellow", "planned": "cyan", "skipped": "dim",
                 "failed": "red", "fail": "red", "n/a": "dim",
@@ -34,77 +29,6 @@ STATUS_STYLE = {"ok": "green", "pass": "green", "changed": "yellow", "planned": 
                 "container error": "red", "auth failed": "red"}
 # `ready` verdicts whose cause is printed in the cell itself (the others explain themselves)
 CAUSE_SHOWN = ("unreachable", "container missing", "no pct", "container error", "auth failed", "failed")
-
-
-_PIPE_ERRORS = (BrokenPipeError, ConnectionResetError)
-_lost: set[str] = set()
-
-
-def output_broken(stream) -> None:
-    """`stream`'s reader has gone: send the rest of its output to /dev/null (never raises)."""
-    with suppress(Exception):
-        fd = stream.fileno()
-        null = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(null, fd)
-        os.close(null)
-        _lost.add(f"fd {fd}")
-        return
-    _lost.add(repr(stream))
-
-
-def output_lost() -> bool:
-    """True when some output could not be written (a broken pipe) during this command."""
-    return bool(_lost)
-
-
-class _Safe:
-    """A stdout/stderr (text or binary) whose writes never raise for a broken pipe."""
-
-    def __init__(self, inner):
-        self._inner = inner
-
-    def _guard(self, fn, *args):
-        try:
-            return fn(*args)
-        except _PIPE_ERRORS:
-            output_broken(self._inner)
-            with suppress(Exception):
-                self._inner.flush()           # the pending bytes now go to /dev/null
-            return len(args[0]) if args else None
-
-    def write(self, data):
-        return self._guard(self._inner.write, data)
-
-    def flush(self):
-        return self._guard(self._inner.flush)
-
-    def writelines(self, lines):
-        for line in lines:
-            self.write(line)
-
-    @property
-    def buffer(self):
-        return _Safe(self._inner.buffer)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
-@contextmanager
-def pipe_safe() -> Iterator[None]:
-    """sys.stdout/sys.stderr wrapped so that a broken pipe never raises (see module docstring)."""
-    _lost.clear()
-    saved = sys.stdout, sys.stderr
-    if not isinstance(sys.stdout, _Safe):
-        sys.stdout = _Safe(sys.stdout)
-    if not isinstance(sys.stderr, _Safe):
-        sys.stderr = _Safe(sys.stderr)
-    try:
-        yield
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        sys.stdout, sys.stderr = saved
 
 
 def host_message(host: str, message: object) -> str:
@@ -116,12 +40,6 @@ def host_message(host: str, message: object) -> str:
     return f"{host}: {text}"
 
 
-def err_console() -> Console:
-    """A console on stderr (created per call so tests capturing stderr see the output)."""
-    width = None if sys.stderr.isatty() else 160     # logs and pipes: do not squeeze tables to 80 columns
-    return Console(file=sys.stderr, highlight=False, soft_wrap=True, width=width)
-
-
 def emit_json(document: Any) -> None:
     """Write one JSON document to stdout."""
     sys.stdout.write(json.dumps(document, indent=2, sort_keys=False, default=str) + "\n")
@@ -131,10 +49,6 @@ def emit_json(document: Any) -> None:
 def error(message: str) -> None:
     """A user-facing error (no traceback), each line of `message` kept."""
     err_console().print(f"[red]error:[/red] {escape(message)}")
-
-
-def info(message: str) -> None:
-    err_console().print(escape(message))
 
 
 def _styled(status: str) -> str:
@@ -246,7 +160,8 @@ def _gpu_value(value: Any, unit: str = "") -> str:
 
 
 def gpu_cell(gpus: list[dict] | None, gpu_error: dict | None) -> str:
-    """`0: 1024/143771 MiB 3%`; unavailable values as nvidia-smi printed them, with their meaning."""
+    """`0: 1024/143771 MiB 3%`; unavailable values as nvidia-smi printed them, with their meaning
+    (the row's ``labels``)."""
     if not gpus:
         return gpu_error["problem"] if gpu_error else "-"
     cells = []
@@ -255,8 +170,9 @@ def gpu_cell(gpus: list[dict] | None, gpu_error: dict | None) -> str:
                 f"{_gpu_value(g['utilization_pct'], '%')}")
         tokens = dict.fromkeys(v for v in (g["memory_used_mib"], g["memory_total_mib"], g["utilization_pct"])
                                if isinstance(v, str))
-        if tokens:
-            cell += " (" + "; ".join(f"{t}: {short_meaning(t, g.get('mig_mode'))}" for t in tokens) + ")"
+        if tokens:  # their few words come with the row (ops/gpu.py: GpuInfo.labels)
+            labels = g.get("labels") or {}
+            cell += " (" + "; ".join(f"{t}: {labels.get(t, 'unavailable')}" for t in tokens) + ")"
         cells.append(cell)
     return "; ".join(cells)
 

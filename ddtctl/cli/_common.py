@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import typer
 
-from ddtctl import cancel, report
+from ddtctl import cancel, output, report
 from ddtctl.errors import DdtctlError, ExitCode, UsageError, exit_code_for
 from ddtctl.inventory import Host, Inventory, ddtctl_home, load_inventory
 
@@ -99,14 +99,14 @@ def handle_errors(fn: Callable) -> Callable:
     """Run a command the way every ddtctl command runs: a DdtctlError becomes a message on stderr
     + its exit code (no traceback for user mistakes); Ctrl-C is cooperative (cancel.py: exit 130
     after rollbacks and lock releases); a broken stdout/stderr pipe never stops the work
-    (report.pipe_safe) and makes the exit code at least 1, Python's code for a broken pipe."""
+    (output.pipe_safe) and makes the exit code at least 1, Python's code for a broken pipe."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        with cancel.sigint_handler(), report.pipe_safe():
+        with cancel.sigint_handler(), output.pipe_safe():
             code = _run_command(fn, args, kwargs)
             if cancel.was_requested():
                 code = int(ExitCode.INTERRUPTED)
-            elif report.output_lost():
+            elif output.output_lost():
                 code = max(code, 1)
         if code:
             raise typer.Exit(code)

@@ -82,8 +82,12 @@ class GpuInfo:
         """{token: what it means here} for each unavailable value."""
         return {tok: meaning(tok, self.mig_mode) for tok in dict.fromkeys(self.unavailable().values())}
 
+    def labels(self) -> dict[str, str]:
+        """{token: a few words for a table cell} for each unavailable value."""
+        return {tok: short_meaning(tok, self.mig_mode) for tok in dict.fromkeys(self.unavailable().values())}
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "notes": self.notes()}
+        return {**asdict(self), "notes": self.notes(), "labels": self.labels()}
 
 
 def meaning(token: str, mig_mode: str | None = None) -> str:

@@ -22,6 +22,7 @@ from typing import BinaryIO
 import paramiko
 
 from ddtctl import cancel
+from ddtctl.output import output_broken, output_lost
 
 LOST = "lost"            # relay_channel's answer when the SSH connection died
 TIMED_OUT = 124          # timeout(1)'s exit status
@@ -53,15 +54,14 @@ def reader(stream: BinaryIO | None) -> Callable[[], bytes] | None:
 
 def emit(stream: BinaryIO, data: bytes) -> None:
     """Write and flush; raises BrokenOutput when the reader has gone (also when the write was
-    swallowed by report.pipe_safe)."""
-    from ddtctl import report
+    swallowed by output.pipe_safe)."""
     try:
         stream.write(data)
         stream.flush()
     except (BrokenPipeError, ConnectionResetError) as exc:
-        report.output_broken(stream)
+        output_broken(stream)
         raise BrokenOutput(str(exc)) from None
-    if report.output_lost():
+    if output_lost():
         raise BrokenOutput("output pipe closed")
 
 

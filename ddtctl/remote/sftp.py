@@ -8,21 +8,19 @@ once: both UnreachableError (exit 3), never a Paramiko exception.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Any
 
 import paramiko
 
 from ddtctl.errors import CommandTimeout
 from ddtctl.remote.push import CHUNK_TIMEOUT, ExecFileOps
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ddtctl.remote.ssh import SshTransport
-
 
 class SftpFileOps(ExecFileOps):
-    """Push primitives on a node: fixed argv over ``ssh.run``, chunks written over SFTP."""
+    """Push primitives on a node: fixed argv over ``ssh.run``, chunks written over SFTP. ``ssh``: the
+    node's SshTransport (remote/ssh.py, which creates this object; not imported here)."""
 
-    def __init__(self, ssh: SshTransport):
+    def __init__(self, ssh: Any):
         super().__init__(ssh.run, ssh.name)
         self._ssh = ssh
 

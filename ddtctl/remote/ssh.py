@@ -36,6 +36,7 @@ import paramiko
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from ddtctl.errors import CommandTimeout, DdtctlError, UnreachableError
+from ddtctl.output import info
 from ddtctl.remote import relay
 from ddtctl.remote.command import shell_join, timeout_argv, with_env
 from ddtctl.remote.forward import forward_local
@@ -300,8 +301,7 @@ class SshTransport:
 
 
 def _default_notify(line: str) -> None:
-    from ddtctl import report  # local import: the transport layer prints nothing else
-    report.info(line)
+    info(line)  # output.py: the transport layer prints nothing else
 
 
 def _feed(chan: paramiko.Channel, data: bytes | None) -> None:

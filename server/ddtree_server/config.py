@@ -37,7 +37,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 # Largest per-request DDTree budget by default (nodes). CUDA: 256, the largest budget the benchmark
 # measured (docs/benchmarks/RESULTS.md: speed falls past 64-128 nodes as the verify forward grows);
 # a tree of up to 511 nodes still replays from the target's CUDA graphs (buckets up to 512 tokens,
-# models/graphs.py), larger trees run eagerly and a 4096-node round was ~18x slower. CPU: 64, four
+# models/dense/graphs.py), larger trees run eagerly and a 4096-node round was ~18x slower. CPU: 64, four
 # times the default budget (block_size - 1 = 15), because on the CPU the verify forward costs about
 # linearly in the node count.
 DEFAULT_MAX_TREE_BUDGET = {"cuda": 256, "cpu": 64}
@@ -71,7 +71,7 @@ def check_api_key(value: str | None) -> str | None:
     return value
 
 
-def _cuda_available() -> bool:
+def cuda_available() -> bool:
     import torch  # local import: only resolving the default device needs torch
 
     return bool(torch.cuda.is_available())
@@ -126,7 +126,7 @@ class ServerConfig(BaseModel):
         if isinstance(data, dict):
             data = dict(data)
             if data.get("device") is None:
-                data["device"] = "cuda" if _cuda_available() else "cpu"
+                data["device"] = "cuda" if cuda_available() else "cpu"
             if data.get("dtype") is None:
                 data["dtype"] = "bf16" if data["device"] == "cuda" else "fp32"
         return data

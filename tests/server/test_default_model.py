@@ -7,7 +7,8 @@ import importlib.metadata
 import pytest
 
 from ddtree_server.models import default
-from ddtree_server.models.load import TargetLoadError, cache_root, load_target, resolve_dtype
+from ddtree_server.models.common import TargetLoadError, resolve_dtype
+from ddtree_server.models.load import cache_root, load_target
 
 
 def test_default_gguf_verified():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_config import DrafterConfig
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.drafter.config import DrafterConfig
 from tests.server.drafter_fixtures import randomize, target_parts, zlab_config
 
 BS, MASK = 8, 250

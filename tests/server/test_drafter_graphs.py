@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_config import DrafterConfig
-from ddtree_server.models.drafter_graphs import GraphedDrafter
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.graphs import GraphedDrafter
 from tests.server.drafter_fixtures import randomize, target_parts, zlab_config
 
 BS = 8

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_config import DrafterConfig, DrafterConfigError, default_layer_ids
-from ddtree_server.models.drafter_load import DrafterLoadError, load_drafter, save_drafter
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.drafter.config import DrafterConfig, DrafterConfigError, default_layer_ids
+from ddtree_server.models.drafter.load import DrafterLoadError, load_drafter, save_drafter
 from tests.server.drafter_fixtures import TARGET_HIDDEN, TARGET_LAYERS, VOCAB, randomize, target_parts, zlab_config
 
 

@@ -75,8 +75,8 @@ def test_oracle_speculative_equals_ar(model, mode, budget):
 
 
 def test_real_drafter_random_weights_equals_ar(model):
-    from ddtree_server.models.drafter import DFlashDrafter
-    from ddtree_server.models.drafter_config import DrafterConfig
+    from ddtree_server.models.drafter.model import DFlashDrafter
+    from ddtree_server.models.drafter.config import DrafterConfig
 
     raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 6,
            "dflash_config": {"mask_token_id": 257, "target_layer_ids": LAYERS}, "num_hidden_layers": 1,
@@ -231,7 +231,7 @@ def test_hf_fallback_runner_equals_target():
     """HFRunner (transformers' own model, used for hybrid targets) through the ar loop."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ddtree_server.models.load import build_target
+    from ddtree_server.models.dense.load import build_target
 
     cfg = AutoConfig.for_model("llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,

@@ -112,8 +112,8 @@ def test_stop_handling_equal_across_modes(target, references):
 
 def test_real_dflash_drafter_random_weights_equals_ar(target, references):
     """The real DFlashDrafter (randomly initialised, 2 layers) wired to the real target."""
-    from ddtree_server.models.drafter import DFlashDrafter
-    from ddtree_server.models.drafter_config import DrafterConfig
+    from ddtree_server.models.drafter.model import DFlashDrafter
+    from ddtree_server.models.drafter.config import DrafterConfig
 
     raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,
            "dflash_config": {"mask_token_id": 0, "target_layer_ids": LAYERS},

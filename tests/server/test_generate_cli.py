@@ -22,9 +22,9 @@ def _run(*args):
 @pytest.fixture(scope="module")
 def drafter_dir(smollm2, tmp_path_factory):
     """A randomly initialised DFlash drafter for SmolLM2, saved in z-lab format."""
-    from ddtree_server.models.drafter import DFlashDrafter
-    from ddtree_server.models.drafter_config import DrafterConfig
-    from ddtree_server.models.drafter_load import save_drafter
+    from ddtree_server.models.drafter.model import DFlashDrafter
+    from ddtree_server.models.drafter.config import DrafterConfig
+    from ddtree_server.models.drafter.load import save_drafter
 
     raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,
            "dflash_config": {"mask_token_id": 0, "target_layer_ids": [2, 15, 27]},

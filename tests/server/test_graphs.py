@@ -7,7 +7,7 @@ import torch
 
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
-from ddtree_server.models.graphs import GraphedTarget
+from ddtree_server.models.dense.graphs import GraphedTarget
 from tests.server.tiny import EOS, VOCAB, ByteTokenizer, OracleDrafter, tiny_target
 
 

@@ -9,10 +9,10 @@ import torch
 
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_config import DrafterConfig
-from ddtree_server.models.drafter_graphs import GraphedDrafter
-from ddtree_server.models.drafter_load import load_drafter, save_drafter
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.graphs import GraphedDrafter
+from ddtree_server.models.drafter.load import load_drafter, save_drafter
 from ddtree_server.models.hybrid.config import HybridConfig
 from ddtree_server.models.hybrid.graphs import GraphedHybrid
 from ddtree_server.models.hybrid.shapes import published

@@ -108,8 +108,8 @@ def test_speculative_equals_ar_on_hybrid(hybrid, references, monkeypatch, mode, 
 
 
 def test_real_drafter_random_weights_equals_ar(hybrid, references):
-    from ddtree_server.models.drafter import DFlashDrafter
-    from ddtree_server.models.drafter_config import DrafterConfig
+    from ddtree_server.models.drafter.model import DFlashDrafter
+    from ddtree_server.models.drafter.config import DrafterConfig
 
     raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 8,
            "dflash_config": {"mask_token_id": 257, "target_layer_ids": LAYERS}, "num_hidden_layers": 1,

@@ -55,8 +55,8 @@ def _assert_kernels_used(kinds: set[str]):
 
 
 def test_cuda_graphs_real_drafter_sliding_layers():
-    from ddtree_server.models.drafter import DFlashDrafter
-    from ddtree_server.models.drafter_config import DrafterConfig
+    from ddtree_server.models.drafter.model import DFlashDrafter
+    from ddtree_server.models.drafter.config import DrafterConfig
     from tests.server.drafter_fixtures import qwen36_drafter_config, randomize
 
     model = tiny_hybrid_ours("qwen3.6x2", seed=62, device="cuda")

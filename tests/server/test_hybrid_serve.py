@@ -8,9 +8,9 @@ import openai
 import pytest
 import torch
 
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_config import DrafterConfig
-from ddtree_server.models.drafter_load import save_drafter
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.load import save_drafter
 from tests.server.drafter_fixtures import qwen36_drafter_config, randomize
 from tests.server.hybrid_folders import SPECIALS, WORDS, write_hybrid_folder
 from tests.server.serverproc import ServerProcess

@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from ddtree_server.models.hybrid.config import HybridConfig, HybridConfigError
-from ddtree_server.models.load import TargetLoadError, detect_family, load_target
+from ddtree_server.models.common import TargetLoadError
+from ddtree_server.models.families import detect_family
+from ddtree_server.models.load import load_target
 from tests.server.hybrid_fixtures import PATTERNS, hf_model, ours, random_state, tiny_config
 
 TOL = 1e-4

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from ddtree_server.models.drafter_load import load_drafter
+from ddtree_server.models.drafter.load import load_drafter
 from ddtree_server.models.load import load_target
 from ddtree_server.train.data import GenSettings
 from ddtree_server.train.features import capture_features

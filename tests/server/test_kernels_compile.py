@@ -33,10 +33,10 @@ def test_attention_compiles(dtype, mode, splits, block_m, d, fused):
              "cnt_ptr": "*i32", "scale_log2": "fp32"}
     consts = {"MODE": mode, "SPLITS": splits, "BLOCK_M": block_m, "BLOCK_N": 64, "D": d,
               "PREC": "ieee" if dtype == "fp32" else "tf32", "FUSED": fused, "WINDOWED": mode == 2}
-    kernel = _compile(attention_kernels._split_kernel, types, consts, num_warps=4, num_stages=2)
+    kernel = _compile(attention_kernels.split_kernel, types, consts, num_warps=4, num_stages=2)
     assert 0 < kernel.metadata.shared < 200 * 1024  # fits an SM's shared memory with room to spare
     if splits > 1 and not fused:
-        _compile(attention_kernels._merge_kernel, {"po_ptr": "*fp32", "pl_ptr": "*fp32", "o_ptr": f"*{dtype}",
+        _compile(attention_kernels.merge_kernel, {"po_ptr": "*fp32", "pl_ptr": "*fp32", "o_ptr": f"*{dtype}",
                                            "start_ptr": "*i64"}, {"SPLITS": splits, "SP2": 64, "BLOCK_N": 64, "D": d})
 
 

@@ -1,4 +1,4 @@
-"""The kernel path of the engine (models/fast.py) against the SDPA path, on CPU under TRITON_INTERPRET=1
+"""The kernel path of the engine (models/dense/fast.py) against the SDPA path, on CPU under TRITON_INTERPRET=1
 with DDTREE_KERNELS=1 (fp32): the target's eager and graph-ready static forwards, the graphed
 drafter, and exactness (ar == dflash == ddtree token for token, equal to the SDPA path's ar).
 
@@ -26,8 +26,8 @@ import json, os, torch
 torch.set_num_threads(1)
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
-from ddtree_server.models.drafter_graphs import GraphedDrafter
-from ddtree_server.models.graphs import GraphedTarget
+from ddtree_server.models.drafter.graphs import GraphedDrafter
+from ddtree_server.models.dense.graphs import GraphedTarget
 from tests.server.test_drafter_graphs import SLIDING, _compare, _drafter
 from tests.server.test_graphs import _tree_mask
 from tests.server.tiny import EOS, VOCAB, ByteTokenizer, OracleDrafter, tiny_target

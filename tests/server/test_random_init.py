@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ddtree_server.models.hybrid.model import HybridTarget
-from ddtree_server.models.load import target_from_config
-from ddtree_server.models.target import TargetModel
+from ddtree_server.models.random_init import target_from_config
+from ddtree_server.models.dense.target import TargetModel
 from tests.server.hybrid_fixtures import tiny_config
 
 

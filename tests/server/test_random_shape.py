@@ -13,9 +13,10 @@ import torch
 from ddtree_server.bench import random_report
 from ddtree_server.bench.random_shape import StageOptions, parse_tau, run_random_shape
 from ddtree_server.bench.shapes import SHAPE_NAMES, get_shape, shape_from_dicts
-from ddtree_server.models.drafter_config import DrafterConfig
-from ddtree_server.models.load import as_config, target_from_config
-from ddtree_server.models.target import TargetModel
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.dense.load import as_config
+from ddtree_server.models.random_init import target_from_config
+from ddtree_server.models.dense.target import TargetModel
 
 
 def _param_count(raw: dict) -> int:
@@ -124,9 +125,9 @@ class Block:
 sys.meta_path.insert(0, Block())
 import ddtree_server.bench.probe, ddtree_server.bench.probe_kernels, ddtree_server.bench.probe_compile
 import ddtree_server.bench.random_shape, ddtree_server.bench.random_report, ddtree_server.commands.bench
-import ddtree_server.kernels.gemv, ddtree_server.spec.tree_gpu, ddtree_server.engine.engine
-import ddtree_server.bench.probe_phase2, ddtree_server.bench.probe_attention, ddtree_server.models.fast
-import ddtree_server.models.drafter_load, ddtree_server.models.load
+import ddtree_server.kernels.gemv, ddtree_server.speculative.tree_gpu, ddtree_server.engine.engine
+import ddtree_server.bench.probe_phase2, ddtree_server.bench.probe_attention, ddtree_server.models.dense.fast
+import ddtree_server.models.drafter.load, ddtree_server.models.load
 import tempfile
 ddtree_server.bench.probe.main(["--out", tempfile.mkdtemp(), "--parts", "copy", "--budget-s", "30"])  # env_meta too
 print(sorted(m for m in sys.modules if m.split('.')[0] in {'fastapi', 'uvicorn', 'pydantic', 'starlette'}))

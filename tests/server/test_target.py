@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ddtree_server.models.load import build_target, detect_family
+from ddtree_server.models.dense.load import build_target
+
+from ddtree_server.models.families import detect_family
 
 ATOL = 2e-4
 
@@ -209,7 +211,7 @@ def test_cache_full_raises():
 
 
 def test_missing_tensor_named():
-    from ddtree_server.models.load import TargetLoadError
+    from ddtree_server.models.common import TargetLoadError
 
     cfg, hf = _tiny("llama")
     state = hf.state_dict()

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ddtree_server.bench.wheels import DataFileError
+from ddtree_server.data.wheels import DataFileError
 from ddtree_server.train.contamination import NGRAM, build_index, drop_contaminated, load_index, reference_texts, words
 
 
@@ -84,7 +84,7 @@ def test_the_training_prompts_hold_no_evaluation_prompt():
     reference texts (none is a copy today; the planted test below shows a copy is dropped)."""
     from pathlib import Path
 
-    from ddtree_server.train.pipeline import PipelineOptions, clean_prompts
+    from ddtree_server.train.inputs import PipelineOptions, clean_prompts
 
     opts = PipelineOptions(out_dir=Path("unused"), work_dir=Path("unused"))
     prompts, dropped, n_refs = _or_skip(lambda: clean_prompts(opts))
@@ -94,7 +94,7 @@ def test_the_training_prompts_hold_no_evaluation_prompt():
 
 def test_pipeline_drops_a_planted_copy(refs, tmp_path):
     """A prompt file with a GSM8K question in it: the pipeline's prompts lose exactly that one."""
-    from ddtree_server.train.pipeline import PipelineOptions, clean_prompts
+    from ddtree_server.train.inputs import PipelineOptions, clean_prompts
 
     _or_skip(load_index)  # the wheels are in the cache now; the pipeline reads them without pip
     planted = _ref(refs, "gsm8k", "test-67")

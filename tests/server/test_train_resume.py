@@ -34,11 +34,11 @@ def eval_wheels():
 
 
 def _drafter():
-    from ddtree_server.models.drafter_config import DrafterConfig
+    from ddtree_server.models.drafter.config import DrafterConfig
     from tests.server.drafter_fixtures import randomize, target_parts, zlab_config
 
     emb, head = target_parts()
-    from ddtree_server.models.drafter import DFlashDrafter
+    from ddtree_server.models.drafter.model import DFlashDrafter
 
     d = DFlashDrafter(DrafterConfig.from_dict(zlab_config(), source="test"), emb, head)
     randomize(d)

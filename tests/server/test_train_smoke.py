@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from ddtree_server.cli import app
-from ddtree_server.models.drafter_load import load_drafter
+from ddtree_server.models.drafter.load import load_drafter
 from ddtree_server.train.data import GenSettings
 from ddtree_server.train.pipeline import PipelineOptions, run
 from ddtree_server.train.trainer import TrainSettings

@@ -1,4 +1,4 @@
-"""DDTree construction (spec/tree.py): Algorithm 1 invariants and optimality on small cases."""
+"""DDTree construction (speculative/tree.py): Algorithm 1 invariants and optimality on small cases."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from ddtree_server.spec.tree import build_ddtree, chain_tree, root_only
+from ddtree_server.speculative.tree import build_ddtree, chain_tree, root_only
 
 
 def _tables(depth, k, seed, vocab=50):

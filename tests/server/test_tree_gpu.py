@@ -1,4 +1,4 @@
-"""spec/tree_gpu.py: the tensor-op DDTree equals the heap's best-first tree (spec/tree.py)."""
+"""speculative/tree_gpu.py: the tensor-op DDTree equals the heap's best-first tree (speculative/tree.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ddtree_server.engine.decode import ddtree_builder, tree_inputs
-from ddtree_server.spec.tree import _make, build_ddtree
-from ddtree_server.spec.tree_gpu import build_ddtree_device, device_tree_inputs
+from ddtree_server.speculative.tree import _make, build_ddtree
+from ddtree_server.speculative.tree_gpu import build_ddtree_device, device_tree_inputs
 
 
 def _paths(tokens, parents) -> set[tuple[int, ...]]:

@@ -1,4 +1,4 @@
-"""Acceptance walk (spec/walk.py): greedy paths and sample-and-match losslessness (pure, CPU)."""
+"""Acceptance walk (speculative/walk.py): greedy paths and sample-and-match losslessness (pure, CPU)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from ddtree_server.spec.tree import build_ddtree, chain_tree
-from ddtree_server.spec.walk import accepted_tokens, walk
+from ddtree_server.speculative.tree import build_ddtree, chain_tree
+from ddtree_server.speculative.walk import accepted_tokens, walk
 
 
 def _tree():

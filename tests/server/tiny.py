@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ddtree_server.models.load import build_target
+from ddtree_server.models.dense.load import build_target
 
 VOCAB = 260
 EOS = 256

@@ -43,7 +43,7 @@ def eval_index_or_skip():
     """The contamination index over the four evaluation wheels in the wheel cache (the CLI's
     contamination check reads them); skips the calling test where they are not there."""
     import pytest
-    from ddtree_server.bench.wheels import DataFileError
+    from ddtree_server.data.wheels import DataFileError
     from ddtree_server.train.contamination import load_index
 
     try:

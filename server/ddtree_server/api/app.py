@@ -218,7 +218,7 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         mode, budget = prompts.check_decoding(body, available_modes(engine), limit)
         if budget is None and (getattr(engine, "tree_budget", None) or 0) > limit:
             budget = limit   # the engine's default never exceeds --max-tree-budget either
-        from ddtree_server.engine.sampling import SamplingParams
+        from ddtree_server.engine.params import SamplingParams
 
         params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams)
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")

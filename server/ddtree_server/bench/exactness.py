@@ -60,7 +60,7 @@ def main(gguf: Optional[Path] = typer.Option(None, help="Target GGUF (default: t
     from ddtree_server.commands.options import budget_list, check_device
     from ddtree_server.engine.factory import load_engine
     from ddtree_server.models.default import DefaultModelError
-    from ddtree_server.models.load import TargetLoadError
+    from ddtree_server.models.common import TargetLoadError
 
     if dtype not in ("fp32", "bf16"):
         raise typer.BadParameter(f"--dtype {dtype!r}: use fp32 or bf16")

@@ -11,6 +11,9 @@ from __future__ import annotations
 import contextlib
 import os
 
+from ddtree_server.bench.timing import empty_cache, median_ms, sync
+from ddtree_server.bench.trees import ddtree_like
+
 
 @contextlib.contextmanager
 def kernels(setting: str | None):
@@ -35,16 +38,14 @@ def gpu_ops(fn) -> int | None:
 
     if not torch.cuda.is_available():
         return None
-    from ddtree_server.bench.hybrid_verify import _sync
-
     try:
         from torch.profiler import ProfilerActivity, profile
 
         fn()
-        _sync()
+        sync()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             fn()
-            _sync()
+            sync()
         return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
     except Exception:  # noqa: BLE001 - a profiler without CUPTI: no count
         return None
@@ -55,7 +56,6 @@ def layer_bench(cfg, method: str, sizes: list[int], device, dtype, iters: int, s
     also the 1-row decode-step mixer (``"1"``) and ``gpu_ops`` per eager mixer call."""
     import torch
 
-    from ddtree_server.bench.hybrid_verify import _empty_cache, _median_ms, _raw, ddtree_like
     from ddtree_server.kernels import runtime
     from ddtree_server.models.hybrid.config import HybridConfig
     from ddtree_server.models.hybrid.tree import tree_meta
@@ -86,13 +86,13 @@ def layer_bench(cfg, method: str, sizes: list[int], device, dtype, iters: int, s
 
             def mix():
                 return mixer(h, cache, 0, ctx)
-            row = {"mixer_ms": _median_ms(mix, iters, True), "rule_ms": _median_ms(rule, iters, True),
-                   "mixer_eager_ms": _median_ms(mix, max(5, iters // 5), False)}
+            row = {"mixer_ms": median_ms(mix, iters, True), "rule_ms": median_ms(rule, iters, True),
+                   "mixer_eager_ms": median_ms(mix, max(5, iters // 5), False)}
             if setting:
                 row["gpu_ops"] = gpu_ops(mix)
             out[str(n)] = row
     del model, cache
-    _empty_cache()
+    empty_cache()
     return out
 
 
@@ -116,3 +116,12 @@ def _rule(fast: bool, method: str, n: int, inputs, mask, meta, cache):
     if method == "chunk":
         return lambda: delta.tree_chunk(qr, kr, v, g, beta, s0, mask)
     return lambda: delta.per_node(qr, kr, v, g, beta, s0, meta.parent, cache.nodes[0])
+
+
+def _raw(cfg) -> dict:
+    from dataclasses import asdict
+
+    raw = asdict(cfg)
+    raw.pop("extra", None)
+    raw.update(model_type="qwen3_5_text", layer_types=list(cfg.layer_types), rope_parameters=cfg.rope_parameters)
+    return raw

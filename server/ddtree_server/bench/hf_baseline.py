@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from ddtree_server.bench.timing import sync
+
 
 class HFBaseline:
     """transformers model + `generate()` timing (CUDA-synchronised wall clock)."""
@@ -36,20 +38,16 @@ class HFBaseline:
             model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype)
         return cls(model.to(device), eos_token_ids)
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int) -> tuple[list[int], float]:
         """Greedy continuation ids (EOS included when reached) and wall seconds."""
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        self._sync()
+        sync(self.device)
         t0 = time.perf_counter()
         out = self.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                   max_new_tokens=max_new_tokens, cache_implementation="static",
                                   eos_token_id=self.eos, pad_token_id=self.eos[0] if self.eos else None)
-        self._sync()
+        sync(self.device)
         return out[0, len(prompt_ids):].tolist(), time.perf_counter() - t0
 
     def record(self, prompt_ids: list[int], max_new_tokens: int) -> dict:

@@ -28,57 +28,16 @@ Medians of ``--iters`` calls after warm-up. Needs only torch (no server dependen
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from ddtree_server.bench.timing import empty_cache, median_ms
+from ddtree_server.bench.trees import ddtree_like
+
 SIZES = "17,33,65"
 SETTINGS = ("on", "off")
-
-
-def ddtree_like(n: int, seed: int = 0, depth: int = 15):
-    """A DDTree of n nodes from peaked random draft distributions (best-first, Algorithm 1)."""
-    import torch
-
-    from ddtree_server.spec.tree import build_ddtree
-
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(depth, 64, generator=g) * 3.0
-    logp, ids = torch.log_softmax(logits, -1).topk(n - 1, dim=-1)
-    return build_ddtree(0, logp.numpy(), ids.numpy(), n - 1)
-
-
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _median_ms(fn, iters: int, graph: bool) -> float:
-    """Median wall time of ``fn`` in ms; ``graph``: replay it from a CUDA graph (CUDA only)."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    _sync()
-    if graph and torch.cuda.is_available():
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        fn = g.replay
-        fn()
-    times = []
-    for _ in range(iters):
-        _sync()
-        t = time.perf_counter()
-        fn()
-        _sync()
-        times.append((time.perf_counter() - t) * 1e3)
-    return round(statistics.median(times), 4)
 
 
 def state_memory(cfg, sizes=(17, 33, 65), tree_rows: int = 80) -> dict:
@@ -101,7 +60,7 @@ def verify_bench(model, sizes: list[int], context: int, device, iters: int) -> d
 
     from ddtree_server.engine.decode import tree_inputs
     from ddtree_server.models.hybrid.graphs import GraphedHybrid
-    from ddtree_server.spec.tree import chain_tree
+    from ddtree_server.speculative.tree import chain_tree
 
     cfg = model.config
     target = GraphedHybrid(model, capture=torch.device(device).type == "cuda")
@@ -127,36 +86,20 @@ def verify_bench(model, sizes: list[int], context: int, device, iters: int) -> d
                 path.append(j)
                 j = tree.parents[j]
             path = path[::-1]
-            verify = _median_ms(lambda: call(tree, []), iters, False)
-            rnd = _median_ms(lambda: call(tree, path), iters, False)
+            verify = median_ms(lambda: call(tree, []), iters, False)
+            rnd = median_ms(lambda: call(tree, path), iters, False)
             out[str(n)] = {"verify_ms": verify, "round_ms": rnd, "commit_ms": round(rnd - verify, 4),
                            "path_len": len(path)}
         one = chain_tree(1, [])
-        out["plain_step_ms"] = _median_ms(lambda: call(one, [0]), iters, False)
+        out["plain_step_ms"] = median_ms(lambda: call(one, [0]), iters, False)
         chain = chain_tree(1, list(range(2, 17)))
-        out["dflash_verify_ms"] = _median_ms(lambda: call(chain, list(range(5))), iters, False)
+        out["dflash_verify_ms"] = median_ms(lambda: call(chain, list(range(5))), iters, False)
         out["context_at_start"], out["context_at_end"] = s0, cache.length
     if torch.cuda.is_available():
         out["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
     del target, cache
-    _empty_cache()
+    empty_cache()
     return out
-
-
-def _empty_cache() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def _raw(cfg) -> dict:
-    from dataclasses import asdict
-
-    raw = asdict(cfg)
-    raw.pop("extra", None)
-    raw.update(model_type="qwen3_5_text", layer_types=list(cfg.layer_types), rope_parameters=cfg.rope_parameters)
-    return raw
 
 
 def measure(shape: str | dict, sizes: list[int], context: int, dtype: str, device: str, iters: int,
@@ -170,7 +113,7 @@ def measure(shape: str | dict, sizes: list[int], context: int, dtype: str, devic
     from ddtree_server.models.hybrid import gdn_fast
     from ddtree_server.models.hybrid.config import HybridConfig
     from ddtree_server.models.hybrid.shapes import published
-    from ddtree_server.models.load import resolve_dtype
+    from ddtree_server.models.common import resolve_dtype
     from ddtree_server.models.random_init import target_from_config
 
     raw = published(shape)[0] if isinstance(shape, str) else dict(shape)
@@ -200,7 +143,7 @@ def measure(shape: str | dict, sizes: list[int], context: int, dtype: str, devic
                     with kernels(st):
                         kern["verify"][st] = report["verify"][m] if st == "off" else verify_bench(model, sizes, context, device, iters)
             del model
-            _empty_cache()
+            empty_cache()
         big = str(max(sizes))
         report["faster_round_at_%s" % big] = min(methods, key=lambda m: report["verify"][m][big]["round_ms"])
     if kern is not None:

@@ -10,7 +10,7 @@ run keeps what it measured:
   qwen3-8b, smollm2-135m), each also written as ``DIR/random-<shape>.{json,md,png}``;
 * ``profile``: per-kernel breakdown of one plain step and one DDTree-64 verify at each shape,
   replayed from the CUDA graph and run eagerly through the same static path (bench/probe_kernels.py);
-* ``tree``: host tree build (ddtree_builder + tree_inputs) vs the device build of spec/tree_gpu.py,
+* ``tree``: host tree build (ddtree_builder + tree_inputs) vs the device build of speculative/tree_gpu.py,
   eager and inside a CUDA graph, per call;
 * ``gemv``: cuBLAS vs the Triton skinny GEMM at the 8B layer shapes for M = 1, 16, 80;
 * ``compile``: torch.compile vs our eager layer / forward (bench/probe_compile.py, own process,
@@ -90,7 +90,7 @@ def _profile(engine, shape_name: str, context: int, budget: int) -> dict:
     """Kernel breakdown of a plain step and a DDTree verify, graphed and eager (same static path)."""
     from ddtree_server.bench.probe_kernels import kernel_breakdown
     from ddtree_server.engine import decode
-    from ddtree_server.models.graphs import GraphedTarget
+    from ddtree_server.models.dense.graphs import GraphedTarget
 
     target, dev = engine.target, engine.device
     eager = GraphedTarget(getattr(target, "model", target), capture=False)
@@ -155,9 +155,9 @@ def run_stages_and_profile(p: Probe, shapes: list[str], context: int, iters: int
 
 def run_tree(p: Probe, deadline: float, iters: int = 50) -> dict:
     """Host vs device tree build per call (ms), budgets 16/32/64, vocab of SmolLM2 and Qwen3."""
-    from ddtree_server.bench.random_shape import time_calls
+    from ddtree_server.bench.timing import time_calls
     from ddtree_server.engine import decode
-    from ddtree_server.spec.tree_gpu import device_tree_inputs
+    from ddtree_server.speculative.tree_gpu import device_tree_inputs
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     out = {}

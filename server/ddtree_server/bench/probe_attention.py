@@ -50,7 +50,7 @@ class _Setup:
     def point(self, s: int, n: int):
         """(sdpa(layer), kernel(layer, config), bytes per call)."""
         from ddtree_server.kernels.attention import DEFAULT, decode_attention
-        from ddtree_server.models.graphs import MIN_KV
+        from ddtree_server.models.dense.graphs import MIN_KV
 
         rep, hq, hkv, d = self.hq // self.hkv, self.hq, self.hkv, self.d
         q = torch.randn(n, hq, d, device=self.dev, dtype=self.dtype)
@@ -75,10 +75,10 @@ class _Setup:
 
 
 def _time(calls: list[Callable[[], object]]) -> float:
-    from ddtree_server.bench.probe_kernels import graph_time_us
-    from ddtree_server.models.target import _attention_backends
+    from ddtree_server.bench.timing import graph_time_us
+    from ddtree_server.models.layers import attention_backends
 
-    with _attention_backends(torch.device("cuda")):
+    with attention_backends(torch.device("cuda")):
         return graph_time_us(calls)
 
 

@@ -33,7 +33,7 @@ def _emit(path: str, rec: dict) -> None:
 def _layer_setup(shape_name: str):
     """A 1-layer target of the shape, its cache and the inputs of one plain-step layer call."""
     from ddtree_server.bench.shapes import get_shape
-    from ddtree_server.models.load import target_from_config
+    from ddtree_server.models.random_init import target_from_config
 
     shape = get_shape(shape_name)
     cfg = dict(shape.target, num_hidden_layers=1)
@@ -53,8 +53,8 @@ def _layer_setup(shape_name: str):
 
 
 def _layer_us(fn, x, args, chain: int = 10) -> float:
-    from ddtree_server.bench.probe_kernels import graph_time_us
-    from ddtree_server.models.target import _attention_backends
+    from ddtree_server.bench.timing import graph_time_us
+    from ddtree_server.models.layers import attention_backends
 
     def call():
         y = x
@@ -62,7 +62,7 @@ def _layer_us(fn, x, args, chain: int = 10) -> float:
             y = fn(y, *args)
         return y
 
-    with _attention_backends(x.device):
+    with attention_backends(x.device):
         return graph_time_us([call]) / chain
 
 
@@ -79,9 +79,9 @@ def layer_step(path: str, shape_name: str, mode: str | None) -> None:
             fn = torch.compile(layer, mode=None if mode == "default" else mode, dynamic=False)
             t0 = time.monotonic()
             with torch.no_grad():
-                from ddtree_server.models.target import _attention_backends
+                from ddtree_server.models.layers import attention_backends
 
-                with _attention_backends(x.device):
+                with attention_backends(x.device):
                     fn(x, *args)
             torch.cuda.synchronize()
             rec["compile_s"] = round(time.monotonic() - t0, 1)
@@ -95,10 +95,10 @@ def layer_step(path: str, shape_name: str, mode: str | None) -> None:
 
 def forward_step(path: str, shape_name: str, mode: str | None, iters: int = 30) -> None:
     """Whole-forward plain step through GraphedTarget, with ``TargetModel.run`` compiled or not."""
-    from ddtree_server.bench.random_shape import time_calls
+    from ddtree_server.bench.timing import time_calls
     from ddtree_server.bench.shapes import get_shape
-    from ddtree_server.models.graphs import GraphedTarget
-    from ddtree_server.models.load import target_from_config
+    from ddtree_server.models.dense.graphs import GraphedTarget
+    from ddtree_server.models.random_init import target_from_config
 
     rec = {"part": "compile_forward", "shape": shape_name, "mode": mode or "eager"}
     try:

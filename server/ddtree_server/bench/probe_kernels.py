@@ -16,6 +16,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ddtree_server.bench.timing import graph_time_us
+
 # (out features N, in features K) of one Qwen3-8B decoder layer's fused projections and its LM head
 GEMV_SHAPES_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288),
                   "lm_head": (151936, 4096)}
@@ -53,32 +55,6 @@ def kernel_breakdown(fn: Callable[[], object], device: torch.device, reps: int =
             "distinct_kernels": len(agg),
             "top": [{"name": n[:140], "calls_per_call": c / reps, "us_per_call": round(t / reps, 2),
                      "share": round(t / total, 3) if total else None} for n, (c, t) in rows]}
-
-
-def graph_time_us(calls: list[Callable[[], object]], replays: int = 10) -> float:
-    """Mean device time (us) per call of ``calls`` captured back to back in one CUDA graph."""
-    for f in calls:  # warm-up: Triton compiles, cuBLAS picks its kernels
-        f()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for f in calls:
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in calls:
-            f()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    us = start.elapsed_time(end) * 1000 / replays / len(calls)
-    del graph
-    return us
 
 
 def gemv_bandwidth(deadline: float, rows: tuple[int, ...] = (1, 16, 80), shapes: dict | None = None,

@@ -66,7 +66,7 @@ def stage_bytes(name: str, row: dict, sizes: dict[str, int]) -> tuple[int, int]:
 def copy_bandwidth(device: torch.device, mib: int | None = None, iters: int = 10) -> dict:
     """Device-to-device copy of ``mib`` MiB (2048 on CUDA, 16 on CPU): median GB/s counting the
     bytes read plus the bytes written (10^9 bytes per GB)."""
-    from ddtree_server.bench.random_shape import time_calls
+    from ddtree_server.bench.timing import time_calls
 
     mib = mib or (2048 if device.type == "cuda" else 16)
     n = mib * 2**20
@@ -76,15 +76,11 @@ def copy_bandwidth(device: torch.device, mib: int | None = None, iters: int = 10
     return {"mib": mib, "ms": round(r["ms"], 4), "gbps_read_write": round(2 * n / (r["ms"] / 1000) / 1e9, 1)}
 
 
-def _commit() -> str:
-    from ddtree_server.bench.session import _commit as lookup
-
-    return lookup(None)
-
-
 def env_meta(device: str, dtype: str) -> dict:
     """GPU (or CPU) name, torch / CUDA / triton / transformers / Python versions, commit, date."""
     import transformers
+
+    from ddtree_server.bench.session import commit_id
 
     try:
         import triton
@@ -93,7 +89,7 @@ def env_meta(device: str, dtype: str) -> dict:
     except ImportError:
         triton_version = None
     cuda = device.startswith("cuda")
-    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": _commit(),
+    return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit_id(),
             "gpu": torch.cuda.get_device_name(torch.device(device)) if cuda else (platform.processor() or "cpu"),
             "device": device, "dtype": dtype, "torch": torch.__version__, "cuda": torch.version.cuda,
             "triton": triton_version, "transformers": transformers.__version__, "python": platform.python_version()}

@@ -4,7 +4,7 @@ The target and its drafter are built on the device from `bench/shapes.py` with r
 (`models.random_init.target_from_config`, `drafter_from_config`) and wrapped by the
 server's `Engine` (on CUDA: `GraphedTarget` / `GraphedDrafter`). A prompt of random token ids fills
 the KV cache to `context` tokens. Each stage is then timed call by call through the engine's own
-code (`engine/decode.py`'s builders and loops, `KVCache.keep`, `spec/walk.py`), synchronising the
+code (`engine/decode.py`'s builders and loops, `KVCache.keep`, `speculative/walk.py`), synchronising the
 device before and after every call, and summarised by the median (and p10 / p90) of `iters` calls:
 
 * `forward_1` (one-token target forward) and `plain_step` (forward + greedy choice, as `ar_loop`);
@@ -23,7 +23,6 @@ isolated `draft` stage uses `ctx_rows` (default 4, about a real tau) instead.
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -31,6 +30,7 @@ from typing import Callable
 import torch
 
 from ddtree_server.bench.shapes import Shape
+from ddtree_server.bench.timing import time_calls
 
 
 @dataclass
@@ -69,35 +69,11 @@ def build_engine(shape: Shape, *, device: str, dtype: str, max_len: int, tree_bu
                   tree_budget=tree_budget, max_running=max_running)
 
 
-def _sync(device: torch.device) -> Callable[[], None]:
-    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-
-def time_calls(fn: Callable[[], object], iters: int, warmup: int, device: torch.device,
-               setup: Callable[[], None] | None = None) -> dict:
-    """Wall time of ``fn`` per call (device synchronised around each call), after ``warmup`` calls.
-    Returns {ms, p10, p90, n} in milliseconds; ``setup`` runs untimed before every call."""
-    sync = _sync(device)
-    times = []
-    for i in range(warmup + iters):
-        if setup is not None:
-            setup()
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1000)
-    times.sort()
-    q = lambda f: times[min(len(times) - 1, int(f * len(times)))]  # noqa: E731
-    return {"ms": statistics.median(times), "p10": q(0.1), "p90": q(0.9), "n": len(times)}
-
-
 def kv_window(target, cache, s: int, n: int) -> int:
     """Key rows attention reads for ``n`` new tokens after ``s`` cached ones: as
     ``GraphedTarget.kv_rows`` on the graphed path (the live rows with the kernels, else a
     power-of-two window), else s + n."""
-    from ddtree_server.models.graphs import GraphedTarget
+    from ddtree_server.models.dense.graphs import GraphedTarget
 
     rows = target.kv_rows(cache, s, n) if isinstance(target, GraphedTarget) else None
     return s + n if rows is None else rows
@@ -132,7 +108,7 @@ def measure(engine, opts: StageOptions, log: Callable[[str], None] = lambda s: N
     """Time every stage (see module docstring); returns {stage: {ms, p10, p90, n, rows, kv_len}}."""
     from ddtree_server.engine import decode
     from ddtree_server.engine.sampling import SamplingParams, TokenChooser
-    from ddtree_server.spec.walk import accepted_tokens, walk
+    from ddtree_server.speculative.walk import accepted_tokens, walk
 
     target, drafter, dev = engine.target, engine.drafter, engine.device
     vocab = target.config.vocab_size

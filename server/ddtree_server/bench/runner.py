@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ddtree_server.bench.datasets import BenchPrompt
+from ddtree_server.data.datasets import BenchPrompt
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def _digest(ids: list[int]) -> str:
 
 def run_one(engine, prompt_ids: list[int], m: Method, max_new_tokens: int, seed: int) -> dict:
     """One request through the engine; returns a result record (without dataset fields)."""
-    from ddtree_server.engine.sampling import SamplingParams
+    from ddtree_server.engine.params import SamplingParams
 
     params = SamplingParams(max_tokens=max_new_tokens, temperature=m.temperature, seed=seed)
     ids: list[int] = []

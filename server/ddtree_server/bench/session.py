@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from ddtree_server.bench.datasets import load_datasets
+from ddtree_server.data.datasets import load_datasets
 from ddtree_server.bench.report import write_report
 from ddtree_server.bench.runner import BenchRun, BenchSettings
 
@@ -43,7 +43,9 @@ class SessionOptions:
     drafter_graphs: bool = False  # wrap the drafter in GraphedDrafter on CUDA if the engine did not
 
 
-def _commit(given: str | None) -> str:
+def commit_id(given: str | None = None) -> str:
+    """The commit a benchmark ran at: ``given``, else ``$DDTREE_COMMIT``, else ``git rev-parse HEAD``
+    of this checkout, else "unknown"."""
     if given:
         return given
     if os.environ.get("DDTREE_COMMIT"):
@@ -60,7 +62,7 @@ def _meta(opts: SessionOptions, engine, device: str, dtype: str) -> dict:
     import torch
     import transformers
 
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": _commit(opts.commit),
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit_id(opts.commit),
             "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else platform.processor() or "cpu",
             "device": device, "dtype": dtype, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "target": str(opts.target or opts.gguf or "embedded SmolLM2 GGUF"),
@@ -75,8 +77,8 @@ def _meta(opts: SessionOptions, engine, device: str, dtype: str) -> dict:
 
 def _drafter_graphs(engine, wanted: bool) -> str:
     """Wrap the engine's drafter in GraphedDrafter (CUDA only); returns who graphs it."""
-    from ddtree_server.models.drafter import DFlashDrafter
-    from ddtree_server.models.drafter_graphs import GraphedDrafter
+    from ddtree_server.models.drafter.model import DFlashDrafter
+    from ddtree_server.models.drafter.graphs import GraphedDrafter
 
     d = engine.drafter
     if d is None or engine.device.type != "cuda":
@@ -97,7 +99,8 @@ def run_session(opts: SessionOptions, log: Callable[[str], None] = print) -> dic
     from ddtree_server.bench.stages import stage_split
     from ddtree_server.engine.factory import load_engine
     from ddtree_server.models import default
-    from ddtree_server.models.load import gguf_to_folder, resolve_dtype
+    from ddtree_server.models.common import resolve_dtype
+    from ddtree_server.models.load import gguf_to_folder
 
     t_start = time.monotonic()  # the time budget counts model loading and warm-up too
     prompts = load_datasets(opts.datasets, opts.data_dir, opts.max_prompts, download=opts.download)

@@ -1,7 +1,7 @@
 """Named model shapes for the random-weight benchmark (`bench --random-shape NAME`).
 
 A shape is a target config (a raw transformers ``config.json`` dict: any family
-``models.load.target_from_config`` can build, so a hybrid shape is one more row) plus the z-lab
+``models.random_init.target_from_config`` can build, so a hybrid shape is one more row) plus the z-lab
 DFlash drafter config that goes with it. Only sizes matter: weights are random, no tokenizer is read.
 
 Sources of the rows:

@@ -15,10 +15,12 @@ from contextlib import contextmanager
 
 import torch
 
+from ddtree_server.bench.timing import sync
+
 
 class _Timer:
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device = device
         self.totals = {"draft": 0.0, "tree": 0.0, "verify": 0.0}
         self.forwards = 0
 
@@ -28,12 +30,10 @@ class _Timer:
                 self.forwards += 1
                 if self.forwards == 1:
                     return fn(*args, **kwargs)
-            if self.cuda:
-                torch.cuda.synchronize()
+            sync(self.device)
             t0 = time.perf_counter()
             out = fn(*args, **kwargs)
-            if self.cuda:
-                torch.cuda.synchronize()
+            sync(self.device)
             self.totals[stage] += time.perf_counter() - t0
             return out
         return timed

@@ -65,10 +65,10 @@ def bench(
 
     from ddtree_server.bench.runner import BenchSettings
     from ddtree_server.bench.session import SessionOptions, merge_reports, run_session
-    from ddtree_server.bench.wheels import DataFileError
+    from ddtree_server.data.wheels import DataFileError
     from ddtree_server.engine.engine import MODES
     from ddtree_server.models.default import DefaultModelError
-    from ddtree_server.models.load import TargetLoadError
+    from ddtree_server.models.common import TargetLoadError
 
     console = Console(stderr=True)
     if random_shape is not None and batch is not None:

@@ -64,7 +64,7 @@ def generate(
             err.print(line, markup=False, highlight=False)
         raise typer.Exit(2)
     from ddtree_server.engine.factory import engine_from_config
-    from ddtree_server.engine.sampling import SamplingParams
+    from ddtree_server.engine.params import SamplingParams
 
     try:
         with err.status(f"loading model on {config.device} ({config.dtype})"):

@@ -46,7 +46,7 @@ def load_engine(config: Any, status: Any) -> Any:
 
 def warmup(engine: Any) -> None:
     """One short greedy generation in the default mode. Raises RuntimeError if it does not finish."""
-    from ddtree_server.engine.sampling import SamplingParams
+    from ddtree_server.engine.params import SamplingParams
 
     ids = list(engine.tokenizer.encode("The capital of France is", add_special_tokens=True))
     last = None
@@ -90,9 +90,9 @@ def log_auth(config: Any) -> None:
 def run_server(config: Any) -> int:
     """Serve until SIGTERM/SIGINT. Returns the process exit status (0 drained, 1 load or bind failure)."""
     if config.device == "cuda":
-        from ddtree_server.config import _cuda_available
+        from ddtree_server.config import cuda_available
 
-        if not _cuda_available():   # known before anything loads: fail at once
+        if not cuda_available():   # known before anything loads: fail at once
             print("error: --device cuda: CUDA is not available on this machine (use --device cpu)",
                   file=sys.stderr, flush=True)
             return 1

@@ -98,7 +98,7 @@ def train_drafter(
     """Train a DFlash drafter for the target on its own answers to ShareGPT prompts."""
     from rich.console import Console
 
-    from ddtree_server.bench.wheels import DataFileError
+    from ddtree_server.data.wheels import DataFileError
     from ddtree_server.train.data import GenSettings
     from ddtree_server.train.pipeline import PipelineOptions, run
     from ddtree_server.train.report import ProgressReport

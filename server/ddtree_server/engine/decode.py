@@ -9,11 +9,11 @@ when the KV cache is full.
 Speculative round (docs/ddtree.md §2.1), state: target cache of length s, bonus b at position s,
 ctx = captured target features of the tokens the drafter has not seen yet:
 1. draft logits ``[bs-1, vocab]`` = drafter.propose(draft_cache, ctx, b, s)
-2. tree: ``ddtree`` = best-first tree (spec/tree.py) from one log_softmax + top-K and one
+2. tree: ``ddtree`` = best-first tree (speculative/tree.py) from one log_softmax + top-K and one
    device-to-host copy; ``dflash`` = the chain of draft argmaxes
 3. verify: one target forward over [b, nodes] at positions s + depth with the ancestor mask
    (no mask for chains)
-4. walk (spec/walk.py) over the target's per-node choices; compact the KV cache to the path;
+4. walk (speculative/walk.py) over the target's per-node choices; compact the KV cache to the path;
    ctx = features of the path; s += len(path); b = bonus
 """
 
@@ -26,8 +26,8 @@ import torch
 from torch import Tensor
 
 from ddtree_server.engine.sampling import TokenChooser
-from ddtree_server.spec.tree import DraftTree, build_ddtree, chain_tree, root_only
-from ddtree_server.spec.walk import accepted_tokens, walk
+from ddtree_server.speculative.tree import DraftTree, build_ddtree, chain_tree, root_only
+from ddtree_server.speculative.walk import accepted_tokens, walk
 
 TreeBuilder = Callable[[Tensor, int, int], DraftTree]  # (draft_logits [L, V], root token, budget)
 

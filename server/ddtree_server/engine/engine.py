@@ -20,12 +20,11 @@ from ddtree_server.engine.batch import BatchEngine, GenerationEvent, Request
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.engine.stats import DecodeStats
 from ddtree_server.engine.stopping import StopChecker
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_graphs import GraphedDrafter
-from ddtree_server.models.graphs import GraphedTarget
-from ddtree_server.models.hybrid.graphs import GraphedHybrid
+from ddtree_server.models import families
+from ddtree_server.models.drafter.graphs import GraphedDrafter
+from ddtree_server.models.dense.target import TargetModel
+from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.model import HybridTarget
-from ddtree_server.models.target import TargetModel
 
 MODES = ("ar", "dflash", "ddtree")
 CUDA_TREE_BUDGET = 64  # default DDTree budget on CUDA (nodes)
@@ -49,7 +48,7 @@ class Engine:
         tree_budget: default DDTree node budget (None -> block_size - 1 on CPU, 64 on CUDA).
         eos_token_ids: stop tokens always added (unless ignore_eos).
         cuda_graphs: on CUDA, replay the target's forwards and the drafter's proposals from CUDA
-            graphs (models/graphs.py, models/drafter_graphs.py).
+            graphs (models/dense/graphs.py, models/drafter/graphs.py).
         max_running: requests decoded together (slots); None: CPU_MAX_RUNNING on the CPU, sized
             from free memory on CUDA; 1 for targets without a batched forward (HFRunner).
         poison_freed_slots: fill a freed slot's caches with NaN (debug; default from the
@@ -64,8 +63,9 @@ class Engine:
                  eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True,
                  max_running: int | None = None, poison_freed_slots: bool | None = None):
         device = target.embed_tokens.weight.device
-        if cuda_graphs and device.type == "cuda" and isinstance(target, (TargetModel, HybridTarget)):
-            target = GraphedHybrid(target) if isinstance(target, HybridTarget) else GraphedTarget(target)
+        graphed = families.graphed(target) if cuda_graphs and device.type == "cuda" else None
+        if graphed is not None:  # a family of ours: its CUDA-graph wrapper (models/families.py)
+            target = graphed
             if isinstance(drafter, DFlashDrafter):  # checks itself against eager on first use
                 drafter = GraphedDrafter(drafter)
         self.target = target

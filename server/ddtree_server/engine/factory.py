@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ddtree_server.engine.engine import Engine
 from ddtree_server.models import default
-from ddtree_server.models.load import load_target, resolve_dtype
+from ddtree_server.models.common import resolve_dtype
+from ddtree_server.models.load import load_target
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
         messages.append(f"drafter {drafter} ignored: the target cannot verify draft trees")
         drafter = None
     if drafter is not None:
-        from ddtree_server.models.drafter_load import load_drafter
+        from ddtree_server.models.drafter.load import load_drafter
 
         cfg = loaded.config
         try:

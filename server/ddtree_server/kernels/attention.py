@@ -6,12 +6,12 @@ block of query rows launches only ``kv_heads`` programs there, each streaming ev
 Flash-decoding (Dao et al., "Flash-Decoding for long-context inference", 2023) splits the keys
 over many programs instead and merges their partial softmaxes; this module does that:
 
-* ``_split_kernel``: program (split, kv head, row block) runs the online softmax (fp32, Milakov &
+* ``split_kernel``: program (split, kv head, row block) runs the online softmax (fp32, Milakov &
   Gimelshein 2018) over its share of the keys ``[0, start + n)`` of ONE KV head; its rows are the
   ``rep`` query heads of that KV head for each query token (GQA: each K/V tile is read once for
   all of them). The cache ``[kv_heads, rows, head_dim]`` is read in place and only up to the live
   length, which comes from the device scalar ``start`` (so one CUDA graph serves every length).
-* ``_merge_kernel``: combines the splits' (output, log-sum-exp) pairs; skipped with one split.
+* ``merge_kernel``: combines the splits' (output, log-sum-exp) pairs; skipped with one split.
   Opt-in (``AttnConfig.fused_merge``): no second launch; the split programs of one (KV head, row
   block) count themselves on a device counter (acq_rel atomic) and the last one merges and resets
   it, the "last block" reduction pattern of split-K / stream-K GEMMs.
@@ -106,7 +106,7 @@ def plan(n: int, rep: int, kv_heads: int, head_dim: int, rows: int, device, cfg:
 if HAVE_TRITON:
     import triton
 
-    from ddtree_server.kernels.attention_kernels import _merge_kernel, _split_kernel
+    from ddtree_server.kernels.attention_kernels import merge_kernel, split_kernel
 
 
 _COUNTERS: dict = {}
@@ -182,13 +182,13 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, mode: str =
     scale_log2 = (scale if scale is not None else d ** -0.5) * LOG2E
     fused = config.fused_merge and splits > 1
     cnt = _counters(q.device, hkv * m_tiles) if fused else start
-    _split_kernel[(splits, hkv, m_tiles)](
+    split_kernel[(splits, hkv, m_tiles)](
         q, k, v, start, mask, out, po, pl, cnt, n, rep, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), mask.stride(0) if mode == "tree" else 0, out.stride(0), out.stride(1),
         m_pad, scale_log2, window, MODE=MODES[mode], SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n, D=d,
         PREC=prec, FUSED=fused, WINDOWED=window > 0, num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1 and not fused:
-        _merge_kernel[(n * rep, hkv)](po, pl, out, start, n, rep, out.stride(0), out.stride(1), m_pad,
+        merge_kernel[(n * rep, hkv)](po, pl, out, start, n, rep, out.stride(0), out.stride(1), m_pad,
                                       SPLITS=splits, SP2=triton.next_power_of_2(splits), BLOCK_N=block_n, D=d,
                                       num_warps=4)
     return out

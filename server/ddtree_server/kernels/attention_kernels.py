@@ -61,7 +61,7 @@ def _merge_rows(po_ptr, pl_ptr, o_ptr, h, heads, rows, length, N, rep, stride_on
 
 
 @triton.jit
-def _split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr, cnt_ptr, N, rep,
+def split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr, cnt_ptr, N, rep,
                   stride_qn, stride_qh, stride_kh, stride_kr, stride_vh, stride_vr, stride_mn,
                   stride_on, stride_oh, m_pad, scale_log2, window,
                   MODE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -138,7 +138,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_pt
 
 
 @triton.jit
-def _merge_kernel(po_ptr, pl_ptr, o_ptr, start_ptr, N, rep, stride_on, stride_oh, m_pad,
+def merge_kernel(po_ptr, pl_ptr, o_ptr, start_ptr, N, rep, stride_on, stride_oh, m_pad,
                   SPLITS: tl.constexpr, SP2: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
     # one program per (query row, KV head): all splits' partials in ONE load each (no loop of
     # dependent round trips to memory)

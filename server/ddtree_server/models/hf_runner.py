@@ -9,9 +9,12 @@ convention for the ``ar`` loop only: no tree masks, no compaction, no captured f
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import torch
 from torch import Tensor
+
+from ddtree_server.models.common import LoadedTarget, eos_ids
 
 
 class HFCache:
@@ -78,3 +81,15 @@ class HFRunner:
         return out.logits[0], None
 
     __call__ = forward
+
+
+def load_hf_folder(src: Path, config, dtype: torch.dtype, device: torch.device, message: str) -> LoadedTarget:
+    """``models.load.load_target`` for a family we do not run: transformers' model in an HFRunner,
+    plain decoding only (``tree_mode_available=False``)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    model = HFRunner(AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(device))
+    return LoadedTarget(model=model, tokenizer=tokenizer, config=config, tree_mode_available=False,
+                        message=message, folder=src, eos_token_ids=eos_ids(src, config, tokenizer),
+                        max_position_embeddings=getattr(config, "max_position_embeddings", None))

@@ -1,11 +1,12 @@
 """Targets of a published shape with random weights, built quickly on any device (benchmarks).
 
-``target_from_config(config, device=..., dtype=...)`` builds our target for any supported family
-(dense ``TargetModel`` or Qwen3.5 ``HybridTarget``) from a transformers config (or, for hybrids,
-its config.json dict / HybridConfig): the module is created on the ``meta`` device with the
-requested default dtype, materialised directly on ``device`` (``to_empty``: no host copy, no
-fp32 detour; a 27B model in bf16 needs 55 GB, not 110) and filled in place with a small-std
-normal init, so logits are finite and every kernel does its real work.
+``target_from_config(config, device=..., dtype=...)`` builds our target for any family with a
+builder in models/families.py (dense ``TargetModel`` or Qwen3.5 ``HybridTarget``) from a
+transformers config or its config.json dict (or, for hybrids, a HybridConfig): the module is
+created on the ``meta`` device with the requested default dtype, materialised directly on
+``device`` (``to_empty``: no host copy, no fp32 detour; a 27B model in bf16 needs 55 GB, not 110)
+and filled in place with a small-std normal init, so logits are finite and every kernel does its
+real work.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import math
 import torch
 from torch import nn
 
-from ddtree_server.models.target import TREE_FAMILIES, TargetModel
+from ddtree_server.models import families
+from ddtree_server.models.common import resolve_dtype
 
 STD = 0.02
 
@@ -31,20 +33,6 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def as_config(config):
-    """A transformers config from a raw ``config.json`` dict of a dense family (``model_type``
-    required), or the config itself. Raises ValueError for a dict without ``model_type``."""
-    if not isinstance(config, dict):
-        return config
-    from transformers import AutoConfig
-
-    raw = dict(config)
-    model_type = raw.pop("model_type", None)
-    if not model_type:
-        raise ValueError("config dict has no model_type")
-    return AutoConfig.for_model(model_type, **raw)
-
-
 def target_from_config(config, *, device: str | torch.device = "cpu", dtype: str | torch.dtype = "bf16",
                        seed: int = 0, method: str | None = None) -> nn.Module:
     """Our target (eval mode, no grad) for ``config`` with random weights on ``device``.
@@ -54,20 +42,13 @@ def target_from_config(config, *, device: str | torch.device = "cpu", dtype: str
     method of a hybrid (default: HybridTarget's). Raises ValueError for another model_type.
     Init: linear / embedding weights N(0, 0.02^2), biases 0, RMSNorm weights 1 (zero-centred
     ones 0), GDN ``A_log = log(U(1, 16))`` and ``dt_bias = 1`` (fp32), conv weights N(0, 1/K)."""
-    from ddtree_server.models.hybrid.config import hybrid_model_type
-    from ddtree_server.models.load import resolve_dtype
-
     dtype, device = resolve_dtype(dtype), torch.device(device)
-    mt = config.get("model_type") if isinstance(config, dict) else getattr(config, "model_type", None)
+    family = families.family_of(config)
+    if family.build is None:
+        raise ValueError(f"no target for model_type {families.model_type(config)!r}; "
+                         f"supported: {', '.join(families.buildable_types())}")
     with torch.device("meta"), _default_dtype(dtype):
-        if hybrid_model_type(config) or type(config).__name__ == "HybridConfig":
-            from ddtree_server.models.hybrid.model import DEFAULT_METHOD, HybridTarget
-
-            model = HybridTarget(config, method or DEFAULT_METHOD)
-        elif mt in TREE_FAMILIES:
-            model = TargetModel(as_config(config))
-        else:
-            raise ValueError(f"no target for model_type {mt!r}; supported: {', '.join(TREE_FAMILIES)}, qwen3_5")
+        model = family.build(config, method)
     model = model.to_empty(device=device)
     _init(model, seed, device)
     model.tie_weights()
@@ -100,9 +81,8 @@ def drafter_from_config(config, target: nn.Module, *, device: str | torch.device
     """A DFlashDrafter of a z-lab config (dict, e.g. ``hybrid.shapes.published(name)[1]``, or a
     DrafterConfig) bound to ``target``'s embedding and LM head, random weights on ``device``
     (N(0, 0.02^2), norms 1). Raises DrafterConfigError for a bad config."""
-    from ddtree_server.models.drafter import DFlashDrafter
-    from ddtree_server.models.drafter_config import DrafterConfig
-    from ddtree_server.models.load import resolve_dtype
+    from ddtree_server.models.drafter.config import DrafterConfig
+    from ddtree_server.models.drafter.model import DFlashDrafter
 
     cfg = config if isinstance(config, DrafterConfig) else DrafterConfig.from_dict(dict(config), source="random drafter")
     dtype, device = resolve_dtype(dtype), torch.device(device)

@@ -7,15 +7,25 @@ sends the run to `generate()`, which is slow but is the reference.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from ddtree_server.train import generate as static_gen
 
-if TYPE_CHECKING:  # data.py imports this module
-    from ddtree_server.train.data import GenSettings
+
+@dataclass(frozen=True)
+class GenSettings:
+    """Data generation settings (tokens / seconds)."""
+
+    max_prompt_tokens: int = 256     # longer chat-formatted prompts are skipped
+    max_new_tokens: int = 256
+    batch_size: int = 256
+    sampled_fraction: float = 0.25   # share of pass-0 jobs answered with temperature sampling
+    temperature: float = 0.8
+    seed: int = 0
+    engine: str = "static"           # static (train/generate.py) | hf (transformers generate())
 
 
 @torch.no_grad()

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_config import DrafterConfig
-from ddtree_server.models.drafter_load import load_drafter
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.load import load_drafter
 from ddtree_server.train.features import decoder_of
 
 INIT_MODES = ("random", "target-first", "target-last")

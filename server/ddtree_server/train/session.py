@@ -20,8 +20,8 @@ from typing import Callable
 import torch
 
 from ddtree_server.train import build, checkpoint, data, resume
-from ddtree_server.train.pipeline import RESERVE_S, PipelineOptions, clean_prompts, eos_ids, load_hf_target, \
-    pick_mask_token
+from ddtree_server.train.inputs import (RESERVE_S, PipelineOptions, clean_prompts, eos_ids, load_hf_target,
+                                       pick_mask_token, resolve_device)
 from ddtree_server.train.trainer import Trainer, evaluate
 
 
@@ -101,7 +101,7 @@ class Session:
 
     def run(self) -> dict:
         o = self.o
-        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu") if o.device == "auto" else torch.device(o.device)
+        dev = resolve_device(o.device)
         torch.manual_seed(o.train.seed)
         for extra in o.extra_data:  # before the slow steps; the target id is checked once known
             data.check_extra_folder(extra, self.work / "data")

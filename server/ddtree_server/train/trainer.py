@@ -28,8 +28,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_layers import sdpa_backends
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.layers import attention_backends
 from ddtree_server.train.data import Sequence
 from ddtree_server.train.features import capture_features
 from ddtree_server.train.objective import block_loss, position_weights, sample_anchors, stats_to_host
@@ -75,7 +75,7 @@ def step_loss(drafter: DFlashDrafter, target: nn.Module, seqs: list[Sequence], a
     ids, seq_lens, lens, plens = collate(seqs, dev)
     anchors, valid = sample_anchors(plens, lens, anchors_per_seq, gen)
     anchors, valid = anchors.to(dev), valid.to(dev)
-    with _autocast(dev), sdpa_backends(dev):  # off cuDNN: it plans anew for every batch length
+    with _autocast(dev), attention_backends(dev):  # off cuDNN: it plans anew for every batch length
         feats = capture_features(target, ids, drafter.config.target_layer_ids)
         hidden = drafter.forward_train(feats, ids, anchors, valid)
         return block_loss(hidden, ids, seq_lens, anchors, valid, weights, drafter.lm_head,

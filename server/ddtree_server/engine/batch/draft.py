@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ddtree_server.models.drafter_attention import visibility
-from ddtree_server.models.drafter_layers import sdpa_backends
+from ddtree_server.models.drafter.attention import visibility
+from ddtree_server.models.layers import attention_backends as sdpa_backends
 
 
 @torch.no_grad()

@@ -26,7 +26,9 @@ from torch import Tensor
 from ddtree_server.models.hybrid import gdn_fast
 from ddtree_server.models.hybrid.config import GDN
 from ddtree_server.models.hybrid.tree import tree_meta
-from ddtree_server.models.target import _apply_rope, _attention_backends, _linear_add
+from ddtree_server.models.layers import apply_rope as _apply_rope
+from ddtree_server.models.layers import attention_backends as _attention_backends
+from ddtree_server.models.layers import linear_add as _linear_add
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """CUDA-graph replay of HybridTarget forwards (decode steps, DFlash blocks, DDTree verification).
 
-Same scheme as the dense ``GraphedTarget`` (models/graphs.py), which this class extends: each
+Same scheme as the dense ``GraphedTarget`` (models/dense/graphs.py), which this class extends: each
 forward of n <= 80 rows is padded to a bucket of N rows and replays a graph captured for
 (N, kv_len) with static inputs written in place before every replay (ids, positions, the cache
 length and the ``[N, N]`` block mask; padding rows see only themselves, so for the GDN layers
@@ -26,7 +26,7 @@ import logging
 import torch
 from torch import Tensor
 
-from ddtree_server.models.graphs import GraphedTarget
+from ddtree_server.models.dense.graphs import GraphedTarget
 from ddtree_server.models.hybrid import gdn_fast
 from ddtree_server.models.hybrid.cache import HybridCache
 from ddtree_server.models.hybrid.model import HybridTarget

@@ -17,10 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ddtree_server.kernels.attention import decode_attention
-from ddtree_server.models import fast
-from ddtree_server.models.hybrid.gdn import GatedDeltaNet
 from ddtree_server.models.hybrid.config import GDN
-from ddtree_server.models.target import MLP, _apply_rope, _linear_add
+from ddtree_server.models.hybrid.gdn import GatedDeltaNet
+from ddtree_server.models.layers import MLP, apply_rope, kernels_usable, linear_add
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -59,7 +58,7 @@ class GatedAttention(nn.Module):
         q, gate = qg[..., :hd], qg[..., hd:].reshape(n, hq * hd)
         qk = torch.cat((self.q_norm(q), self.k_norm(k.view(n, hkv, hd))), dim=1)
         if self.rot:
-            qk = torch.cat((_apply_rope(qk[..., : self.rot], ctx.cos, ctx.sin), qk[..., self.rot:]), dim=-1)
+            qk = torch.cat((apply_rope(qk[..., : self.rot], ctx.cos, ctx.sin), qk[..., self.rot:]), dim=-1)
         q, k = qk[:, :hq], qk[:, hq:]
         v = v.view(n, hkv, hd)
         if ctx.rows is None:
@@ -71,7 +70,7 @@ class GatedAttention(nn.Module):
             kv_len = ctx.kv_len
             kv.k[li].index_copy_(1, ctx.rows, k.transpose(0, 1))
             kv.v[li].index_copy_(1, ctx.rows, v.transpose(0, 1))
-        if getattr(ctx, "start", None) is not None and fast.usable(hd, kv.k):
+        if getattr(ctx, "start", None) is not None and kernels_usable(hd, kv.k):
             # split-K kernel over the live rows [0, start + n) (the graphed path; block: the
             # bucket's [N, N] mask, padding rows see only themselves)
             mode = "causal" if ctx.block is None else "tree"
@@ -102,7 +101,7 @@ class HybridLayer(nn.Module):
     def forward(self, x: Tensor, cache, ctx) -> Tensor:
         h = self.input_layernorm(x)
         if self.kind == GDN:
-            x = _linear_add(x, self.linear_attn(h, cache, self.index, ctx), self.linear_attn.out_proj)
+            x = linear_add(x, self.linear_attn(h, cache, self.index, ctx), self.linear_attn.out_proj)
         else:
-            x = _linear_add(x, self.self_attn(h, cache.kv, self.index, ctx), self.self_attn.o_proj)
-        return _linear_add(x, self.mlp.hidden(self.post_attention_layernorm(x)), self.mlp.down_proj)
+            x = linear_add(x, self.self_attn(h, cache.kv, self.index, ctx), self.self_attn.o_proj)
+        return linear_add(x, self.mlp.hidden(self.post_attention_layernorm(x)), self.mlp.down_proj)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ddtree_server.models.hybrid.config import GDN, HybridConfig
+from ddtree_server.models.common import LoadedTarget, TargetLoadError, eos_ids
+from ddtree_server.models.hybrid.config import GDN, HybridConfig, HybridConfigError
 from ddtree_server.models.hybrid.model import DEFAULT_METHOD, HybridTarget
 
 _FUSED = {  # our fused tensor <- checkpoint parts, concatenated along the output axis
@@ -114,14 +115,12 @@ def count_layers(cfg: HybridConfig) -> str:
     return f"{gdn} Gated DeltaNet + {cfg.num_hidden_layers - gdn} gated attention layers"
 
 
-def load_hybrid_folder(src: Path, raw: dict, dtype: torch.dtype, device: torch.device):
+def load_hybrid_folder(src: Path, raw: dict, dtype: torch.dtype, device: torch.device, message: str) -> LoadedTarget:
     """``models.load.load_target`` for a Qwen3.5 / Qwen3.6 folder (text-only or multimodal): our
     HybridTarget, the config parsed from config.json (no transformers class needed), only the
-    language model's tensors read. Returns a LoadedTarget; raises TargetLoadError."""
+    language model's tensors read. ``message``: the family's start-up line, completed here with the
+    layer counts and the GDN tree method. Returns a LoadedTarget; raises TargetLoadError."""
     from transformers import AutoTokenizer
-
-    from ddtree_server.models.hybrid.config import HybridConfigError
-    from ddtree_server.models.load import LoadedTarget, TargetLoadError, _eos_ids, detect_family, log
 
     try:
         cfg = HybridConfig.from_any(raw)
@@ -129,8 +128,7 @@ def load_hybrid_folder(src: Path, raw: dict, dtype: torch.dtype, device: torch.d
     except (HybridConfigError, ValueError, FileNotFoundError) as exc:
         raise TargetLoadError(f"{src}: {exc}") from None
     tokenizer = AutoTokenizer.from_pretrained(src)
-    message = f"{detect_family(raw)[1]}; {count_layers(cfg)}, GDN tree method {model.method}"
-    log.info("%s", message)
+    message = f"{message}; {count_layers(cfg)}, GDN tree method {model.method}"
     return LoadedTarget(model=model, tokenizer=tokenizer, config=cfg, tree_mode_available=True,
-                        message=message, folder=src, eos_token_ids=_eos_ids(src, cfg, tokenizer),
+                        message=message, folder=src, eos_token_ids=eos_ids(src, cfg, tokenizer),
                         max_position_embeddings=cfg.max_position_embeddings)

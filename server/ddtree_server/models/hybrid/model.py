@@ -31,7 +31,7 @@ from ddtree_server.models.hybrid.cache import HybridCache
 from ddtree_server.models.hybrid.config import GDN, HybridConfig
 from ddtree_server.models.hybrid.layers import HybridLayer, ZeroCenteredRMSNorm
 from ddtree_server.models.hybrid.tree import tree_meta
-from ddtree_server.models.target import _attention_backends
+from ddtree_server.models.layers import attention_backends
 
 METHODS = ("chunk", "node")
 DEFAULT_METHOD = os.environ.get("DDTREE_GDN_METHOD", "chunk")
@@ -146,7 +146,7 @@ class HybridTarget(nn.Module):
                               mode="commit" if commit else self.method, start=start, block=block)
         want = {layer: i for i, layer in enumerate(self.capture_layers)}
         captured: list[Tensor | None] = [None] * len(want)
-        with _attention_backends(x.device):
+        with attention_backends(x.device):
             for i, layer in enumerate(self.layers):
                 x = layer(x, cache, ctx)
                 if i in want:

@@ -27,20 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddtree_server.models.drafter_attention import attention_layout
+from ddtree_server.models.drafter.attention import attention_layout
+from ddtree_server.models.drafter.errors import DrafterConfigError
 
 ARCHITECTURE = "DFlashDraftModel"
 _OTHER_ARCHS = ("DFlash2", "DSpark", "Domino")
 _SPECULATORS_KEYS = ("speculators_config", "speculators_model_type", "aux_hidden_state_layer_ids",
                      "transformer_layer_config", "draft_vocab_size")
-
-
-class DrafterConfigError(ValueError):
-    """A drafter config.json is unusable; the message names the file and the key."""
-
-    def __init__(self, source: str, key: str, problem: str) -> None:
-        super().__init__(f"{source}: key '{key}': {problem}")
-        self.source, self.key, self.problem = source, key, problem
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -161,7 +154,7 @@ class DrafterConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The z-lab config.json document for this drafter (what `drafter_load.save_drafter` writes)."""
+        """The z-lab config.json document for this drafter (what `models/drafter/load.py`'s `save_drafter` writes)."""
         rope = dict(self.rope_parameters)
         return {
             "architectures": [ARCHITECTURE],

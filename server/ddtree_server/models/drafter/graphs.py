@@ -12,7 +12,7 @@ per (N, kv_len):
   a static `start` buffer, and RoPE comes from the drafter's table by index, so no position is
   frozen at capture time (docs/ddtree.md §3.2);
 * attention reads a key window kv_len = the power of two >= start_pos + bs (at least 256) with a
-  mask hiding rows >= start_pos + bs; on the kernel path (models/fast.py, CUDA unless
+  mask hiding rows >= start_pos + bs; on the kernel path (models/drafter/fast.py, CUDA unless
   ``DDTREE_KERNELS=0``) the attention kernel reads the live rows ``[0, start_pos + bs)`` instead,
   the K/V writes are fused with norm and RoPE, and graphs are keyed by N alone (kv_len 0).
 
@@ -29,9 +29,9 @@ import logging
 import torch
 from torch import Tensor
 
-from ddtree_server.models import fast
-from ddtree_server.models.drafter import DFlashDrafter, DraftCache
-from ddtree_server.models.drafter_attention import visibility
+from ddtree_server.models.drafter import fast
+from ddtree_server.models.drafter.attention import visibility
+from ddtree_server.models.drafter.model import DFlashDrafter, DraftCache
 
 log = logging.getLogger(__name__)
 CTX_BUCKETS = (1, 2, 4, 8, 16)

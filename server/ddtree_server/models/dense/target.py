@@ -12,54 +12,15 @@ Batch size is 1 throughout: token tensors are 1-D ``[n]``.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ddtree_server.models import fast
-from ddtree_server.models.fast import FastBlock
+from ddtree_server.models.dense import fast
+from ddtree_server.models.dense.fast import FastBlock
 from ddtree_server.models.kv_cache import KVCache
-from ddtree_server.models.rope import rope_inv_freq
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm over the last axis: one fused ``F.rms_norm`` (statistics in fp32 for half types)."""
-
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        if fast.norm_usable(x):  # kernel path (models/fast.py): one single-pass kernel
-            return fast.rms_norm(x, self.weight, self.eps)
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
-def _linear_add(residual: Tensor, x: Tensor, linear: nn.Linear) -> Tensor:
-    """``residual + linear(x)`` in one GEMM (addmm) when the layer has no bias."""
-    if linear.bias is None:
-        return torch.addmm(residual, x, linear.weight.t())
-    return residual + linear(x)
-
-
-def _attention_backends(device: torch.device):
-    """On CUDA, SDPA without cuDNN: cuDNN builds a new plan for every new key length, which
-    costs tens of ms per decode step (KV length grows by one per token)."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
-def _apply_rope(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
-    """RoPE in transformers' half-split layout, ``x * cos + rotate_half(x) * sin``, in 3 kernels:
-    ``rotate_half(x) * sin == roll(x, half) * [-sin_a, sin_b]`` exactly (negation is exact), so the
-    sign lives in ``sin_signed`` (computed once per forward) instead of a neg + cat per layer."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
+from ddtree_server.models.layers import (MLP, RMSNorm, apply_rope, attention_backends, kernels_usable, linear_add,
+                                         rope_inv_freq)
 
 
 class Attention(nn.Module):
@@ -88,7 +49,7 @@ class Attention(nn.Module):
         Eager: K/V go to rows ``[cache.length, +n)`` and attention reads ``cache.length + n``
         rows. Static (CUDA graphs): K/V go to ``rows`` (long ``[n]``) and attention reads
         ``kv_len`` rows; ``mask`` then decides visibility. A FastBlock mask: the kernel path
-        (models/fast.py), rows / kv_len unused.
+        (models/dense/fast.py), rows / kv_len unused.
         """
         if isinstance(mask, FastBlock):
             return fast.target_attention(self, x, cos, sin, cache, layer, mask)
@@ -98,7 +59,7 @@ class Attention(nn.Module):
         qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv:]
         if self.qk_norm:
             qk = torch.cat((self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])), dim=1)
-        qk = _apply_rope(qk, cos, sin)  # queries and keys at once; sin carries rotate_half's sign
+        qk = apply_rope(qk, cos, sin)  # queries and keys at once; sin carries rotate_half's sign
         q, k = qk[:, :hq], qk[:, hq:]
         if rows is None:
             s = cache.length
@@ -117,25 +78,6 @@ class Attention(nn.Module):
         return out.reshape(hq, n, self.head_dim).transpose(0, 1).reshape(n, -1)
 
 
-class MLP(nn.Module):
-    """SwiGLU with a fused gate/up projection: ``down(silu(gate(x)) * up(x))``."""
-
-    def __init__(self, config):
-        super().__init__()
-        act = getattr(config, "hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise ValueError(f"unsupported hidden_act {act!r} (only silu)")
-        bias = bool(getattr(config, "mlp_bias", False))
-        self.inter = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-
-    def hidden(self, x: Tensor) -> Tensor:
-        """The down projection's input ``silu(gate(x)) * up(x)``."""
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
-        return F.silu(gate) * up
-
-
 class DecoderLayer(nn.Module):
     """Pre-norm decoder layer: attention and MLP residual blocks."""
 
@@ -148,10 +90,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x, cos, sin, cache, layer, mask, rows=None, kv_len=None):
         attn = self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask, rows, kv_len)
-        x = _linear_add(x, attn, self.self_attn.o_proj)
+        x = linear_add(x, attn, self.self_attn.o_proj)
         h = self.post_attention_layernorm(x)
         h = fast.mlp_hidden(self.mlp, h) if isinstance(mask, FastBlock) else self.mlp.hidden(h)
-        return _linear_add(x, h, self.mlp.down_proj)
+        return linear_add(x, h, self.mlp.down_proj)
 
 
 TREE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
@@ -162,7 +104,7 @@ class TargetModel(nn.Module):
 
     Parameter names equal transformers' without the ``model.`` prefix, except that q/k/v and
     gate/up are stored fused (``self_attn.qkv_proj``, ``mlp.gate_up_proj``);
-    ``models.load.fuse_hf_state`` maps a transformers state dict. ``capture_layers`` lists
+    ``models.dense.load.fuse_hf_state`` maps a transformers state dict. ``capture_layers`` lists
     decoder-layer ids (0-based; id k = output of decoder layer k) whose outputs ``forward`` returns.
     """
 
@@ -182,7 +124,7 @@ class TargetModel(nn.Module):
         with torch.device("cpu"):
             inv_freq, self.rope_scaling = rope_inv_freq(config)
         self._inv_freq = {torch.device("cpu"): inv_freq}
-        self._rope_tables: dict = {}  # kernel path: cos / sin of every position (models/fast.py)
+        self._rope_tables: dict = {}  # kernel path: cos / sin of every position (models/dense/fast.py)
         self.capture_layers: list[int] = []
 
     def tie_weights(self) -> None:
@@ -197,7 +139,7 @@ class TargetModel(nn.Module):
                        w.dtype, w.device, spare_rows)
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos, signed sin ``[n, 1, head_dim]`` (see ``_apply_rope``) of positions ``[n]``."""
+        """cos, signed sin ``[n, 1, head_dim]`` (see ``apply_rope``) of positions ``[n]``."""
         device = positions.device
         inv = self._inv_freq.get(device)
         if inv is None:
@@ -247,7 +189,7 @@ class TargetModel(nn.Module):
             raise ValueError(f"KV cache full: {s} + {n} rows > max_len {cache.max_len}")
         if tree_mask is not None and tree_mask.shape != (n, n):
             raise ValueError(f"tree_mask has shape {tuple(tree_mask.shape)}, expected ({n}, {n})")
-        if fast.usable(self.head_dim, self.embed_tokens.weight):
+        if kernels_usable(self.head_dim, self.embed_tokens.weight):
             mode = "causal" if tree_mask is None else "tree"
             mask = FastBlock(fast.start_tensor(s, input_ids.device), mode, tree_mask)
         else:
@@ -274,7 +216,7 @@ class TargetModel(nn.Module):
             mask = torch.zeros(mask.shape, dtype=x.dtype, device=x.device).masked_fill_(~mask, float("-inf"))
         want = {layer: i for i, layer in enumerate(self.capture_layers)}
         captured: list[Tensor | None] = [None] * len(want)
-        with _attention_backends(x.device):
+        with attention_backends(x.device):
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, cache, i, mask, rows, kv_len)
                 if i in want:

@@ -1,6 +1,8 @@
 """Best-first DDTree built with tensor operations on the device: no host round trip, fixed shapes
-(so it can live inside a CUDA graph). A prototype for issue 10, measured by the GPU probe; the
-engine still builds trees on the host (spec/tree.py).
+(so it can live inside a CUDA graph). The seed of the batched GPU tree builder: continuous batching
+will build every slot's tree here in one pass. Today it is measured by the GPU probe
+(the `tree` part of `bench/probe.py`) and tested against the heap; the engine still builds trees on the host
+(speculative/tree.py).
 
 Source: Ringel & Romano, "DDTree" (arXiv 2604.12989) §3-§4: the optimal tree of B draft nodes is
 the set of the B most probable prefixes under Q(y_1:L) = prod_i q_i(y_i), with only the

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ddtree_server.models.drafter.errors import DrafterConfigError
+
 if TYPE_CHECKING:
     from torch import Tensor
 
 
-def _error(source: str, key: str, problem: str):
-    from ddtree_server.models.drafter_config import DrafterConfigError
-
+def _error(source: str, key: str, problem: str) -> DrafterConfigError:
     return DrafterConfigError(source, key, problem)
 
 

@@ -14,7 +14,7 @@ static inputs:
   ``[s, s+N)``, everything past s+N hidden), so a replay needs only 5 small copies before it;
 * kv_len = the power of two >= s+N (at least 256), so attention reads a bounded key window.
 
-On the kernel path (models/fast.py: CUDA with Triton unless ``DDTREE_KERNELS=0``) the attention
+On the kernel path (models/dense/fast.py: CUDA with Triton unless ``DDTREE_KERNELS=0``) the attention
 kernel reads the live rows ``[0, s+N)`` with s taken from the static buffer on the device and the
 ``[N, N]`` block mask as is: no window mask is built and graphs are keyed by N alone (kv_len 0),
 so one graph per bucket serves every context length.
@@ -30,9 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ddtree_server.models import fast
+from ddtree_server.models.dense import fast
+from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.kv_cache import KVCache
-from ddtree_server.models.target import TargetModel
+from ddtree_server.models.layers import kernels_usable
 
 # powers of two plus the sizes DDTree trees take (budget B -> B + 1 nodes: 17, 33, 65, 129, 257),
 # so a 65-node tree pads to 80 rows, not 128
@@ -98,7 +99,7 @@ class GraphedTarget:
 
     def _fast(self) -> bool:
         """TargetModel layers on the kernel path (subclasses over other models keep their window)."""
-        return isinstance(self.model, TargetModel) and fast.usable(self.model.head_dim, self.model.embed_tokens.weight)
+        return isinstance(self.model, TargetModel) and kernels_usable(self.model.head_dim, self.model.embed_tokens.weight)
 
     def kv_rows(self, cache: KVCache, s: int, n: int) -> int | None:
         """Key rows attention reads for n new tokens after s cached ones on the graphed path:

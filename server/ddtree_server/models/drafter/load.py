@@ -18,8 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from ddtree_server.models.drafter import DFlashDrafter
-from ddtree_server.models.drafter_config import DrafterConfig, DrafterConfigError
+from ddtree_server.models.drafter.config import DrafterConfig, DrafterConfigError
+from ddtree_server.models.drafter.model import DFlashDrafter
 
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
