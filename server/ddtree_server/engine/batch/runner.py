@@ -45,6 +45,8 @@ class StepRunner:
             self.dcaches = SlotPool(lambda: drafter.new_cache(max_len + 1 + self.block_size), slots,
                                     pooled=isinstance(self.raw_drafter, DFlashDrafter))
         self.batched = self.kind is not None
+        cuda = torch.device(device).type == "cuda"  # pinned buffers for the batch-1 path's small copies
+        self._inputs_buf, self._rows_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
 
     # ---- slots --------------------------------------------------------------------------------
     def reset(self, slot: int) -> None:
@@ -102,9 +104,9 @@ class StepRunner:
         if req.mode != "ar":
             draft = self.drafter.propose(self.dcaches[req.slot], req.ctx, req.bonus, s)
         tree = self._tree(req, draft, None)
-        ids, pos, mask = decode.tree_inputs(tree, s, self.device)
+        ids, pos, mask = decode.tree_inputs(tree, s, self.device, self._inputs_buf)
         logits, feats = self.target.forward(cache, ids, pos, tree_mask=mask)
-        return self._commit(req, tree, logits, feats, None)
+        return self._commit(req, tree, logits, feats, None, self._rows_buf)
 
     def _batched(self, reqs: list[Request]) -> list[list[int]]:
         spec = [r for r in reqs if r.mode != "ar"]
@@ -142,8 +144,10 @@ class StepRunner:
         return out
 
     def _commit(self, req: Request, tree: DraftTree, logits: Tensor, feats: Tensor | None,
-                choices: list[int] | None) -> list[int]:
-        """Choice, acceptance walk, KV / GDN commit to the path; the request's new s, bonus, ctx."""
+                choices: list[int] | None, staging=None) -> list[int]:
+        """Choice, acceptance walk, KV / GDN commit to the path; the request's new s, bonus, ctx.
+        ``staging``: a pinned buffer for the path rows (batch 1 only: the round's choice syncs
+        before the buffer is reused; several commits of one batched round would race on it)."""
         s = req.s
         if choices is None:
             choices = req.choose(logits, tree.parents, tree.tokens, [s + d + 1 for d in tree.depths])
@@ -156,7 +160,7 @@ class StepRunner:
             cache.keep(s, path)
             ctx = None if feats is None else feats[:k]
         else:
-            rows = torch.tensor(path, dtype=torch.long, device=self.device)
+            rows = decode.path_rows(path, self.device, staging)
             cache.keep(s, path, rows)
             ctx = None if feats is None else feats.index_select(0, rows)
         if req.mode != "ar" and ctx is not None:
