@@ -10,8 +10,10 @@ i of a request go to slot row ``s + i`` (compaction to the accepted path is the 
 GDN layers (hybrids) project all rows at once and run the recurrent core per request on its
 slot's state (``GatedDeltaNet.mix`` / the fused kernels), pending until the cache's ``keep``.
 
-This is the torch path (every device). The split-K Triton kernel and CUDA graphs serve batch 1
-through the per-request forward (``runner.py``).
+Attention takes the split-K Triton kernel with a request axis where the kernel path is on (CUDA;
+``kernels/attention_batch.py``: each slot read in place up to its live length, a request's rows
+bitwise those it gets alone), else a padded SDPA over the gathered slots (every device). CUDA
+graphs serve batch 1 only, through the per-request forward (``runner.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ddtree_server.kernels.attention_batch import batch_attention
 from ddtree_server.models.hybrid import gdn_fast
 from ddtree_server.models.hybrid.config import GDN
 from ddtree_server.models.hybrid.tree import tree_meta
 from ddtree_server.models.layers import apply_rope as _apply_rope
 from ddtree_server.models.layers import attention_backends as _attention_backends
+from ddtree_server.models.layers import kernels_usable
 from ddtree_server.models.layers import linear_add as _linear_add
 
 
@@ -73,6 +77,14 @@ class Layout:
             see[i, :n, blk.s: blk.s + n] = inner
             see[i, n:, 0] = True                                         # padding rows: one column
         self.see = see
+        self.tree = any(b.mask is not None for b in blocks)
+        self.starts = torch.tensor([b.s for b in blocks], dtype=torch.int32, device=device)
+        self.qo = torch.tensor(self.offsets, dtype=torch.int32, device=device)
+        self.inner = None
+        if self.tree:  # ancestor-or-self masks [b, rmax, rmax] for the kernel path (chains: causal)
+            self.inner = torch.zeros((self.b, self.rmax, self.rmax), dtype=torch.bool, device=device)
+            for i, (blk, n) in enumerate(zip(blocks, self.sizes)):
+                self.inner[i, :n, :n] = see[i, :n, blk.s: blk.s + n]
 
     def additive(self, rep: int, dtype) -> Tensor:
         """Additive mask ``[b, 1, rep*rmax, kv_max]`` (GQA rows: rep query heads per KV head)."""
@@ -90,10 +102,14 @@ def attend(lay: Layout, q: Tensor, k: Tensor, v: Tensor, kpool: Tensor, vpool: T
     kl, vl = kpool[:, li], vpool[:, li]                                  # [slots, hkv, rows, d]
     kl[lay.slot_of_row, :, lay.dest] = k
     vl[lay.slot_of_row, :, lay.dest] = v
+    n, hq, d = q.shape
+    if kernels_usable(d, kpool):  # split-K kernel with the request axis: reads each slot in place
+        out = batch_attention(q, kl, vl, lay.starts, lay.qo, lay.slots, lay.rmax,
+                              "tree" if lay.tree else "causal", lay.inner)
+        return out.reshape(n, hq * d)
     keep = lay.valid[:, None, :, None]
     keys = kl[lay.slots, :, : lay.kv_max].masked_fill_(~keep, 0.0)
     vals = vl[lay.slots, :, : lay.kv_max].masked_fill_(~keep, 0.0)
-    n, hq, d = q.shape
     hkv = k.shape[1]
     rep = hq // hkv
     qp = q.new_zeros((lay.b, lay.rmax, hq, d))
