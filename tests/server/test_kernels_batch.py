@@ -99,16 +99,19 @@ while eng.batch.busy:
     for r, ev in eng.batch.step():
         got[r.rid] += ev.token_ids
     sizes.append(eng.batch.last.batch)
-print(json.dumps({"alone": alone, "batched": [got[str(i)] for i in range(3)], "max_batch": max(sizes)}))
+from ddtree_server.models.layers import kernels_usable
+print(json.dumps({"alone": alone, "batched": [got[str(i)] for i in range(3)], "max_batch": max(sizes),
+                  "kernels": kernels_usable(16, t.embed_tokens.weight)}))
 """
 
 
+@pytest.mark.slow
 def test_engine_batched_on_the_kernel_path_equals_alone():
     """The batch engine with the Triton kernels on (interpreter): batched rounds (the batched
     attention kernel) give each request the tokens of its solo rounds (the one-request kernel)."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = dict(os.environ, TRITON_INTERPRET="1", DDTREE_KERNELS="1")
     run = subprocess.run([sys.executable, "-c", _ENGINE_CHILD], capture_output=True, text=True, env=env, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(run.stdout.strip().splitlines()[-1])
-    assert doc["max_batch"] == 3 and all(len(a) == 6 for a in doc["alone"])
+    assert doc["kernels"] and doc["max_batch"] == 3 and all(len(a) == 6 for a in doc["alone"])
     assert doc["batched"] == doc["alone"]
