@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -38,57 +39,64 @@ from ddtree_server.models.layers import linear_add as _linear_add
 @dataclass
 class Block:
     """One request's rows in a batched forward: token ids, depths (position = s + depth), the
-    bool ancestor-or-self mask ``[n, n]`` on the device (None: a causal chain)."""
+    bool ancestor-or-self mask ``[n, n]`` (numpy, host; None: a causal chain)."""
 
     slot: int
     s: int
     ids: list[int]
     depths: list[int]
-    mask: Tensor | None
+    mask: np.ndarray | None
 
 
 class Layout:
-    """Flattened rows of a batch of blocks and the padded attention geometry."""
+    """Flattened rows of a batch of blocks and the attention geometry, built on the host and sent
+    in two copies (row indices; per-request lengths / offsets / slots) plus the tree masks."""
 
     def __init__(self, blocks: list[Block], device):
-        self.blocks = blocks
+        self.blocks, self.device = blocks, device
         self.sizes = [len(b.ids) for b in blocks]
-        self.offsets = [0]
-        for n in self.sizes:
-            self.offsets.append(self.offsets[-1] + n)
+        self.offsets = [0, *np.cumsum(self.sizes).tolist()]
         self.b, self.rmax = len(blocks), max(self.sizes)
         self.kv_max = max(b.s + n for b, n in zip(blocks, self.sizes))
-        req = [i for i, n in enumerate(self.sizes) for _ in range(n)]
-        row = [j for n in self.sizes for j in range(n)]
-        self.req = torch.tensor(req, device=device)
-        self.row = torch.tensor(row, device=device)
-        self.ids = torch.tensor([t for b in blocks for t in b.ids], device=device)
-        self.pos = torch.tensor([b.s + d for b in blocks for d in b.depths], device=device)
-        self.slots = torch.tensor([b.slot for b in blocks], device=device)
+        n_tot = self.offsets[-1]
+        rows = np.empty((5, n_tot), dtype=np.int64)   # request, row in request, id, position, cache row
+        for i, (blk, a, n) in enumerate(zip(blocks, self.offsets, self.sizes)):
+            rows[0, a:a + n] = i
+            rows[1, a:a + n] = np.arange(n)
+            rows[2, a:a + n] = blk.ids
+            rows[3, a:a + n] = np.asarray(blk.depths) + blk.s
+            rows[4, a:a + n] = np.arange(blk.s, blk.s + n)
+        self.req, self.row, self.ids, self.pos, self.dest = torch.from_numpy(rows).to(device)
+        per = np.zeros((4, self.b + 1), dtype=np.int64)   # slot, start, length, row offset
+        per[0, :-1] = [b.slot for b in blocks]
+        per[1, :-1] = [b.s for b in blocks]
+        per[2, :-1] = [b.s + n for b, n in zip(blocks, self.sizes)]
+        per[3] = self.offsets
+        per_dev = torch.from_numpy(per).to(device)
+        self.slots, self.lens = per_dev[0, :-1], per_dev[2, :-1]
+        self.starts, self.qo = per_dev[1, :-1].to(torch.int32), per_dev[3].to(torch.int32)
         self.slot_of_row = self.slots[self.req]
-        self.dest = torch.tensor([b.s + j for b, n in zip(blocks, self.sizes) for j in range(n)], device=device)
-        lens = torch.tensor([b.s + n for b, n in zip(blocks, self.sizes)], device=device)
-        cols = torch.arange(self.kv_max, device=device)
-        self.valid = cols[None, :] < lens[:, None]                      # [b, kv_max]
-        see = torch.zeros((self.b, self.rmax, self.kv_max), dtype=torch.bool, device=device)
-        for i, (blk, n) in enumerate(zip(blocks, self.sizes)):
-            see[i, :n, : blk.s] = True
-            inner = blk.mask if blk.mask is not None else torch.ones((n, n), dtype=torch.bool, device=device).tril_()
-            see[i, :n, blk.s: blk.s + n] = inner
-            see[i, n:, 0] = True                                         # padding rows: one column
-        self.see = see
         self.tree = any(b.mask is not None for b in blocks)
-        self.starts = torch.tensor([b.s for b in blocks], dtype=torch.int32, device=device)
-        self.qo = torch.tensor(self.offsets, dtype=torch.int32, device=device)
-        self.inner = None
-        if self.tree:  # ancestor-or-self masks [b, rmax, rmax] for the kernel path (chains: causal)
-            self.inner = torch.zeros((self.b, self.rmax, self.rmax), dtype=torch.bool, device=device)
-            for i, (blk, n) in enumerate(zip(blocks, self.sizes)):
-                self.inner[i, :n, :n] = see[i, :n, blk.s: blk.s + n]
+        inner = np.zeros((self.b, self.rmax, self.rmax), dtype=bool)
+        for i, (blk, n) in enumerate(zip(blocks, self.sizes)):
+            inner[i, :n, :n] = blk.mask if blk.mask is not None else np.tri(n, dtype=bool)
+        self.inner_host = inner
+        self.inner = torch.from_numpy(inner).to(device) if self.tree else None
+
+    @property
+    def valid(self) -> Tensor:
+        """Bool ``[b, kv_max]``: the rows of each slot below its request's live length."""
+        return torch.arange(self.kv_max, device=self.device)[None, :] < self.lens[:, None]
 
     def additive(self, rep: int, dtype) -> Tensor:
-        """Additive mask ``[b, 1, rep*rmax, kv_max]`` (GQA rows: rep query heads per KV head)."""
-        m = self.see[:, None, None].expand(self.b, 1, rep, self.rmax, self.kv_max)
+        """Additive mask ``[b, 1, rep*rmax, kv_max]`` of the padded SDPA (GQA rows: rep query heads
+        per KV head): the committed prefix, the block's own mask; padding rows see column 0."""
+        see = np.zeros((self.b, self.rmax, self.kv_max), dtype=bool)
+        for i, (blk, n) in enumerate(zip(self.blocks, self.sizes)):
+            see[i, :n, : blk.s] = True
+            see[i, :n, blk.s: blk.s + n] = self.inner_host[i, :n, :n]
+            see[i, n:, 0] = True
+        m = torch.from_numpy(see).to(self.device)[:, None, None].expand(self.b, 1, rep, self.rmax, self.kv_max)
         m = m.reshape(self.b, 1, rep * self.rmax, self.kv_max)
         return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
 
@@ -97,7 +105,7 @@ class Layout:
 
 
 def attend(lay: Layout, q: Tensor, k: Tensor, v: Tensor, kpool: Tensor, vpool: Tensor, li: int,
-           mask: Tensor) -> Tensor:
+           mask: Tensor | None) -> Tensor:
     """Write K/V ``[N, hkv, d]`` to the slots and attend: q ``[N, hq, d]`` -> ``[N, hq * d]``."""
     kl, vl = kpool[:, li], vpool[:, li]                                  # [slots, hkv, rows, d]
     kl[lay.slot_of_row, :, lay.dest] = k
@@ -130,7 +138,7 @@ def dense_forward(model, kpool: Tensor, vpool: Tensor, lay: Layout) -> tuple[Ten
     x = model.embed_tokens(lay.ids)
     cos, sin = model._rope(lay.pos, x.dtype)
     a0 = model.layers[0].self_attn
-    mask = lay.additive(a0.n_heads // a0.n_kv, x.dtype)
+    mask = None if kernels_usable(a0.head_dim, kpool) else lay.additive(a0.n_heads // a0.n_kv, x.dtype)
     want = {layer: i for i, layer in enumerate(model.capture_layers)}
     captured: list = [None] * len(want)
     n = x.shape[0]
@@ -169,19 +177,21 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
     Blocks of one row are committed at once, longer ones stay pending until ``cache.keep``."""
     x = model.embed_tokens(lay.ids)
     cos, sin = model.rope(lay.pos, x.dtype)
-    mask = lay.additive(model.rep, x.dtype)
+    head_dim = model.config.head_dim
+    mask = None if kernels_usable(head_dim, kpool) else lay.additive(model.rep, x.dtype)
     kernel = model.config.linear_conv_kernel_dim
     ctxs = []
-    for blk, n, cache in zip(lay.blocks, lay.sizes, caches):
+    for i, (blk, n, cache) in enumerate(zip(lay.blocks, lay.sizes, caches)):
         cache.settle()
         commit = blk.mask is None and n == 1
         if blk.mask is not None and n > cache.cap:
             raise ValueError(f"a tree of {n} nodes exceeds the slot's verify scratch ({cache.cap})")
-        meta = tree_meta(blk.mask, n, kernel, x.device)
+        anc = None if blk.mask is None else lay.inner[i, :n, :n].contiguous()
+        meta = tree_meta(anc, n, kernel, x.device)
         if not commit:
             cache.win[:n] = meta.win
         ctxs.append(SimpleNamespace(meta=meta, mode="commit" if commit else model.method, rows=None,
-                                    kv_len=None, start=None, block=blk.mask, cos=None, sin=None, mask=None))
+                                    kv_len=None, start=None, block=anc, cos=None, sin=None, mask=None))
     want = {layer: i for i, layer in enumerate(model.capture_layers)}
     captured: list = [None] * len(want)
     with _attention_backends(x.device):

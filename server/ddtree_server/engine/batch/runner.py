@@ -122,8 +122,7 @@ class StepRunner:
             chains = logits.argmax(dim=-1).tolist() if any(r.mode == "dflash" for r in spec) else [None] * len(spec)
             drafts = {id(r): (logits[i], chains[i]) for i, r in enumerate(spec)}
         trees = [self._tree(r, *drafts.get(id(r), (None, None))) for r in reqs]
-        blocks = [Block(r.slot, r.s, t.tokens, t.depths,
-                        None if t.is_chain else torch.from_numpy(t.ancestors()).to(self.device))
+        blocks = [Block(r.slot, r.s, t.tokens, t.depths, None if t.is_chain else t.ancestors())
                   for r, t in zip(reqs, trees)]
         lay = Layout(blocks, self.device)
         caches = [self.caches[r.slot] for r in reqs]
