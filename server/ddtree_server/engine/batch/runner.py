@@ -4,8 +4,9 @@ A decode round over requests R: drafts for the speculative ones (one batched dra
 their trees (DFlash: the chain of draft argmaxes; DDTree: best-first, ``spec/tree.py``), ONE target
 forward over every request's rows (``forward.py``), each request's choice over its rows
 (``Request.choose``), the acceptance walk and the commit (KV compaction / GDN fold per slot).
-A round of one request (and every round of a target without a batched forward) runs the
-per-request forward on the slot's cache, which on CUDA is the Triton-kernel + CUDA-graph path.
+A round of one request in slot 0 (and every round of a target without a batched forward) runs
+the per-request forward on the slot's cache, which on CUDA is the Triton-kernel + CUDA-graph path
+(its graphs are bound to slot 0's storage; a lone request in another slot runs batched).
 """
 
 from __future__ import annotations
@@ -83,7 +84,11 @@ class StepRunner:
     def round(self, reqs: list[Request]) -> list[list[int] | None]:
         """One round for every request: its accepted tokens (path + bonus), None when its cache is full."""
         live = [r for r in reqs if self._room(r) >= 0]
-        if len(live) == 1 or not self.batched:
+        # the per-request path (CUDA graphs bound to slot 0's storage) serves a lone request in
+        # slot 0; a lone request in another slot takes the batched path (no graph re-capture)
+        if not live:
+            return [None] * len(reqs)
+        if not self.batched or (len(live) == 1 and live[0].slot == 0):
             got = {id(r): self._solo(r) for r in live}
         else:
             got = dict(zip(map(id, live), self._batched(live)))
