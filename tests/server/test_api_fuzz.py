@@ -7,7 +7,7 @@ declares, and that /v1/* refuse requests without the key. Bounded: a fixed seed,
 of examples per operation, no shrinking and a per-request deadline, so it takes seconds.
 
 Not checked: `positive_data_acceptance` (a schema-valid request may still be a 400: context
-length, n > 1, tree budget over the limit) and `negative_data_rejection` (pydantic's lax mode
+length, tree budget over the limit) and `negative_data_rejection` (pydantic's lax mode
 accepts `"5"` or `5.0` for an integer, as vLLM does).
 """
 
