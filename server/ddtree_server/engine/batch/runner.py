@@ -70,7 +70,9 @@ class StepRunner:
         """The whole prompt in one forward on the request's slot; returns ``[first token]``."""
         cache, n = self.caches[req.slot], len(req.prompt_ids)
         ids = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device)
-        logits, ctx = self.target.forward(cache, ids, torch.arange(n, device=self.device), last_only=True)
+        # slot 0 may take the CUDA graphs (bound to its storage); other slots run eagerly
+        model = self.target if req.slot == 0 else self.model
+        logits, ctx = model.forward(cache, ids, torch.arange(n, device=self.device), last_only=True)
         token = req.choose(logits, [-1], [req.prompt_ids[-1]], [n])[0]
         req.s, req.bonus = n, token
         req.accept([token])
