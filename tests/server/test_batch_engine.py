@@ -17,9 +17,9 @@ import threading
 
 import pytest
 import torch
-
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
+
 from tests.server.hybrid_fixtures import tiny_hybrid
 from tests.server.tiny import EOS, VOCAB, ByteTokenizer, OracleDrafter, tiny_target
 
@@ -146,8 +146,8 @@ def test_32_random_requests_equal_alone_and_ar(request, kind):
 
 
 def _real_drafter(target, block=6):
-    from ddtree_server.models.drafter.model import DFlashDrafter
     from ddtree_server.models.drafter.config import DrafterConfig
+    from ddtree_server.models.drafter.model import DFlashDrafter
 
     raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": block,
            "dflash_config": {"mask_token_id": 257, "target_layer_ids": LAYERS}, "num_hidden_layers": 2,

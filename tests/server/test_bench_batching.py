@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 
 import torch
-from typer.testing import CliRunner
-
 from ddtree_server.bench import concurrency
 from ddtree_server.cli import app
 from ddtree_server.engine.engine import Engine
+from typer.testing import CliRunner
+
 from tests.server.tiny import EOS, ByteTokenizer, tiny_target
 
 

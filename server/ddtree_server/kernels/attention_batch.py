@@ -22,7 +22,10 @@ from ddtree_server.kernels.runtime import HAVE_TRITON
 if HAVE_TRITON:
     import triton
 
-    from ddtree_server.kernels.attention_batch_kernels import batch_merge_kernel, batch_split_kernel
+    from ddtree_server.kernels.attention_batch_kernels import (
+        batch_merge_kernel,
+        batch_split_kernel,
+    )
 
 
 def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, slot: Tensor, n_max: int,

@@ -128,7 +128,7 @@ def attend(lay: Layout, q: Tensor, k: Tensor, v: Tensor, kpool: Tensor, vpool: T
     return out[lay.req, lay.row].reshape(n, hq * d)
 
 
-def _features(model, x, i, want, captured):
+def _features(x, i, want, captured):
     if i in want:
         captured[want[i]] = x
 
@@ -154,7 +154,7 @@ def dense_forward(model, kpool: Tensor, vpool: Tensor, lay: Layout) -> tuple[Ten
             out = attend(lay, qk[:, :hq], qk[:, hq:], v, kpool, vpool, i, mask)
             x = _linear_add(x, out, attn.o_proj)
             x = _linear_add(x, layer.mlp.hidden(layer.post_attention_layernorm(x)), layer.mlp.down_proj)
-            _features(model, x, i, want, captured)
+            _features(x, i, want, captured)
     logits = model.lm_head(model.norm(x))
     return logits, (torch.cat(captured, dim=-1) if captured else None)
 
@@ -208,7 +208,7 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
                 out = _gated_attention(layer.self_attn, h, lay, kpool, vpool, layer.index, cos, sin, mask)
                 x = _linear_add(x, out, layer.self_attn.o_proj)
             x = _linear_add(x, layer.mlp.hidden(layer.post_attention_layernorm(x)), layer.mlp.down_proj)
-            _features(model, x, i, want, captured)
+            _features(x, i, want, captured)
     for blk, n, cache, ctx in zip(lay.blocks, lay.sizes, caches, ctxs):
         cache.begin(blk.s, n, blk.mask is not None, ctx.mode == "commit")
     logits = model.lm_head(model.norm(x))

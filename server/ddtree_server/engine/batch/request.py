@@ -25,7 +25,7 @@ class GenerationEvent:
     stats: DecodeStats | None
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler finds requests in its lists by identity
 class Request:
     """One generation: prompt, decoding choice, stop rules, and where it stands.
 

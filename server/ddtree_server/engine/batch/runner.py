@@ -16,12 +16,17 @@ from torch import Tensor
 
 from ddtree_server.engine import decode
 from ddtree_server.engine.batch.draft import propose_batch
-from ddtree_server.engine.batch.forward import Block, Layout, dense_forward, hybrid_forward
+from ddtree_server.engine.batch.forward import (
+    Block,
+    Layout,
+    dense_forward,
+    hybrid_forward,
+)
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.request import Request
+from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.model import HybridTarget
-from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
 from ddtree_server.speculative.walk import accepted_tokens, walk
 
