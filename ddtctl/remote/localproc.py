@@ -63,7 +63,7 @@ def collect(proc: subprocess.Popen, items: tuple[str, ...], stdin: bytes | None,
                 data = None                            # communicate() keeps feeding what is left
             if timeout is not None and time.monotonic() - start > timeout:
                 out: list = []
-                _signal_wait(proc, signal.SIGKILL, lambda t: out.append(proc.communicate(timeout=t)))
+                _signal_wait(proc, signal.SIGKILL, lambda t, out=out: out.append(proc.communicate(timeout=t)))
                 so, se = out[-1] if out else (b"", b"")
                 partial = Result(items, -9, so or b"", se or b"", time.monotonic() - start, name)
                 raise CommandTimeout(f"{name}: timed out after {timeout} s: {items[0]}", partial)

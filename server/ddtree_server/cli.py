@@ -1,4 +1,4 @@
-"""The `ddtree-server` command line: serve | generate | train-drafter | bench.
+"""The `ddtree-server` command line: serve | generate | train-drafter | bench | probe.
 
 Each sub-command lives in its own module under `ddtree_server.commands` and registers itself on
 the Typer app; heavy imports (torch, transformers) happen inside the command functions so that
@@ -10,7 +10,7 @@ from __future__ import annotations
 import typer
 
 from ddtree_server import __version__
-from ddtree_server.commands import bench, generate, serve, train
+from ddtree_server.commands import bench, generate, probe, serve, train
 from ddtree_server.commands.help_format import use_plain_help
 
 # rich_markup_mode=None: click's plain help, as ddtctl's. Typer's Rich help shows a type column for
@@ -33,7 +33,7 @@ def _root(
     """OpenAI-compatible server with exact DDTree / DFlash speculative decoding."""
 
 
-for _module in (serve, generate, train, bench):
+for _module in (serve, generate, train, bench, probe):
     _module.register(app)
 use_plain_help(app)      # no Typer `<type>` placeholders in --help
 

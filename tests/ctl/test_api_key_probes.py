@@ -1,4 +1,4 @@
-"""A server that wants an API key the operator has not set (issue 9, class 3): `status`, `smoke` and
+"""A server that wants an API key the operator has not set: `status`, `smoke` and
 `wait-ready` report an authentication failure at once, exit 3, never `ok`, never `KeyError: 'data'`,
 never a wait until the readiness deadline.
 

@@ -1,4 +1,4 @@
-"""Issue 9 class 10: an error line names its host once (`error: here: ...`, never `here: here:`),
+"""An error line names its host once (`error: here: ...`, never `here: here:`),
 whichever layer wrote the message (the transport of that host, a step of the deploy)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9 class 6: Ctrl-C and broken pipes never skip a rollback or a lock release.
+"""Ctrl-C and broken pipes never skip a rollback or a lock release.
 
 Real `python -m ddtctl` processes on the `local` host get a real SIGINT sent to their process group
 (what a terminal does on Ctrl-C, reaching `tee` too when the output is piped) at chosen moments,

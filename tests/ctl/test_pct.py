@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ def test_raw_pct_push_exits_0_after_task_error(node, tmp_path):
 
 
 def test_small_put_creates_parent_verifies_and_skips(ct, node, tmp_path):
-    src = tmp_path / "unit.env"
+    src = tmp_path / f"unit-{uuid.uuid4().hex}.env"       # its staging copies carry this unique name
     src.write_bytes(b"A='1 2'\nB=$x\n")
     dest = "/etc/ddtree/deep/dir/unit.env"
     res = ct.put(src, dest, mode=0o640)
@@ -102,8 +103,10 @@ def test_small_put_creates_parent_verifies_and_skips(ct, node, tmp_path):
     assert ct.run(["stat", "-c", "%a %s", dest]).text == f"640 {src.stat().st_size}\n"
     assert ct.run(["cat", dest]).stdout == src.read_bytes()
     assert ct.put(src, dest, mode=0o640).skipped
-    leftovers = node.run(["sh", "-c", "ls /tmp | grep -c '^ddtctl-' || true"]).text.strip()
-    assert leftovers == "0"  # the staging copy on the node is removed
+    # the staging copies on the node (ddtctl-<uuid>-<name> in the staging dir) are removed; only this
+    # test's own name is counted (other processes may stage files in the shared /tmp meanwhile)
+    leftovers = node.run(["sh", "-c", 'ls "$1" | grep -c -F -e "-$2" || true', "sh", ct.staging_dir, src.name])
+    assert leftovers.text.strip() == "0"
 
 
 def test_small_put_detects_pct_push_exit_0_failure(ct, tmp_path):

@@ -1,4 +1,4 @@
-"""The pure parts of "status tells the truth" (issue 9, classes 2 and 3): pct's own failures told
+"""The pure parts of "status tells the truth" and "never leave a service down": pct's own failures told
 apart from the command's, the start limit read from systemd's journal, connection failures in
 words, the verdict a status row shows. Real-format samples; the fleet tests run the same code
 against the emulated pct/systemd over real SSH."""

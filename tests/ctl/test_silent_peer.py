@@ -1,4 +1,4 @@
-"""Issue 9 class 1 at the transport: a peer that stops answering (SIGSTOP on a REAL sshd, so the
+"""A silent node, at the transport: a peer that stops answering (SIGSTOP on a REAL sshd, so the
 TCP connection stays open and nothing answers) or dies (SIGKILL) never hangs SshTransport or
 ContainerTransport: connect, a running command, an idle connection, an SFTP push, a streamed `dd`
 push and an HTTP request through a forwarded port all end within the deadlines of the ssh config

@@ -5,6 +5,7 @@ The passing path against the real ddtree-server is in test_local_deploy.py (slow
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -72,3 +73,41 @@ def test_na_checks_do_not_fail_a_report() -> None:
     assert report.ok and require_ok(report) is report
     assert report.to_dict()["checks"][1] == {"name": "acceptance", "status": "n/a", "detail": "n/a (mode ar)",
                                              "seconds": 0.0}
+
+
+@pytest.fixture()
+def wrong_model_listed(tmp_path: Path) -> Iterator[int]:
+    """A real static file server whose GET /v1/models is a valid list naming another model: only the
+    check itself (not a status code or a JSON error) can fail the `models` check."""
+    root = tmp_path / "www"
+    (root / "v1").mkdir(parents=True)
+    (root / "v1" / "models").write_text(json.dumps({"object": "list", "data": [{"id": "some-other-model"}]}))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                            cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_checks_fail_under_python_O(wrong_model_listed: int, tmp_path: Path) -> None:
+    """`python -O` drops `assert` statements: the smoke checks must still fail (a real
+    `python -O -m ddtctl smoke` process, exit 5, the `models` check names what is wrong)."""
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(f"local:\n  here:\n    service: {{kind: ddtree, port: {wrong_model_listed}}}\n")
+    env = {**os.environ, "DDTCTL_HOME": str(tmp_path / "home"), "PYTHONOPTIMIZE": "1"}
+    res = subprocess.run([sys.executable, "-O", "-m", "ddtctl", "-i", str(inv), "smoke", "here", "--json"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 5, res.stderr
+    checks = {c["name"]: c for c in json.loads(res.stdout)["hosts"][0]["checks"]}
+    assert checks["models"]["status"] == "fail"
+    assert "lists ['some-other-model']" in checks["models"]["detail"]
+    assert "Traceback" not in res.stderr

@@ -28,7 +28,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Issue 9 class 5 on the test fleet: `ddtctl exec` is a real remote command through real sshd ->
+"""On the test fleet: `ddtctl exec` is a real remote command through real sshd ->
 the node's shell -> `pct exec` (emulation) -> the container: every byte value passes both ways,
 stdin (and its EOF) is forwarded, output streams as it comes, the exit status is relayed,
 `--timeout` stops the command in the container (124) and Ctrl-C ends it (130)."""

@@ -1,4 +1,4 @@
-"""Issue 9 class 1 on the test fleet: a node that stops answering never hangs ddtctl.
+"""On the test fleet: a node that stops answering never hangs ddtctl.
 
 A node is frozen with SIGSTOP on its sshd processes (tests/fleet/sshd.py: the TCP connections stay
 open, the kernel still completes new TCP handshakes, nothing answers) at connect, in the middle of

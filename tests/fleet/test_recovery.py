@@ -1,4 +1,4 @@
-"""Never leave a service down (issue 9, class 2), on the test fleet over real SSH.
+"""Never leave a service down, on the test fleet over real SSH.
 
 One container (ct330 on its own node) runs the real ddtree-server under the systemd emulation,
 which applies systemd 252's start rate limit (tests/fleet/emu/ratelimit.py; ddtctl's units:

@@ -1,4 +1,4 @@
-"""`ddtctl status` and `logs` tell the truth (issue 9, class 3), on the test fleet over real SSH.
+"""`ddtctl status` and `logs` tell the truth, on the test fleet over real SSH.
 
 No model server runs here: where a host's address must answer HTTP, Python's
 http.server serves a `ready` file and a `/v1/models` listing, standing for whatever else answers

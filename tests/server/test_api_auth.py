@@ -1,4 +1,4 @@
-"""API-key handling by class (issue 9, class 11): any Authorization header bytes give 200/401, never
+"""API-key handling by class (hostile input): any Authorization header bytes give 200/401, never
 a 500; an unusable key (non-ASCII, blank, whitespace, control characters) stops `serve` with exit 2
 before anything loads, from `--api-key` and from `$DDTREE_API_KEY` alike; an empty key turns
 authentication off and says so in the log."""
@@ -78,7 +78,7 @@ def test_serve_refuses_unusable_keys_with_exit_2(key, reason, via_env):
     result = CliRunner().invoke(cli_app, args if via_env else [*args, "--api-key", key], env=env)
     assert result.exit_code == 2, (result.output, result.exception)
     text = " ".join(result.output.split())
-    assert f"error: --api-key: the API key" in text and reason in text and "DDTREE_API_KEY" in text
+    assert "error: --api-key: the API key" in text and reason in text and "DDTREE_API_KEY" in text
     assert "Traceback" not in result.output
     if key.strip():
         assert key.strip() not in result.output   # the secret is never echoed
@@ -96,6 +96,13 @@ def test_empty_key_logs_that_authentication_is_off(env, monkeypatch):
         assert "authentication off: no API key" in server.log_text()
     finally:
         server.stop()
+
+
+@pytest.mark.slow
+def test_a_key_logs_that_authentication_is_on_without_the_key(monkeypatch):
+    from tests.server.serverproc import ServerProcess
+
+    monkeypatch.delenv("DDTREE_API_KEY", raising=False)
     keyed = ServerProcess("--api-key", KEY).start(wait=False)
     try:
         assert "authentication on" in keyed.log_text() and KEY not in keyed.log_text()

@@ -1,4 +1,4 @@
-"""Schemathesis over the app's own OpenAPI document (GET /openapi.json), in-process (issue 9, class 11).
+"""Schemathesis over the app's own OpenAPI document (GET /openapi.json), in-process (hostile input).
 
 The real app, worker and Engine over a random tiny target (tests/server/api_tiny.py), with an API
 key; schemathesis generates schema-valid and schema-violating requests for every operation and

@@ -1,4 +1,4 @@
-"""Busy vs stuck, and the tree-budget cap (issue 9, class 11).
+"""Busy vs stuck, and the tree-budget cap.
 
 A request's `decoding.tree_budget` above `--max-tree-budget` is a 400 naming the limit; /health,
 /ready and /metrics report the age of the engine round in progress and of the oldest queued
@@ -9,7 +9,6 @@ Engine, Worker and app."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import pytest

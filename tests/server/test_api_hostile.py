@@ -1,4 +1,4 @@
-"""Hostile request bodies, by class (issue 9, class 11): every answer is an OpenAI-style 2xx/4xx,
+"""Hostile request bodies, by class: every answer is an OpenAI-style 2xx/4xx,
 never a 5xx, never a hang, and the server still serves afterwards.
 
 Runs the real app, worker and Engine in-process over a random tiny target (tests/server/api_tiny.py)

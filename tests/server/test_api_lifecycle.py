@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -149,9 +150,8 @@ def test_model_load_failure_exits_1(tmp_path):
         server.stop(signal.SIGKILL)
 
 
-def _serve_exit(*args: str) -> "subprocess.CompletedProcess":
+def _serve_exit(*args: str) -> subprocess.CompletedProcess:
     import os
-    import subprocess
     import sys
 
     device = [] if "--device" in args else ["--device", "cpu", "--dtype", "fp32"]

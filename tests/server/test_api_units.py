@@ -81,7 +81,10 @@ def test_chat_request_fields():
     {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
     {"messages": [{"role": "user", "content": "x"}], "decoding": {"mode": "beam"}},
-    {"messages": [{"role": "user", "content": "x"}], "logprobs": True},
+    {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21},
+    {"messages": [{"role": "user", "content": "x"}], "logprobs": 1},
+    {"messages": [{"role": "user", "content": "x"}], "frequency_penalty": False},
+    {"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0},
 ])
 def test_chat_request_rejects(body):
     with pytest.raises(ValidationError):
@@ -253,10 +256,10 @@ _U = [{"role": "user", "content": "x"}]
 @pytest.mark.parametrize("path, extra, param, unsupported", [
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", True),
     ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice", True),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format", True),
-    ("/v1/chat/completions", {"logit_bias": {"50256": -100}}, "logit_bias", True),
-    ("/v1/chat/completions", {"presence_penalty": 0.5}, "presence_penalty", True),
-    ("/v1/chat/completions", {"frequency_penalty": -1}, "frequency_penalty", True),
+    ("/v1/chat/completions", {"response_format": {"type": "grammar"}}, "response_format", False),
+    ("/v1/chat/completions", {"logit_bias": {"a": -100}}, "logit_bias", False),
+    ("/v1/chat/completions", {"logit_bias": {"5": -101}}, "logit_bias", False),
+    ("/v1/completions", {"logprobs": 21}, "logprobs", False),
     ("/v1/chat/completions", {"frequency_penalty": 3}, "frequency_penalty", False),
     ("/v1/completions", {"presence_penalty": -2.5}, "presence_penalty", False),
     ("/v1/completions", {"best_of": 2}, "best_of", True),

@@ -14,6 +14,8 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from ddtree_server.kernels import attention_kernels, fused  # noqa: E402
 
+pytestmark = pytest.mark.kernels
+
 
 def _compile(fn, types: dict, consts: dict, **options):
     sig = {name: types.get(name, "i32") for name in fn.arg_names}

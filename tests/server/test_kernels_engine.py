@@ -102,6 +102,7 @@ def report():
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.kernels
 def test_target_kernel_path_equals_sdpa(report):
     rows = report["target"]
     assert [r["n"] for r in rows] == [12, 1, 5, 10, 3]
@@ -111,10 +112,12 @@ def test_target_kernel_path_equals_sdpa(report):
     assert {kv for _, kv in report["graph_keys"]} == {0}
 
 
+@pytest.mark.kernels
 def test_kernel_path_is_exact(report):
     assert report["tokens"] == {"ar/None": True, "dflash/None": True, "ddtree/3": True, "ddtree/12": True}
 
 
+@pytest.mark.kernels
 def test_drafter_kernel_path_equals_eager(report):
     """GraphedDrafter on kernels (fused projections, split-K non-causal attention) == eager SDPA."""
     assert report["drafter"]["enabled"]

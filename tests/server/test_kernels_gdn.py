@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.kernels
 ROOT = Path(__file__).resolve().parents[2]
 
 _KERNELS = r"""

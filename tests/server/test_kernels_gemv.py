@@ -14,6 +14,7 @@ import sys
 import pytest
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.kernels
 
 _CHILD = r"""
 import json, torch

@@ -111,9 +111,12 @@ def test_random_shape_cli(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     doc = json.loads((out / "random-tiny.json").read_text())
     assert doc["derived"]["projected_speedup"]["ddtree-4"]["tau"] == 2.0
-    bad = subprocess.run([sys.executable, "-m", "ddtree_server.bench", "--random-shape", "nope", "--out", str(out)],
-                         capture_output=True, text=True, timeout=240)
-    assert bad.returncode == 2 and "qwen3-8b" in bad.stderr
+    from typer.testing import CliRunner
+
+    from ddtree_server.cli import app
+
+    bad = CliRunner().invoke(app, ["bench", "--random-shape", "nope", "--out", str(out)])  # no second start-up
+    assert bad.exit_code == 2 and "qwen3-8b" in bad.stderr
 
 
 _BLOCKER = """
@@ -152,6 +155,17 @@ def test_probe_runs_on_cpu(tmp_path):
     assert set(doc["parts"]["profile"]["tiny"]) == {"plain_step/graphed", "plain_step/eager",
                                                      "verify_ddtree_64/graphed", "verify_ddtree_64/eager"}
     assert doc["parts"]["tree"]["v49152/b64"]["host"] > 0 and (tmp_path / "random-tiny.md").exists()
+
+
+def test_probe_command_forwards_its_arguments(tmp_path):
+    """`ddtree-server probe` is the probe's own parser: its errors and exit codes come through."""
+    from typer.testing import CliRunner
+
+    from ddtree_server.cli import app
+
+    res = CliRunner().invoke(app, ["probe", "--out", str(tmp_path), "--parts", "nope"])
+    assert res.exit_code == 2 and "--parts: unknown ['nope']" in res.output
+    assert not (tmp_path / "probe.json").exists()
 
 
 def test_random_shape_runs_a_hybrid_target(tmp_path):

@@ -1,4 +1,4 @@
-"""Extreme sampling values by class: the sampler never sees a NaN and never raises (issue 9, class 11).
+"""Extreme sampling values by class: the sampler never sees a NaN and never raises.
 
 * temperatures that under- or overflow fp32 (5e-324, denormals, anything below 1e-5) are greedy;
 * temperatures >= 1e-5 sample from finite probabilities whatever the logit magnitude;

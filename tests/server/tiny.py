@@ -27,6 +27,14 @@ class ByteTokenizer:
     def encode(self, text, add_special_tokens=False):
         return list(text.encode("utf-8"))
 
+    def token_bytes(self, i):
+        """The bytes of token ``i`` (b"" for EOS and the unused specials): what a grammar
+        compiler needs to know about a tokenizer that is not a transformers one."""
+        return bytes([i]) if i < 256 else b""
+
+    def __len__(self):
+        return VOCAB
+
     def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 

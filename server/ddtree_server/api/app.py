@@ -2,12 +2,14 @@
 
 Routes: GET /health, /ready, /metrics, /openapi.json, /v1/models[/{id}]; POST
 /v1/chat/completions, /v1/completions. /health and /ready report how old the engine round in
-progress and the oldest queued request are (busy vs stuck); /health is 503 while a round is
-older than --stall-seconds. Every error is `{"error": {message, type, param, code}}`; request
-validation errors are 400 (not FastAPI's 422); everything a client can get wrong is decided
-before the first byte of a stream. With an API key, /v1/* needs `Authorization: Bearer <key>` (401);
-/health, /ready, /metrics and /openapi.json (api/openapi.py) stay open. A request body over
-MAX_BODY_BYTES (api/middleware.py) is a 413 before it is parsed.
+progress and the oldest queued request are (busy vs stuck); /health is 503 while a round has
+shown no progress for --stall-seconds (a long prefill moving layer by layer is progress). Every
+error is `{"error": {message, type, param, code}}`; request validation errors are 400 (not
+FastAPI's 422); everything a client can get wrong is decided before the first byte of a stream.
+With an API key, /v1/* needs `Authorization: Bearer <key>` (401); /health, /ready, /metrics and
+/openapi.json (api/openapi.py) stay open. A request body over MAX_BODY_BYTES (api/middleware.py)
+is a 413 before it is parsed; a prompt whose characters cannot fit the context window is a 400
+before it is tokenised (api/prompts.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ddtree_server.api import openapi, prompts
+from ddtree_server.api.logprobs import TokenTexts, chat_logprobs, completion_logprobs
 from ddtree_server.api.metrics import Metrics
 from ddtree_server.api.middleware import Middleware
 from ddtree_server.api.responses import (ApiError, chat_response, completion_response, error_body, model_card,
@@ -143,7 +146,8 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         def seconds(value: float | None) -> float | None:
             return None if value is None else round(value, 3)
 
-        return {"round_age_s": seconds(worker.round_age()), "oldest_queued_age_s": seconds(worker.oldest_queued_age()),
+        return {"round_age_s": seconds(worker.round_age()), "quiet_s": seconds(worker.quiet_age()),
+                "oldest_queued_age_s": seconds(worker.oldest_queued_age()),
                 "running": worker.running, "queued": worker.queued, "stall_seconds": worker.stall_seconds,
                 "stalled": worker.stalled()}
 
@@ -202,7 +206,8 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         engine = ready_engine()
         check_model(body.model, engine)
-        ids = await run_in_threadpool(prompts.chat_prompt_ids, engine.tokenizer, body, config.chat_template_kwargs)
+        ids = await run_in_threadpool(prompts.chat_prompt_ids, engine.tokenizer, body, config.chat_template_kwargs,
+                                      engine.max_model_len)
         return await _generate(request, engine, body, ids, "chat")
 
     @app.post("/v1/completions")
@@ -210,7 +215,7 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         engine = ready_engine()
         check_model(body.model, engine)
         ids = await run_in_threadpool(prompts.completion_prompt_ids, engine.tokenizer, body.prompt,
-                                      vocab_size(engine))
+                                      vocab_size(engine), engine.max_model_len)
         return await _generate(request, engine, body, ids, "completion")
 
     async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str) -> Response:
@@ -220,7 +225,12 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             budget = limit   # the engine's default never exceeds --max-tree-budget either
         from ddtree_server.engine.params import SamplingParams
 
-        params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams)
+        grammar = await run_in_threadpool(prompts.grammar_for, engine, body)
+        params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams,
+                                         vocab_size=vocab_size(engine), grammar=grammar)
+        format_logprobs = None
+        if params.logprobs is not None:
+            format_logprobs = await run_in_threadpool(logprob_formatter, engine, kind)
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
         jobs = [Job(rid=rid if body.n == 1 else f"{rid}-{i}", prompt_ids=ids, tree_budget=budget, mode=mode,
                     params=params if params.seed is None or i == 0 else
@@ -253,12 +263,16 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
                 job.cancel.set()
             log.exception("request %s failed", rid)
             raise ApiError(500, f"generation failed: {exc}", type="server_error") from None
+        if any(first is None for first in firsts) and all(job.cancel.is_set() for job in jobs):
+            # cancelled while queued (the drain deadline): never ran
+            raise ApiError(503, "the server is shutting down: the request was cancelled before it started; retry",
+                           type="service_unavailable", code="draining")
         if any(first is None for first in firsts):   # the engine ended without a final event (never expected)
             raise ApiError(500, "the generation produced no result", type="server_error")
         metrics.ttft.observe(time.monotonic() - jobs[0].submitted_at)
         created, model = now(), engine.model_id
         if body.stream:
-            shape = ChunkShape(kind, rid, created, model, body.include_usage())
+            shape = ChunkShape(kind, rid, created, model, body.include_usage(), format_logprobs)
 
             def on_close(finished: bool) -> None:
                 if not finished and not all(job.cancel.is_set() for job in jobs):
@@ -270,11 +284,12 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             stream = event_stream(shape, firsts if body.n > 1 else firsts[0], nexts if body.n > 1 else nexts[0],
                                   prompt_tokens=len(ids), on_close=on_close)
             return StreamingResponse(stream, media_type=MEDIA_TYPE, headers=HEADERS)
-        texts, reasons, all_stats, tokens = [], [], [], 0
+        texts, reasons, all_stats, all_lps, tokens = [], [], [], [], 0
         for job, event in zip(jobs, firsts):
-            parts, last = [], event
+            parts, lps, last = [], [], event
             while event is not None:
                 parts.append(event.text)
+                lps += event.logprobs or []
                 last = event
                 try:
                     event = await _next(job, request)
@@ -287,11 +302,22 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
             texts.append("".join(parts))
             reasons.append(last.finish_reason)
             all_stats.append(stats)
+            all_lps.append(format_logprobs(lps) if format_logprobs else None)
         build = chat_response if kind == "chat" else completion_response
         many = body.n > 1
         return JSONResponse(build(rid=rid, created=created, model=model, text=texts if many else texts[0],
                                   finish_reason=reasons if many else reasons[0], prompt_tokens=len(ids),
-                                  completion_tokens=tokens, decoding=all_stats[0]))
+                                  completion_tokens=tokens, decoding=all_stats[0],
+                                  logprobs=all_lps if many else all_lps[0]))
+
+    def logprob_formatter(engine: Any, kind: str) -> Any:
+        """entries -> the API's logprobs object (token texts read once per engine)."""
+        texts = getattr(app.state, "token_texts", None)
+        if texts is None or texts[0] is not engine:
+            app.state.token_texts = texts = (engine, TokenTexts(engine))
+        if kind == "chat":
+            return lambda entries, offset=0: chat_logprobs(texts[1], entries)
+        return lambda entries, offset=0: completion_logprobs(texts[1], entries, offset)
 
     async def _next(job: Job, request: Request) -> Any:
         """The job's next event; cancels the job and raises ClientGone when the client has left

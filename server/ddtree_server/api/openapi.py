@@ -42,6 +42,33 @@ class Usage(_Doc):
     total_tokens: int
 
 
+class TopLogprob(_Doc):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(_Doc):
+    """One output token (api/logprobs.py): the target's processed distribution at that token."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Doc):
+    content: list[TokenLogprob]
+    refusal: None = None
+
+
+class CompletionLogprobs(_Doc):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class AssistantMessage(_Doc):
     role: Literal["assistant"]
     content: str
@@ -50,7 +77,7 @@ class AssistantMessage(_Doc):
 class ChatChoice(_Doc):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: str | None
 
 
@@ -67,7 +94,7 @@ class ChatCompletion(_Doc):
 class CompletionChoice(_Doc):
     index: int
     text: str
-    logprobs: None
+    logprobs: CompletionLogprobs | None
     finish_reason: str | None
 
 
@@ -89,7 +116,7 @@ class ChatDelta(_Doc):
 class ChatChunkChoice(_Doc):
     index: int
     delta: ChatDelta
-    logprobs: None
+    logprobs: ChatLogprobs | None
     finish_reason: str | None
 
 

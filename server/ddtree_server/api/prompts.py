@@ -7,6 +7,12 @@
   token-id prompts are used as given after a vocabulary check.
 
 Every client mistake raises `ApiError` (HTTP 4xx) here, before anything is queued or streamed.
+A text that cannot fit the context window is refused BEFORE it is tokenised (`check_chars`): no
+token covers more characters than the tokenizer's longest vocabulary entry (byte-level BPE and
+SentencePiece entries spell one character per byte or character they cover), so a text of more
+than ``max_model_len`` x that many characters needs more tokens than the window holds. A 10 MB
+prompt then costs no tokenisation (~650 MB of memory for the SmolLM2 tokenizer); what passes is
+tokenised and counted exactly (`sampling_params`).
 """
 
 from __future__ import annotations
@@ -34,8 +40,36 @@ class Prepared:
     tree_budget: int | None
 
 
-def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any]) -> list[int]:
-    """Render the chat template and tokenise it. Raises ApiError(400) on any template failure.
+_TOKEN_CHARS: dict[int, int | None] = {}   # id(tokenizer) -> longest vocabulary entry (characters)
+
+
+def max_token_chars(tokenizer: Any) -> int | None:
+    """Characters of the tokenizer's longest vocabulary entry (added tokens included), computed
+    once per tokenizer; None when the tokenizer has no ``get_vocab``."""
+    key = id(tokenizer)
+    if key not in _TOKEN_CHARS:
+        try:
+            vocab = tokenizer.get_vocab()
+        except Exception:   # a tokenizer without a vocabulary listing: no character bound
+            vocab = {}
+        _TOKEN_CHARS[key] = max((len(token) for token in vocab), default=0) or None
+    return _TOKEN_CHARS[key]
+
+
+def check_chars(tokenizer: Any, chars: int, max_model_len: int | None, param: str) -> None:
+    """Raise ApiError(400, context_length_exceeded) when a text of ``chars`` characters needs more
+    than ``max_model_len`` tokens whatever the tokenizer does (see the module docstring)."""
+    per_token = max_token_chars(tokenizer) if max_model_len else None
+    if per_token and chars > max_model_len * per_token:
+        raise ApiError(400, f"the prompt has {chars} characters, more than the context window of {max_model_len} "
+                            f"tokens can hold ({per_token} characters at most per token); it was not tokenised",
+                       param=param, code="context_length_exceeded")
+
+
+def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any],
+                    max_model_len: int | None = None) -> list[int]:
+    """Render the chat template and tokenise it. Raises ApiError(400) on any template failure, or
+    when the rendered text cannot fit ``max_model_len`` tokens (`check_chars`, before tokenising).
 
     `developer` messages are rendered as `system` (chat templates know no developer role).
     """
@@ -60,17 +94,21 @@ def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwar
         check_text(text)   # surrogates can only come from chat_template_kwargs here (messages are checked)
     except ValueError as exc:
         raise ApiError(400, f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
+    check_chars(tokenizer, len(text), max_model_len, "messages")
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int) -> list[int]:
-    """Token ids of a raw prompt. Raises ApiError(400) for ids outside [0, vocab_size)."""
+def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int,
+                          max_model_len: int | None = None) -> list[int]:
+    """Token ids of a raw prompt. Raises ApiError(400) for ids outside [0, vocab_size), or for a
+    text that cannot fit ``max_model_len`` tokens (`check_chars`, before tokenising)."""
     if isinstance(prompt, list):
         bad = [t for t in prompt if not 0 <= t < vocab_size]
         if bad:
             raise ApiError(400, f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
                            param="prompt", code="invalid_token_id")
         return list(prompt)
+    check_chars(tokenizer, len(prompt), max_model_len, "prompt")
     ids = list(tokenizer.encode(prompt, add_special_tokens=True))
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is not None and len(ids) >= 2 and ids[0] == ids[1] == bos:
@@ -97,10 +135,25 @@ def check_decoding(request: ChatCompletionRequest | CompletionRequest, modes: se
     return override.mode, override.tree_budget
 
 
+def grammar_for(engine: Any, request: ChatCompletionRequest | CompletionRequest) -> Any:
+    """The compiled grammar of the request's `response_format` (None for text / absent).
+    Raises ApiError(400) naming the problem when the server refuses the format or schema."""
+    if request.response_format is None or request.response_format.get("type") == "text":
+        return None
+    from ddtree_server.constrained.limits import GrammarError
+
+    try:
+        return engine.grammars.response_format(request.response_format)
+    except GrammarError as exc:
+        raise ApiError(400, str(exc), param=exc.param or "response_format", code="invalid_response_format") from None
+
+
 def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_len: int,
-                    max_model_len: int, params_cls: Any) -> Any:
+                    max_model_len: int, params_cls: Any, *, vocab_size: int | None = None,
+                    grammar: Any = None) -> Any:
     """SamplingParams for the request. Raises ApiError(400) when the prompt (+ max_tokens) does
-    not fit the context window of `max_model_len` tokens; max_tokens omitted -> the rest of it."""
+    not fit the context window of `max_model_len` tokens (max_tokens omitted -> the rest of it),
+    for a `logit_bias` token id outside [0, vocab_size) and for top_logprobs without logprobs."""
     limit = request.token_limit()
     param = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) else "max_tokens"
     if prompt_len >= max_model_len:
@@ -115,6 +168,19 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_l
                             f"exceeds the context window of {max_model_len} tokens",
                        param=param, code="context_length_exceeded")
     temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+    bias = request.token_bias()
+    bad = [t for t in bias if vocab_size is not None and t >= vocab_size]
+    if bad:
+        raise ApiError(400, f"logit_bias: token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
+                       param="logit_bias", code="invalid_token_id")
+    try:
+        logprobs = request.logprob_count()
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="top_logprobs") from None
     return params_cls(max_tokens=limit, temperature=temperature,
                       top_p=1.0 if request.top_p is None else request.top_p, seed=request.seed,
-                      stop=list(request.stop), ignore_eos=request.ignore_eos)
+                      stop=list(request.stop), ignore_eos=request.ignore_eos,
+                      presence_penalty=request.presence_penalty or 0.0,
+                      frequency_penalty=request.frequency_penalty or 0.0,
+                      repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
+                      logit_bias=bias, logprobs=logprobs, grammar=grammar)

@@ -54,28 +54,33 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def _many(text, finish_reason) -> list[tuple[str, str | None]]:
-    """(text, finish_reason) per choice from one value each or lists of the n choices."""
+def _many(text, finish_reason, logprobs) -> list[tuple[str, str | None, dict | None]]:
+    """(text, finish_reason, logprobs) per choice from one value each or lists of the n choices."""
     if isinstance(text, str):
-        return [(text, finish_reason)]
-    return list(zip(text, finish_reason))
+        return [(text, finish_reason, logprobs)]
+    return list(zip(text, finish_reason, logprobs if logprobs is not None else [None] * len(text)))
 
 
 def chat_response(*, rid: str, created: int, model: str, text: str | list[str], finish_reason,
-                  prompt_tokens: int, completion_tokens: int, decoding: dict | None) -> dict[str, Any]:
-    """A complete `chat.completion` object (``text`` / ``finish_reason``: lists for n choices)."""
+                  prompt_tokens: int, completion_tokens: int, decoding: dict | None,
+                  logprobs=None) -> dict[str, Any]:
+    """A complete `chat.completion` object (``text`` / ``finish_reason`` / ``logprobs``: lists for
+    n choices; `logprobs`: api/logprobs.py's chat object or None)."""
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": i, "message": {"role": "assistant", "content": t},
-                         "logprobs": None, "finish_reason": f} for i, (t, f) in enumerate(_many(text, finish_reason))],
+                         "logprobs": lp, "finish_reason": f}
+                        for i, (t, f, lp) in enumerate(_many(text, finish_reason, logprobs))],
             "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
 
 
 def completion_response(*, rid: str, created: int, model: str, text: str | list[str], finish_reason,
-                        prompt_tokens: int, completion_tokens: int, decoding: dict | None) -> dict[str, Any]:
-    """A complete `text_completion` object (``text`` / ``finish_reason``: lists for n choices)."""
+                        prompt_tokens: int, completion_tokens: int, decoding: dict | None,
+                        logprobs=None) -> dict[str, Any]:
+    """A complete `text_completion` object (``text`` / ``finish_reason`` / ``logprobs``: lists for
+    n choices; `logprobs`: api/logprobs.py's completions object or None)."""
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": i, "text": t, "logprobs": None, "finish_reason": f}
-                        for i, (t, f) in enumerate(_many(text, finish_reason))],
+            "choices": [{"index": i, "text": t, "logprobs": lp, "finish_reason": f}
+                        for i, (t, f, lp) in enumerate(_many(text, finish_reason, logprobs))],
             "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
 
 

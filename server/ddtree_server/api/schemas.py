@@ -10,10 +10,14 @@ Extensions over the OpenAI schema:
 
 Unknown request fields are ignored (OpenAI clients send many optional ones); fields we cannot honour
 are rejected with 400 ("... is not supported by this server") rather than silently ignored: `n` > 1,
-`best_of` > 1, several prompts, non-text content parts, `logprobs`, non-empty `tools`, a
-`tool_choice` other than "none", `response_format` other than `{"type": "text"}`, non-empty
-`logit_bias`, `presence_penalty` / `frequency_penalty` other than 0 (outside [-2, 2] is a range
-error). `stream` must be a JSON boolean. system / developer / user messages need text content.
+`best_of` > 1, several prompts, non-text content parts, non-empty `tools`, a `tool_choice` other
+than "none". `stream` must be a JSON boolean. system / developer / user messages need text content.
+
+Logits processing, exact under speculation (engine/processors.py): `response_format` `text`,
+`json_object` or `json_schema` (compiled to a grammar, constrained/compiler.py; a schema it refuses
+is a 400 naming the problem), `logit_bias` (token id -> [-100, 100]), `presence_penalty` /
+`frequency_penalty` in [-2, 2], `repetition_penalty` in [0.01, 100] (vLLM's extension; 1 = off). Logprobs:
+chat `logprobs: true` + `top_logprobs` 0..20, completions `logprobs` 0..20 (api/logprobs.py).
 
 `seed` must be a 64-bit signed integer, -2**63 <= seed < 2**63 (OpenAI's range; anything else is
 400 with param "seed"); torch seeds the request's generator with it modulo 2**64, so every value
@@ -120,14 +124,15 @@ class _GenerationRequest(BaseModel):
     stream_options: StreamOptions | None = None
     decoding: DecodingOverride | None = None
     ignore_eos: bool = False
-    logprobs: Any = None
     best_of: int | None = Field(None, ge=1)
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
-    logit_bias: dict[str, Any] | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="Token id (as a string) -> bias in [-100, 100].")
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, ge=0.01, le=100.0, description=(
+        "vLLM's extension: > 1 discourages repeats (1 = off); [0.01, 100] keeps logits finite."))
 
     @field_validator("stream")
     @classmethod
@@ -141,7 +146,7 @@ class _GenerationRequest(BaseModel):
             raise ValueError("best_of > 1 is not supported by this server")
         return value
 
-    @field_validator("tools", "logit_bias", "echo", "suffix", check_fields=False)
+    @field_validator("tools", "echo", "suffix", check_fields=False)
     @classmethod
     def _empty_only(cls, value: Any, info: ValidationInfo) -> Any:
         if value:
@@ -157,25 +162,35 @@ class _GenerationRequest(BaseModel):
 
     @field_validator("response_format")
     @classmethod
-    def _text_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise ValueError(f"response_format {value.get('type')!r} is not supported by this server "
-                             "(only {\"type\": \"text\"})")
+    def _known_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") not in ("text", "json_object", "json_schema"):
+            raise ValueError(f"response_format type {value.get('type')!r} is not supported "
+                             "(use 'text', 'json_object' or 'json_schema')")
         return value
 
-    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
+    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                     mode="before")
     @classmethod
     def _finite(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a number")
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
+    @field_validator("logit_bias")
     @classmethod
-    def _no_penalty(cls, value: float | None, info: ValidationInfo) -> float | None:
-        if value:
-            raise ValueError(f"{info.field_name} other than 0 is not supported by this server")
+    def _bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"keys must be token ids (decimal strings), got {key!r}")
+            if not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
+                raise ValueError(f"bias of token {key} must be in [-100, 100], got {bias}")
         return value
+
+    def token_bias(self) -> dict[int, float]:
+        """`logit_bias` with integer keys."""
+        return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
 
     @field_validator("stop")
     @classmethod
@@ -191,12 +206,6 @@ class _GenerationRequest(BaseModel):
             check_text(stop)
         return stops
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: Any) -> Any:
-        if value not in (None, False, 0):
-            raise ValueError("logprobs are not supported")
-        return None
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -206,6 +215,17 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: StrictBool | None = Field(None, description="Return the logprob of every output token.")
+    top_logprobs: int | None = Field(None, ge=0, le=20, description="Alternatives per token (needs logprobs).")
+
+    def logprob_count(self) -> int | None:
+        """Alternatives per token for the engine; None when logprobs are off. Raises ValueError
+        for top_logprobs without logprobs."""
+        if not self.logprobs:
+            if self.top_logprobs:
+                raise ValueError("top_logprobs requires logprobs: true")
+            return None
+        return self.top_logprobs or 0
 
     def token_limit(self) -> int | None:
         """`max_completion_tokens` (newer name) wins over `max_tokens`; None -> rest of the context."""
@@ -227,6 +247,17 @@ class CompletionRequest(_GenerationRequest):
     echo: bool = False
     suffix: StrictStr | None = None
     max_tokens: int | None = Field(16, ge=1, description="Most tokens to generate (OpenAI default 16).")
+    logprobs: int | None = Field(None, ge=0, le=20, description="Logprobs of each token and this many alternatives.")
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _int_logprobs(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be an integer")
+        return value
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod

@@ -4,7 +4,8 @@ Every event is `data: <json>\\n\\n`; a stream always ends with `data: [DONE]\\n\
 error (sent as `data: {"error": {...}}`). Chat streams start with a chunk whose delta carries the
 role; the chunk that carries `finish_reason` also carries the `decoding` statistics; with
 `stream_options.include_usage` every chunk has `"usage": null` and one last chunk has
-`"choices": []`, the usage and the statistics.
+`"choices": []`, the usage and the statistics. With logprobs requested, each content chunk carries
+the logprobs of the tokens released since the previous chunk (api/logprobs.py).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 from ddtree_server.api.responses import error_body, usage
 
@@ -38,6 +39,7 @@ class ChunkShape:
     created: int
     model: str
     include_usage: bool
+    logprobs: Optional[Callable[..., dict[str, Any]]] = None   # (entries, text offset) -> logprobs object
 
     def _chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -54,13 +56,14 @@ class ChunkShape:
         return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""},
                              "logprobs": None, "finish_reason": None}])
 
-    def delta(self, text: str, finish_reason: str | None, decoding: dict | None, index: int = 0) -> dict[str, Any]:
+    def delta(self, text: str, finish_reason: str | None, decoding: dict | None,
+              logprobs: dict | None = None, index: int = 0) -> dict[str, Any]:
         """A content chunk of choice `index`; its last one carries `finish_reason` and `decoding`."""
         if self.kind == "chat":
-            choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": None,
+            choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                       "finish_reason": finish_reason}
         else:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         chunk = self._chunk([choice])
         if finish_reason is not None:
             chunk["decoding"] = decoding
@@ -92,13 +95,17 @@ async def event_stream(shape: ChunkShape, first: Any | list[Any], next_event: Ca
             if opening is not None:
                 yield sse(opening)
         generated, totals, open_, failed = [0] * len(firsts), 0, set(range(len(firsts))), False
+        pending, offset = [[] for _ in firsts], [0] * len(firsts)
         ready = [(i, ev) for i, ev in enumerate(firsts)]
         while ready or tasks:
             for i, event in ready:
                 generated[i] += len(event.token_ids)
+                pending[i] += event.logprobs or []
                 stats = event.stats.to_dict() if event.stats is not None else None
                 if event.text or event.finish_reason is not None:
-                    yield sse(shape.delta(event.text, event.finish_reason, stats, index=i))
+                    lps = shape.logprobs(pending[i], offset[i]) if shape.logprobs is not None else None
+                    yield sse(shape.delta(event.text, event.finish_reason, stats, lps, index=i))
+                    pending[i], offset[i] = [], offset[i] + len(event.text)
                 if event.finish_reason is not None:
                     open_.discard(i)
                     totals += stats.get("generated_tokens", generated[i]) if stats else generated[i]

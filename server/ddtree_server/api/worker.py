@@ -13,9 +13,12 @@ the next step (finish_reason "cancelled").
 
 Busy or stuck: `round_age()` is how long the engine step in progress (a prefill step or one
 batched decode round) has run, `oldest_queued_age()` how long the oldest request not yet started
-has waited (seconds, None when there is none). A round older than `stall_seconds` makes `alive()`
-False (/health 503): one round of a capped tree budget takes well under a second on a GPU, so a
-round that runs for minutes is stuck, not busy; a long queue with young rounds is busy.
+has waited (seconds, None when there is none). A step that has shown no progress for
+`stall_seconds` makes `alive()` False (/health 503): one round of a capped tree budget takes well
+under a second on a GPU, so a step that runs for minutes is stuck, not busy; a long queue with
+young steps is busy. A long prompt's prefill is one step that may take minutes: the optional
+`progress()` clock (engine/progress.py: the last time a model layer started) counts as progress
+inside it, so a prefill that moves layer by layer is busy, not stuck (`quiet_age()`).
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ class Worker:
                  max_queue: int = 64, max_concurrency: int | None = None, stall_seconds: float = STALL_SECONDS,
                  on_state: Callable[[str, str], None] | None = None,
                  on_finished: Callable[[Job, Any], None] | None = None,
-                 on_step: Callable[[Any], None] | None = None) -> None:
+                 on_step: Callable[[Any], None] | None = None,
+                 progress: Callable[[], float | None] | None = None) -> None:
         self._load, self._warmup = load, warmup
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=max(max_queue, 1))
         self._max_queue, self._max_concurrency = max_queue, max_concurrency
@@ -109,6 +113,7 @@ class Worker:
         self._on_state = on_state or (lambda state, detail: None)
         self._on_finished = on_finished or (lambda job, event: None)
         self._on_step = on_step or (lambda info: None)
+        self._progress = progress or (lambda: None)   # monotonic time of the last progress inside a round
         self._lock = threading.Lock()
         self._running = 0    # jobs the thread is generating
         self._inflight = 0   # jobs submitted and not finished (queued + running)
@@ -196,9 +201,17 @@ class Worker:
             oldest = next(iter(self._waiting.values()), None)
         return None if oldest is None else max(time.monotonic() - oldest, 0.0)
 
+    def quiet_age(self) -> float | None:
+        """Seconds since the round in progress started or last showed progress (`progress()`);
+        None when no round runs."""
+        started, beat = self._round_started, self._progress()
+        if started is None:
+            return None
+        return max(time.monotonic() - max(started, beat if beat is not None else started), 0.0)
+
     def stalled(self) -> bool:
-        """True while the round in progress has run `stall_seconds` or longer."""
-        age = self.round_age()
+        """True while the round in progress has shown no progress for `stall_seconds` or longer."""
+        age = self.quiet_age()
         return age is not None and age >= self.stall_seconds
 
     def unhealthy_reason(self) -> str | None:
@@ -207,10 +220,10 @@ class Worker:
             return f"failed: {self.detail}"
         if not self._thread.is_alive():
             return "the worker thread is not running"
-        age = self.round_age()
-        if self.state not in ("loading", "warming") and age is not None and age >= self.stall_seconds:
-            return (f"stalled: the engine round in progress has run {age:.1f} s "
-                    f"(--stall-seconds {self.stall_seconds:g})")
+        quiet = self.quiet_age()
+        if self.state not in ("loading", "warming") and quiet is not None and quiet >= self.stall_seconds:
+            return (f"stalled: the engine round in progress has run {self.round_age() or 0.0:.1f} s, "
+                    f"{quiet:.1f} s without progress (--stall-seconds {self.stall_seconds:g})")
         return None
 
     def alive(self) -> bool:

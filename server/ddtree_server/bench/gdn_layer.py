@@ -91,7 +91,7 @@ def layer_bench(cfg, method: str, sizes: list[int], device, dtype, iters: int, s
             if setting:
                 row["gpu_ops"] = gpu_ops(mix)
             out[str(n)] = row
-    del model, cache
+    model = cache = None                       # drop the references before empty_cache()
     empty_cache()
     return out
 

@@ -97,7 +97,7 @@ def verify_bench(model, sizes: list[int], context: int, device, iters: int) -> d
         out["context_at_start"], out["context_at_end"] = s0, cache.length
     if torch.cuda.is_available():
         out["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated()
-    del target, cache
+    target = cache = None                      # drop the references before empty_cache()
     empty_cache()
     return out
 

@@ -1,6 +1,6 @@
-"""GPU probe for issue 10: the numbers that decide which optimisations to build, in one short run.
+"""GPU probe of the engine's speed: the numbers that decide which optimisations to build, in one short run.
 
-``PYTHONPATH=server python -m ddtree_server.bench.probe --out DIR [--budget-s 215]``
+``ddtree-server probe --out DIR [--budget-s 215]`` (or ``python -m ddtree_server.bench.probe``)
 
 Parts, in this order, each under its own share of the time budget (a part that runs out skips
 its remaining items and says so); ``DIR/probe.json`` is rewritten after every part, so a killed
@@ -205,7 +205,7 @@ def run_compile(p: Probe) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ddtree_server.bench.probe", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="ddtree-server probe", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True, help="output folder (probe.json, random-*.md, ...)")
     ap.add_argument("--budget-s", type=float, default=None, help="wall budget of the whole probe (s; default "
                     "215, 260 with --phase2)")

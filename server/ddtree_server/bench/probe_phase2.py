@@ -1,4 +1,4 @@
-"""Phase-2 GPU probe (issue 10): the engine's Triton kernel path against the path it replaces.
+"""Phase-2 GPU probe of the engine's speed: the engine's Triton kernel path against the path it replaces.
 
 ``PYTHONPATH=server python -m ddtree_server.bench.probe --phase2 --out DIR [--budget-s 260]``
 

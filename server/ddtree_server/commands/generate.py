@@ -63,7 +63,7 @@ def generate(
     except ValidationError as exc:
         for line in config_errors(exc):
             err.print(line, markup=False, highlight=False)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     from ddtree_server.engine.factory import engine_from_config
     from ddtree_server.engine.params import SamplingParams
 
@@ -78,7 +78,7 @@ def generate(
         events = engine.generate(ids, params, mode=mode, tree_budget=tree_budget)
     except Exception as exc:  # noqa: BLE001 - one clean line for any load / argument error
         err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     text, token_ids, last = "", [], None
     for last in events:
         text += last.text

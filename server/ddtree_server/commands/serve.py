@@ -30,8 +30,9 @@ import typer
 log = logging.getLogger("ddtree_server.serve")
 
 
-def load_engine(config: Any, status: Any) -> Any:
-    """Build the Engine for `config`; `status(text)` reports loading progress."""
+def load_engine(config: Any, status: Any, beacon: Any = None) -> Any:
+    """Build the Engine for `config`; `status(text)` reports loading progress. `beacon`
+    (engine/progress.py) watches the target's layers: progress inside a long prefill."""
     from ddtree_server.engine.factory import engine_from_config
 
     target = config.target or config.gguf or "the embedded SmolLM2 GGUF"
@@ -41,6 +42,9 @@ def load_engine(config: Any, status: Any) -> Any:
     if engine.tree_budget is not None and engine.tree_budget > limit:
         log.warning("default tree budget %d lowered to --max-tree-budget %d", engine.tree_budget, limit)
         engine.tree_budget = limit
+    if beacon is not None:
+        beacon.watch(engine.target)
+        beacon.watch(getattr(engine, "drafter", None))
     return engine
 
 
@@ -108,6 +112,7 @@ def run_server(config: Any) -> int:
     from ddtree_server.api.app import create_app
     from ddtree_server.api.metrics import Metrics
     from ddtree_server.api.worker import Worker
+    from ddtree_server.engine.progress import Beacon
 
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -129,9 +134,11 @@ def run_server(config: Any) -> int:
         metrics.observe_finished(prompt_tokens=len(job.prompt_ids), stats=stats,
                                  cancelled=job.cancel.is_set() or getattr(event, "finish_reason", None) == "cancelled")
 
-    worker = Worker(load=lambda status: load_engine(config, status), warmup=warmup, max_queue=config.max_queue,
-                    max_concurrency=config.max_running or config.max_concurrency, stall_seconds=config.stall_seconds,
-                    on_state=on_state, on_finished=on_finished, on_step=metrics.observe_step)
+    beacon = Beacon()
+    worker = Worker(load=lambda status: load_engine(config, status, beacon), warmup=warmup,
+                    max_queue=config.max_queue, max_concurrency=config.max_running or config.max_concurrency,
+                    stall_seconds=config.stall_seconds, on_state=on_state, on_finished=on_finished,
+                    progress=beacon.last, on_step=metrics.observe_step)
     app = create_app(config, worker, metrics)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
                                log_level=config.log_level, timeout_graceful_shutdown=30)

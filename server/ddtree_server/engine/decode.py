@@ -15,6 +15,11 @@ ctx = captured target features of the tokens the drafter has not seen yet:
    (no mask for chains)
 4. walk (speculative/walk.py) over the target's per-node choices; compact the KV cache to the path;
    ctx = features of the path; s += len(path); b = bonus
+
+A request with logits processing (grammar, penalties, logit_bias) or logprobs passes a
+``RequestProcessor`` (engine/processors.py): the verified logits go through
+``proc.process(logits, parents, tokens)`` before the choice (each node conditioned on its own
+path; ``ar`` is a one-node tree) and every round ends with ``proc.commit(emitted, rows)``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ddtree_server.engine.processors import RequestProcessor
 from ddtree_server.engine.sampling import TokenChooser
 from ddtree_server.speculative.tree import DraftTree, build_ddtree, chain_tree, root_only
 from ddtree_server.speculative.walk import accepted_tokens, walk
@@ -38,11 +44,35 @@ def _prefill(target, cache, prompt_ids: Sequence[int], device) -> tuple[Tensor, 
     return target.forward(cache, ids, pos, last_only=True)
 
 
+_ROOT = [-1]   # parents of a one-node tree
+
+
+def _choose(chooser: TokenChooser, proc: RequestProcessor | None, logits: Tensor,
+            parents: Sequence[int], tokens: Sequence[int]) -> tuple[list[int], Tensor]:
+    """The target's choice per node and the (processed) rows it was made from."""
+    if proc is not None and proc.active:
+        logits = proc.process(logits, parents, tokens)
+    return chooser.choose(logits), logits
+
+
+def _commit(proc: RequestProcessor | None, tokens: list[int], rows: Tensor, path: list[int] | None = None) -> None:
+    """Tell the processor what the round emitted (with the rows that chose them for logprobs)."""
+    if proc is None:
+        return
+    if proc.wants_logprobs:
+        rows = rows if path is None else rows.index_select(0, torch.tensor(path, device=rows.device))
+        proc.commit(tokens, rows)
+    else:
+        proc.commit(tokens)
+
+
 def ar_loop(target, cache, prompt_ids: Sequence[int], chooser: TokenChooser,
-            device: torch.device | str) -> Iterator[list[int]]:
+            device: torch.device | str, proc: RequestProcessor | None = None) -> Iterator[list[int]]:
     """Plain autoregressive decoding with the KV cache: one token per target forward."""
     logits, _ = _prefill(target, cache, prompt_ids, device)
-    token = chooser.choose(logits)[0]
+    choices, rows = _choose(chooser, proc, logits, _ROOT, [prompt_ids[-1]])
+    token = choices[0]
+    _commit(proc, [token], rows)
     yield [token]
     ids = torch.empty(1, dtype=torch.long, device=device)
     pos = torch.empty(1, dtype=torch.long, device=device)
@@ -50,7 +80,9 @@ def ar_loop(target, cache, prompt_ids: Sequence[int], chooser: TokenChooser,
         ids.fill_(token)
         pos.fill_(cache.length)
         logits, _ = target.forward(cache, ids, pos)
-        token = chooser.choose(logits)[0]
+        choices, rows = _choose(chooser, proc, logits, _ROOT, [token])
+        token = choices[0]
+        _commit(proc, [token], rows)
         yield [token]
 
 
@@ -121,7 +153,8 @@ def path_rows(path: list[int], device, staging: Staging | None) -> Tensor:
 
 
 def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], chooser: TokenChooser,
-              device: torch.device | str, build: TreeBuilder, budget: int) -> Iterator[list[int]]:
+              device: torch.device | str, build: TreeBuilder, budget: int,
+              proc: RequestProcessor | None = None) -> Iterator[list[int]]:
     """Speculative decoding with a drafter and a tree builder (see module docstring).
 
     ``target.capture_layers`` must equal ``drafter.config.target_layer_ids``. Raises ValueError
@@ -130,7 +163,9 @@ def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], ch
     if list(target.capture_layers) != list(drafter.config.target_layer_ids):
         raise ValueError("target.capture_layers must equal the drafter's target_layer_ids")
     logits, ctx = _prefill(target, cache, prompt_ids, device)
-    bonus = chooser.choose(logits)[0]
+    choices, rows = _choose(chooser, proc, logits, _ROOT, [prompt_ids[-1]])
+    bonus = choices[0]
+    _commit(proc, [bonus], rows)
     yield [bonus]
     s = len(prompt_ids)
     cuda = torch.device(device).type == "cuda"
@@ -143,7 +178,8 @@ def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], ch
         tree = build(draft_logits, bonus, min(budget, room))
         ids, pos, mask = tree_inputs(tree, s, device, inputs_buf)
         logits, feats = target.forward(cache, ids, pos, tree_mask=mask)
-        path, new_bonus = walk(tree, chooser.choose(logits))
+        choices, scored = _choose(chooser, proc, logits, tree.parents, tree.tokens)
+        path, new_bonus = walk(tree, choices)
         k = len(path)
         if path == list(range(k)):
             cache.keep(s, path)
@@ -153,6 +189,7 @@ def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], ch
             cache.keep(s, path, rows)
             ctx = feats.index_select(0, rows)
         out = accepted_tokens(tree, path, new_bonus)
+        _commit(proc, out, scored, path)
         s += k
         bonus = new_bonus
         yield out

@@ -18,6 +18,7 @@ import torch
 
 from ddtree_server.engine.batch import BatchEngine, GenerationEvent, Request
 from ddtree_server.engine.sampling import SamplingParams
+from ddtree_server.engine.processors import RequestProcessor
 from ddtree_server.engine.stats import DecodeStats
 from ddtree_server.engine.stopping import StopChecker
 from ddtree_server.models import families
@@ -92,6 +93,8 @@ class Engine:
         poison = bool(int(os.environ.get(POISON_ENV, "0") or 0)) if poison_freed_slots is None else poison_freed_slots
         self.batch = BatchEngine(target, drafter, max_running=slots, max_len=self.max_model_len,
                                  device=device, poison=poison)
+        self._grammars = None
+        self._grammars_lock = threading.Lock()
         self.messages: list[str] = []  # start-up lines (set by engine.factory.load_engine)
 
     def _default_budget(self) -> int | None:
@@ -114,6 +117,22 @@ class Engine:
                    "with plain decoding") if not self.tree_mode_available else "no drafter is loaded"
             raise ValueError(f"mode {mode} is unavailable: {why}")
         return mode
+
+    @property
+    def vocab_size(self) -> int:
+        """Logits columns of the target (token ids a processor or grammar may refer to)."""
+        return int(self.target.config.vocab_size)
+
+    @property
+    def grammars(self):
+        """The ``constrained.compiler.GrammarCompiler`` for this tokenizer (built on first use;
+        thread-safe): the API compiles ``response_format`` / tool grammars with it."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from ddtree_server.constrained.compiler import GrammarCompiler
+
+                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            return self._grammars
 
     def encode(self, text: str, chat: bool = True) -> list[int]:
         """Prompt ids: the chat template with one user message (``chat``), else raw tokens."""
@@ -167,6 +186,9 @@ class Engine:
         checker = StopChecker(self.tokenizer, max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
                               stop=params.stop, stop_token_ids=stop_ids, prompt_ids=prompt_ids)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
+        if processor is None:   # grammar / penalties / logit_bias / logprobs of the request, if any
+            proc = RequestProcessor(params, prompt_ids, self.vocab_size, self.device)
+            processor = proc if proc.active or proc.wants_logprobs else None
         return Request(rid=rid, prompt_ids=prompt_ids, params=params, mode=mode, budget=budget,
                        checker=checker, seed=int(seed), cancel=cancel, processor=processor)
 

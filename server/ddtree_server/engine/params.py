@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 # Temperatures below this are greedy decoding (argmax), the limit of softmax(logits / T) as T -> 0.
 # Same threshold as vLLM's `_SAMPLING_EPS` (vllm/sampling_params.py). Below it, logits / T can
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 # NaN; at or above it, `processed_probs` is finite for every finite logit row (it subtracts the
 # row maximum before dividing, so the largest scaled logit is exactly 0).
 GREEDY_TEMPERATURE = 1e-5
+REPETITION_PENALTY_RANGE = (0.01, 100.0)   # beyond it logits / penalty overflows fp32 (a 5e-324 penalty gives inf)
+MAX_TOP_LOGPROBS = 20     # most alternatives per emitted token (OpenAI's top_logprobs maximum)
 
 
 @dataclass
@@ -23,6 +26,11 @@ class SamplingParams:
     keeps only the most probable token (the nucleus is never empty);
     seed: seeds the request's torch.Generator (None: random); stop: stop strings;
     stop_token_ids: extra stop tokens (EOS is always added by the engine unless ignore_eos).
+    Logits processing (engine/processors.py, applied per tree node, exact under speculation):
+    presence_penalty / frequency_penalty in [-2, 2] (0 = off), repetition_penalty in [0.01, 100] (1 = off),
+    logit_bias: token id -> bias in [-100, 100], grammar: a ``constrained.compiler.Grammar`` (None =
+    unconstrained). logprobs: None = off, else 0..MAX_TOP_LOGPROBS alternatives per emitted token
+    (engine/logprobs.py).
     """
 
     max_tokens: int
@@ -32,6 +40,12 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -46,6 +60,20 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and -2.0 <= value <= 2.0):
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        low, high = REPETITION_PENALTY_RANGE
+        if not low <= self.repetition_penalty <= high:
+            raise ValueError(f"repetition_penalty must be in [{low:g}, {high:g}], got {self.repetition_penalty}")
+        for tok, bias in self.logit_bias.items():
+            if not (isinstance(tok, int) and tok >= 0):
+                raise ValueError(f"logit_bias keys must be token ids >= 0, got {tok!r}")
+            if not (math.isfinite(bias) and -100.0 <= bias <= 100.0):
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias}")
+        if self.logprobs is not None and not 0 <= int(self.logprobs) <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {self.logprobs}")
 
     @property
     def greedy(self) -> bool:

@@ -6,7 +6,7 @@ block of query rows launches only ``kv_heads`` programs there, each streaming ev
 Flash-decoding (Dao et al., "Flash-Decoding for long-context inference", 2023) splits the keys
 over many programs instead and merges their partial softmaxes; this module does that:
 
-* ``split_kernel``: program (split, kv head, row block) runs the online softmax (fp32, Milakov &
+* ``split_kernel``: program (row block, kv head, split) runs the online softmax (fp32, Milakov &
   Gimelshein 2018) over its share of the keys ``[0, start + n)`` of ONE KV head; its rows are the
   ``rep`` query heads of that KV head for each query token (GQA: each K/V tile is read once for
   all of them). The cache ``[kv_heads, rows, head_dim]`` is read in place and only up to the live
@@ -83,12 +83,21 @@ class AttnConfig:
 DEFAULT = AttnConfig()
 
 
+LONG_BLOCK = 512  # blocks of more query tokens (prompts) split their keys only while programs are few
+INT32_MAX = 2 ** 31 - 1
+GRID_YZ_MAX = 65535  # CUDA's limit on grid axes 1 and 2 (axis 0: 2**31 - 1)
+
+
 def plan(n: int, rep: int, kv_heads: int, head_dim: int, rows: int, device, cfg: AttnConfig = DEFAULT
          ) -> tuple[int, int, int]:
     """(block_m, block_n, splits) for n query tokens: row blocks of the ``n * rep`` rows of one
     KV head, and enough key splits that the programs of a one-token forward fill ``ctas_per_sm``
-    per SM. The split count depends on the model's shape only (not on n or the live length), so
-    a CUDA graph can hold it and every forward splits a row's keys alike."""
+    per SM. For blocks of up to ``LONG_BLOCK`` tokens (decode steps, chains, trees: every CUDA-graph
+    bucket) the split count depends on the model's shape only (not on n or the live length), so
+    a CUDA graph can hold it and every forward splits a row's keys alike. A longer block (a
+    prompt) has row blocks enough to fill the GPU: it splits only up to that many programs, so
+    its fp32 partials stay small (one split per program at 16k tokens of Qwen3-8B would take
+    8.9 GB; docs/architecture.md, "Long contexts")."""
     # one row-block size for every n (block_m 0: the smallest block that holds n * rep rows): the
     # same MMA shape then computes a row's scores in a one-token step and in a verify
     m_rows = n * rep
@@ -99,8 +108,39 @@ def plan(n: int, rep: int, kv_heads: int, head_dim: int, rows: int, device, cfg:
     # the split count ignores the row blocks (it is the one-token forward's): one-token steps and
     # chain / tree verifies then cut the keys at the same places (see per_split), so a chain
     # verify gives the bits of plain decoding (bf16 included)
-    want = math.ceil(cfg.ctas_per_sm * sm_count(device) / kv_heads)
-    return block_m, block_n, max(1, min(want, cfg.max_splits, math.ceil(rows / block_n)))
+    programs = cfg.ctas_per_sm * sm_count(device)
+    splits = max(1, min(math.ceil(programs / kv_heads), cfg.max_splits, math.ceil(rows / block_n)))
+    if n > LONG_BLOCK:
+        splits = max(1, min(splits, math.ceil(programs / (kv_heads * math.ceil(m_rows / block_m)))))
+    return block_m, block_n, splits
+
+
+def launch_limits(n: int, hq: int, kv_heads: int, head_dim: int, rows: int, device,
+                  cfg: AttnConfig = DEFAULT, q_row_stride: int | None = None,
+                  kv_row_stride: int | None = None) -> dict[str, int]:
+    """The largest grid extents and 32-bit element offsets of one ``decode_attention`` call
+    (n query tokens over a cache of ``rows`` rows), for ``check_limits`` and the tests that
+    check every shape up to 262,144 tokens. Offsets the kernels compute in 64 bits (token rows of
+    q / out, the partials, the head of k / v) are not listed: only what stays 32-bit."""
+    rep = hq // kv_heads
+    block_m, block_n, splits = plan(n, rep, kv_heads, head_dim, rows, device, cfg)
+    m_tiles = math.ceil(n * rep / block_m)
+    kv_row_stride = kv_row_stride or head_dim
+    return {"grid_axis0": m_tiles, "grid_axis1": kv_heads, "grid_axis2": splits,
+            "merge_axis0": n * rep, "merge_axis1": kv_heads,
+            # key row j of one head: j * row stride (j < rows); the last tile may reach block_n past
+            "kv_offset": (rows + block_n) * kv_row_stride + head_dim,
+            "partial_bytes": 0 if splits == 1 else splits * kv_heads * m_tiles * block_m * (head_dim + 1) * 4,
+            "splits": splits, "q_row_stride": q_row_stride or hq * head_dim}
+
+
+def check_limits(lim: dict[str, int]) -> None:
+    """Raise ValueError where a launch would pass CUDA's grid limits or a 32-bit offset (a wrong
+    answer or an illegal memory access otherwise)."""
+    for key, cap in (("grid_axis0", INT32_MAX), ("grid_axis1", GRID_YZ_MAX), ("grid_axis2", GRID_YZ_MAX),
+                     ("merge_axis0", INT32_MAX), ("merge_axis1", GRID_YZ_MAX), ("kv_offset", INT32_MAX)):
+        if lim[key] > cap:
+            raise ValueError(f"decode_attention: {key} {lim[key]} exceeds {cap}")
 
 
 if HAVE_TRITON:
@@ -169,6 +209,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, mode: str =
         block = block.view(torch.uint8) if block.dtype == torch.bool else block
     rep = hq // hkv
     block_m, block_n, splits = plan(n, rep, hkv, d, rows, q.device, config)
+    check_limits(launch_limits(n, hq, hkv, d, rows, q.device, config, q.stride(0),
+                               max(k.stride(1), v.stride(1))))
     m_tiles = math.ceil(n * rep / block_m)
     m_pad = m_tiles * block_m
     if out is None:
@@ -182,7 +224,7 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, mode: str =
     scale_log2 = (scale if scale is not None else d ** -0.5) * LOG2E
     fused = config.fused_merge and splits > 1
     cnt = _counters(q.device, hkv * m_tiles) if fused else start
-    split_kernel[(splits, hkv, m_tiles)](
+    split_kernel[(m_tiles, hkv, splits)](
         q, k, v, start, mask, out, po, pl, cnt, n, rep, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), mask.stride(0) if mode == "tree" else 0, out.stride(0), out.stride(1),
         m_pad, scale_log2, window, MODE=MODES[mode], SPLITS=splits, BLOCK_M=block_m, BLOCK_N=block_n, D=d,

@@ -45,18 +45,19 @@ def _merge_rows(po_ptr, pl_ptr, o_ptr, h, heads, rows, length, N, rep, stride_on
     tok, head = rows // rep, h * rep + rows % rep
     dd = tl.arange(0, D)
     mx = tl.full(rows.shape, float("-inf"), tl.float32)
+    rows64 = rows.to(tl.int64)  # partial offsets pass 2**31 for long blocks: 64-bit (docs/architecture.md)
     for sp in range(0, used):
-        mx = tl.maximum(mx, tl.load(pl_ptr + (sp * heads + h) * m_pad + rows, cache_modifier=".cg"))
+        mx = tl.maximum(mx, tl.load(pl_ptr + (sp * heads + h) * m_pad + rows64, cache_modifier=".cg"))
     m_sub = tl.where(mx == float("-inf"), 0.0, mx)
     acc = tl.zeros([rows.shape[0], D], tl.float32)
     wsum = tl.zeros(rows.shape, tl.float32)
     for sp in range(0, used):
-        base = (sp * heads + h) * m_pad + rows
+        base = (sp * heads + h) * m_pad + rows64
         w = tl.exp2(tl.load(pl_ptr + base, cache_modifier=".cg") - m_sub)
         acc += w[:, None] * tl.load(po_ptr + base[:, None] * D + dd[None, :], cache_modifier=".cg")
         wsum += w
     out = acc / tl.where(wsum == 0.0, 1.0, wsum)[:, None]
-    tl.store(o_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + dd[None, :],
+    tl.store(o_ptr + tok.to(tl.int64)[:, None] * stride_on + head[:, None] * stride_oh + dd[None, :],
              out.to(o_ptr.dtype.element_ty), mask=(tok < N)[:, None])
 
 
@@ -67,14 +68,16 @@ def split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr
                   MODE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr,
                   WINDOWED: tl.constexpr):
-    pid_s, h, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    # row blocks on grid axis 0 (up to 2**31 - 1 programs; axes 1 and 2 stop at 65535)
+    pid_m, h, pid_s = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     s = tl.load(start_ptr).to(tl.int32)
     length = s + N
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     tok, head = rows // rep, h * rep + rows % rep
     row_ok = tok < N
+    tok64 = tok.to(tl.int64)  # token * row stride passes 2**31 for long blocks of wide models
     dd = tl.arange(0, D)
-    q = tl.load(q_ptr + tok[:, None] * stride_qn + head[:, None] * stride_qh + dd[None, :],
+    q = tl.load(q_ptr + tok64[:, None] * stride_qn + head[:, None] * stride_qh + dd[None, :],
                 mask=row_ok[:, None], other=0.0)
     per = per_split(length, BLOCK_N, SPLITS)  # key tiles per split
     lo = pid_s * per * BLOCK_N
@@ -93,7 +96,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    kb, vb = k_ptr + h * stride_kh, v_ptr + h * stride_vh
+    kb, vb = k_ptr + h.to(tl.int64) * stride_kh, v_ptr + h.to(tl.int64) * stride_vh
     for t in range(lo, pre, BLOCK_N):  # whole tiles of always-visible keys: no mask
         j = t + tl.arange(0, BLOCK_N)
         k = tl.load(kb + j[:, None] * stride_kr + dd[None, :])
@@ -122,15 +125,17 @@ def split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     if SPLITS == 1:
-        tl.store(o_ptr + tok[:, None] * stride_on + head[:, None] * stride_oh + dd[None, :],
+        tl.store(o_ptr + tok64[:, None] * stride_on + head[:, None] * stride_oh + dd[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        base = (pid_s * tl.num_programs(1) + h) * m_pad + rows
+        # (split, head, row) of the partials: splits * heads * m_pad * D passes 2**31 elements for a
+        # 16k-token block at the Qwen3-8B shape (the illegal memory access of docs/architecture.md)
+        base = (pid_s * tl.num_programs(1) + h) * m_pad + rows.to(tl.int64)
         tl.store(po_ptr + base[:, None] * D + dd[None, :], out)
         tl.store(pl_ptr + base, tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe)))
         if FUSED:  # the last split of this (head, row block) to finish merges them all
             tl.debug_barrier()  # every thread's partial stores precede the release below
-            slot = cnt_ptr + h * tl.num_programs(2) + pid_m
+            slot = cnt_ptr + h * tl.num_programs(0) + pid_m
             if tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu") == SPLITS - 1:
                 tl.store(slot, 0)  # ready for the next launch (CUDA graph replays included)
                 _merge_rows(po_ptr, pl_ptr, o_ptr, h, tl.num_programs(1), rows, length, N, rep, stride_on,
@@ -147,7 +152,7 @@ def merge_kernel(po_ptr, pl_ptr, o_ptr, start_ptr, N, rep, stride_on, stride_oh,
     per = per_split(length, BLOCK_N, SPLITS)
     used = tl.cdiv(tl.cdiv(length, BLOCK_N), per)
     sp = tl.arange(0, SP2)
-    base = (sp * tl.num_programs(1) + h) * m_pad + row
+    base = (sp * tl.num_programs(1) + h) * m_pad + row.to(tl.int64)
     ok = sp < used
     lse = tl.load(pl_ptr + base, mask=ok, other=float("-inf"))
     mx = tl.max(lse, 0)
@@ -156,5 +161,5 @@ def merge_kernel(po_ptr, pl_ptr, o_ptr, start_ptr, N, rep, stride_on, stride_oh,
     part = tl.load(po_ptr + base[:, None] * D + dd[None, :], mask=ok[:, None], other=0.0)
     wsum = tl.sum(w, 0)
     out = tl.sum(w[:, None] * part, 0) / tl.where(wsum == 0.0, 1.0, wsum)
-    tl.store(o_ptr + (row // rep) * stride_on + (h * rep + row % rep) * stride_oh + dd,
+    tl.store(o_ptr + (row // rep).to(tl.int64) * stride_on + (h * rep + row % rep) * stride_oh + dd,
              out.to(o_ptr.dtype.element_ty))

@@ -63,7 +63,7 @@ if HAVE_TRITON:
                      HB: tl.constexpr):
         # program (token i, block of HB heads of the concatenation q | k | v); each row is one
         # head: three masked loads / stores pick its source and destination (no pointer select)
-        i = tl.program_id(0)
+        i = tl.program_id(0).to(tl.int64)  # token * row stride passes 2**31 in long prompts
         hh = tl.program_id(1) * HB + tl.arange(0, HB)
         is_q, is_k = hh < HQ, (hh >= HQ) & (hh < HQ + HKV)
         is_v = (hh >= HQ + HKV) & (hh < HQ + 2 * HKV)
@@ -98,10 +98,10 @@ if HAVE_TRITON:
             o1 = a * c1 - b * s1
         o2 = b * c2 + a * s2
         o1, o2 = tl.where(mv, x1, o1.to(dt)), tl.where(mv, x2, o2.to(dt))
-        row = tl.load(row0_ptr).to(tl.int32) + i
+        row = tl.load(row0_ptr).to(tl.int64) + i
         q_dst = qo_ptr + i * s_on + hq[:, None] * s_oh
-        k_dst = kc_ptr + hk[:, None] * s_kch + row * s_kcr
-        v_dst = vc_ptr + hv[:, None] * s_vch + row * s_vcr
+        k_dst = kc_ptr + hk.to(tl.int64)[:, None] * s_kch + row * s_kcr
+        v_dst = vc_ptr + hv.to(tl.int64)[:, None] * s_vch + row * s_vcr
         tl.store(q_dst + lo, o1, mask=mq)
         tl.store(q_dst + hi, o2, mask=mq)
         tl.store(k_dst + lo, o1, mask=mk)
@@ -111,7 +111,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _rms_norm_kernel(x_ptr, w_ptr, o_ptr, width, s_xn, s_on, eps, BLOCK: tl.constexpr):
-        i = tl.program_id(0)
+        i = tl.program_id(0).to(tl.int64)
         c = tl.arange(0, BLOCK)
         ok = c < width
         x = tl.load(x_ptr + i * s_xn + c, mask=ok, other=0.0)
@@ -122,7 +122,7 @@ if HAVE_TRITON:
 
     @triton.jit
     def _silu_mul_kernel(g_ptr, u_ptr, o_ptr, width, s_gn, s_un, s_on, BLOCK: tl.constexpr):
-        i = tl.program_id(0)
+        i = tl.program_id(0).to(tl.int64)  # a gate|up row of Llama-3.1-8B x 75k tokens passes 2**31
         c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         ok = c < width
         g = tl.load(g_ptr + i * s_gn + c, mask=ok, other=0.0)

@@ -69,12 +69,13 @@ class BatchEngine:
         req.ctx = None
 
     def _emit(self, req: Request, out: list, ids: list[int], text: str, finish: str | None) -> None:
+        logprobs = req.take_logprobs(len(ids), finish is not None)
         stats = None
         if finish is not None:
             req.finished = True
             stats = req.stats(self.block_size, time.perf_counter())
             self._release(req)
-        ev = GenerationEvent(ids, text, finish, stats)
+        ev = GenerationEvent(ids, text, finish, stats, logprobs)
         req.events.append(ev)
         out.append((req, ev))
 

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ddtree_server.engine.batch import rng
@@ -23,6 +24,7 @@ class GenerationEvent:
     text: str
     finish_reason: str | None
     stats: DecodeStats | None
+    logprobs: list | None = None   # one TokenLogprob per token of token_ids when the request asked
 
 
 @dataclass(eq=False)  # identity: the scheduler finds requests in its lists by identity
@@ -56,6 +58,7 @@ class Request:
     submitted_at: float = field(default_factory=time.perf_counter)
     prefill_s: float = 0.0
     t_decode: float = 0.0
+    scored: Tensor | None = None      # the last choice's (processed) rows, until accept
 
     @property
     def cancelled(self) -> bool:
@@ -64,15 +67,32 @@ class Request:
     def choose(self, logits: Tensor, parents: list[int], tokens: list[int], positions: list[int]) -> list[int]:
         """The target's choice per row of ``logits [n, vocab]`` (rows = tree nodes whose parents and
         tokens are given; row i chooses the token at ``positions[i]``): the one place where a
-        request's processor acts on its rows."""
+        request's processor acts on its rows (the processed rows are kept for ``accept``)."""
         if self.processor is not None and getattr(self.processor, "active", False):
             logits = self.processor.process(logits, parents, tokens)
+        self.scored = logits
         return rng.choose(logits, self.params, self.seed, positions)
 
-    def accept(self, tokens: list[int]) -> None:
-        """The round's accepted tokens (path + bonus): the processor advances its state."""
-        if self.processor is not None:
-            self.processor.commit(tokens)
+    def accept(self, tokens: list[int], path: list[int] | None = None) -> None:
+        """The round's accepted tokens (path + bonus; ``path``: their rows, None = all rows): the
+        processor advances its state and records logprobs from the rows that chose them."""
+        proc, rows = self.processor, self.scored
+        self.scored = None
+        if proc is None:
+            return
+        if getattr(proc, "wants_logprobs", False) and rows is not None:
+            if path is not None:
+                rows = rows.index_select(0, torch.tensor(path, device=rows.device))
+            proc.commit(tokens, rows)
+        else:
+            proc.commit(tokens)
+
+    def take_logprobs(self, count: int, final: bool) -> list | None:
+        """Logprobs of the tokens emitted since the last call (``count`` after stop trimming)."""
+        if self.processor is None or not getattr(self.processor, "wants_logprobs", False):
+            return None
+        got = self.processor.take_logprobs() or []
+        return got[:count] if got or not final else []
 
     def stats(self, block_size: int | None, end: float) -> DecodeStats:
         decode_s = end - self.t_decode if self.t_decode else 0.0

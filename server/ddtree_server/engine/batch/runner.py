@@ -80,7 +80,7 @@ class StepRunner:
         logits, ctx = model.forward(cache, ids, torch.arange(n, device=self.device), last_only=True)
         token = req.choose(logits, [-1], [req.prompt_ids[-1]], [n])[0]
         req.s, req.bonus = n, token
-        req.accept([token])
+        req.accept([token])  # the prefill row chose it
         req.ctx = ctx.clone() if ctx is not None and req.mode != "ar" else None
         return [token]
 
@@ -145,7 +145,7 @@ class StepRunner:
                 c.length = blk.s + n
         else:
             logits, feats = hybrid_forward(self.model, caches, k, v, lay)
-        plain = all(r.params.greedy and not getattr(r.processor, "active", False) for r in reqs)
+        plain = all(r.params.greedy and r.processor is None for r in reqs)
         choices = logits.argmax(dim=-1).tolist() if plain else None
         out = []
         for i, (r, t) in enumerate(zip(reqs, trees)):
@@ -178,5 +178,5 @@ class StepRunner:
             req.ctx = ctx.clone()
         req.s, req.bonus = s + k, bonus
         out = accepted_tokens(tree, path, bonus)
-        req.accept(out)
+        req.accept(out, path)
         return out

@@ -31,7 +31,7 @@ from ddtree_server.models.hybrid.cache import HybridCache
 from ddtree_server.models.hybrid.config import GDN, HybridConfig
 from ddtree_server.models.hybrid.layers import HybridLayer, ZeroCenteredRMSNorm
 from ddtree_server.models.hybrid.tree import tree_meta
-from ddtree_server.models.layers import attention_backends
+from ddtree_server.models.layers import attention_backends, kernels_usable
 
 METHODS = ("chunk", "node")
 DEFAULT_METHOD = os.environ.get("DDTREE_GDN_METHOD", "chunk")
@@ -117,9 +117,15 @@ class HybridTarget(nn.Module):
         commit = tree_mask is None and (n == 1 or n > cache.cap or last_only)
         if tree_mask is not None and n > cache.cap:
             cache.grow(-(-n // 16) * 16)  # a larger tree than the static scratch: grow it once
-        mask = self._attn_mask(s, n, tree_mask, input_ids.device)
+        start = None
+        if tree_mask is None and kernels_usable(self.config.head_dim, cache.k):
+            # a chain (a prompt above all) on the split-K kernel: no [rep*n, s+n] mask, which
+            # for a 131k-token prompt would take ~100 GB (docs/architecture.md, "Long contexts")
+            mask, start = None, torch.full((), s, dtype=torch.long, device=input_ids.device)
+        else:
+            mask = self._attn_mask(s, n, tree_mask, input_ids.device)
         out = self.run(cache, input_ids, positions, mask, tree_mask, last_only=last_only, commit=commit,
-                       chain=tree_mask is None)
+                       chain=tree_mask is None, start=start)
         cache.begin(s, n, tree_mask is not None, commit)
         return out
 

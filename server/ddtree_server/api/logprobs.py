@@ -1,0 +1,56 @@
+"""The `logprobs` objects of the OpenAI API from the engine's per-token logprobs
+(engine/logprobs.py: the target's processed distribution at each emitted token).
+
+* chat: ``{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob",
+  "bytes"}]}], "refusal": null}``, one entry per emitted token;
+* completions: ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``.
+
+A token's text is its raw bytes (the grammar compiler's decoded vocabulary) decoded as UTF-8 with
+replacement; ``bytes`` carries the exact bytes, so a character split over tokens can be rebuilt.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+
+class TokenTexts:
+    """Raw bytes of every token id (from the engine's grammar compiler; built once)."""
+
+    def __init__(self, engine: Any):
+        self.vocab: list[bytes] = list(engine.grammars.info.decoded_vocab)
+
+    def raw(self, token_id: int) -> bytes:
+        return self.vocab[token_id] if 0 <= token_id < len(self.vocab) else b""
+
+    def text(self, token_id: int) -> str:
+        return self.raw(token_id).decode("utf-8", errors="replace")
+
+
+def _entry(texts: TokenTexts, token_id: int, logprob: float) -> dict[str, Any]:
+    raw = texts.raw(token_id)
+    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+
+def chat_logprobs(texts: TokenTexts, entries: Sequence[Any]) -> dict[str, Any]:
+    """The chat `choices[].logprobs` object (also of one stream chunk)."""
+    content = []
+    for e in entries:
+        item = _entry(texts, e.token_id, e.logprob)
+        item["top_logprobs"] = [_entry(texts, t, v) for t, v in e.top]
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(texts: TokenTexts, entries: Sequence[Any], offset: int = 0) -> dict[str, Any]:
+    """The completions `choices[].logprobs` object; ``offset``: characters of text before these
+    tokens (a stream's earlier chunks), for ``text_offset``."""
+    tokens, values, tops, offsets = [], [], [], []
+    for e in entries:
+        text = texts.text(e.token_id)
+        tokens.append(text)
+        values.append(e.logprob)
+        tops.append({texts.text(t): v for t, v in e.top})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}

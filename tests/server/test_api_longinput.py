@@ -1,0 +1,138 @@
+"""End-to-end (the real server process): long inputs and the shutdown of queued requests.
+
+* a prompt longer than the context window is a 400 before any work; a text that cannot fit even
+  at the tokenizer's longest token is a 400 before it is tokenised (the server's peak memory does
+  not grow by the tokenisation of 10 MB); a body over the limit is a 413 JSON error;
+* a long prefill is progress: /health stays 200 while one prefill runs longer than --stall-seconds;
+* at the drain deadline after SIGTERM, requests still queued get a 503 with Retry-After (they never
+  started), the running stream ends with finish_reason "cancelled", and nothing gets a 500.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.serverproc import API_KEY, MAX_MODEL_LEN, MODEL, ServerProcess
+
+pytest_plugins = ["tests.server.api_fixtures"]
+pytestmark = pytest.mark.slow
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def _post(server: ServerProcess, path: str, body: dict, timeout: float = 120) -> httpx.Response:
+    return httpx.post(server.url(path), json=body, headers=AUTH, timeout=timeout)
+
+
+def test_prompt_longer_than_the_context_is_400_before_any_work(api_server):
+    ids = [1000 + i % 3000 for i in range(MAX_MODEL_LEN + 5)]
+    resp = _post(api_server, "/v1/completions", {"model": MODEL, "prompt": ids, "max_tokens": 1})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+    assert f"{MAX_MODEL_LEN + 5} tokens" in err["message"] and f"{MAX_MODEL_LEN} tokens" in err["message"]
+    # counted exactly after tokenising: a text under the character bound but over the window
+    text = " hello" * (MAX_MODEL_LEN + 50)
+    resp = _post(api_server, "/v1/completions", {"model": MODEL, "prompt": text, "max_tokens": 1})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded"
+    assert "tokens but the context window" in resp.json()["error"]["message"]
+    health = httpx.get(api_server.url("/health"), timeout=30).json()
+    assert health["running"] == 0 and health["queued"] == 0
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_text_that_cannot_fit_is_refused_before_tokenising(api_server, kind):
+    text = "x" * (10 * 1024 * 1024)   # 10 MB: under the 16 MiB body limit, far over 1024 tokens
+    before = _peak_rss_kib(api_server.proc.pid)
+    body = ({"model": MODEL, "prompt": text, "max_tokens": 1} if kind == "completion" else
+            {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1})
+    resp = _post(api_server, "/v1/completions" if kind == "completion" else "/v1/chat/completions", body)
+    assert resp.status_code == 400, resp.text[:300]
+    err = resp.json()["error"]
+    assert err["code"] == "context_length_exceeded" and "was not tokenised" in err["message"]
+    assert err["param"] == ("prompt" if kind == "completion" else "messages")
+    # tokenising 10 MB would take the server's peak memory up by ~650 MB; parsing the body does not
+    grown_mib = (_peak_rss_kib(api_server.proc.pid) - before) / 1024
+    assert grown_mib < 300, grown_mib
+
+
+def test_body_over_the_limit_is_a_413_json_error(api_server):
+    body = json.dumps({"model": MODEL, "prompt": "y" * (17 * 1024 * 1024), "max_tokens": 1})
+    resp = httpx.post(api_server.url("/v1/completions"), content=body, timeout=120,
+                      headers={**AUTH, "Content-Type": "application/json"})
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large"
+
+
+def test_a_long_prefill_is_progress_not_a_stall():
+    """--stall-seconds 8 and a 6000-token prompt whose one prefill round runs longer: /health stays
+    200 while the round's age passes 8 s (its layers and their modules keep starting: several
+    times per layer, 30 layers), and the request completes."""
+    with ServerProcess("--stall-seconds", "8") as server:
+        ids = [1000 + i % 3000 for i in range(6000)]
+        result: dict = {}
+        worker = threading.Thread(target=lambda: result.update(resp=httpx.post(
+            server.url("/v1/completions"), json={"prompt": ids, "max_tokens": 2, "temperature": 0}, timeout=900)))
+        worker.start()
+        polls = []
+        while worker.is_alive():
+            health = httpx.get(server.url("/health"), timeout=30)
+            polls.append((health.status_code, health.json()))
+            time.sleep(0.2)
+        worker.join()
+        assert result["resp"].status_code == 200, result["resp"].text
+        ages = [body["round_age_s"] or 0 for _, body in polls]
+        assert max(ages) > 8, f"the prefill took under --stall-seconds ({max(ages)} s): not a long prefill"
+        bad = [(code, body) for code, body in polls if code != 200]
+        assert not bad, bad[:2]
+        assert all(body["quiet_s"] is None or body["quiet_s"] < 8 for _, body in polls)
+
+
+def test_drain_deadline_gives_queued_requests_503_not_500():
+    """--drain-timeout 5: one stream runs, six clients wait in the queue (three streaming), SIGTERM.
+    At the deadline the stream ends with finish_reason "cancelled" and [DONE]; each queued request
+    gets 503 + Retry-After (it never started); nothing gets a 500; the process exits 0."""
+    with ServerProcess("--drain-timeout", "5") as server:
+        long = {"prompt": "Count: 1, 2, 3,", "stream": True, "max_tokens": 8000, "ignore_eos": True,
+                "temperature": 0}
+        answers: list = [None] * 6
+
+        def queued(i: int) -> None:
+            body = {"prompt": f"Item {i}:", "max_tokens": 4, "stream": i % 2 == 0}
+            answers[i] = httpx.post(server.url("/v1/completions"), json=body, timeout=120)
+
+        with httpx.stream("POST", server.url("/v1/completions"), json=long, timeout=120) as stream:
+            lines = stream.iter_lines()
+            next(lines)   # the long generation is running on the worker
+            clients = [threading.Thread(target=queued, args=(i,)) for i in range(6)]
+            for client in clients:
+                client.start()
+            deadline = time.monotonic() + 60
+            while httpx.get(server.url("/health"), timeout=30).json()["queued"] < 6:
+                assert time.monotonic() < deadline, "the six requests never queued"
+                time.sleep(0.1)
+            server.proc.send_signal(signal.SIGTERM)
+            rest = [x for x in lines if x]
+            for client in clients:
+                client.join(120)
+        assert rest[-1] == "data: [DONE]"
+        assert any('"finish_reason":"cancelled"' in x.replace(" ", "") for x in rest), rest[-3:]
+        codes = [a.status_code for a in answers]
+        assert codes == [503] * 6, [(a.status_code, a.text[:200]) for a in answers]
+        for a in answers:
+            assert a.headers.get("retry-after") and a.json()["error"]["type"] == "service_unavailable"
+            assert "cancelled before it started" in a.json()["error"]["message"]
+        assert server.proc.wait(60) == 0, server.log_tail()
+        assert "the generation produced no result" not in server.log_text()

@@ -1,0 +1,95 @@
+"""Constrained decoding, penalties and logprobs on the real SmolLM2 target with the shipped drafter.
+
+fp32, CPU. The shipped default drafter (assets/drafter) is a trained drafter: it proposes what the
+model would write, and the grammar refuses some of it. Output must validate against the schema
+(``jsonschema``) and equal constrained ``ar`` token for token for DDTree budgets 1 / 16 / 64 and
+DFlash; penalised output likewise; logprobs agree across modes to fp32 rounding.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from ddtree_server.engine.engine import Engine
+from ddtree_server.models import default
+from tests.server.processor_cases import PENALTIES, SCHEMAS, SPEC_CASES, decode, first_diff
+
+pytestmark = pytest.mark.slow
+
+ASK = ("Describe a fictional person as JSON with the fields of this schema, values invented and "
+       "realistic: {schema}")
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2):
+    from ddtree_server.models.drafter.load import load_drafter
+
+    cfg = smollm2.config
+    drafter = load_drafter(default.default_drafter_dir(), embed_tokens=smollm2.model.embed_tokens,
+                           lm_head=smollm2.model.lm_head, target_hidden_size=cfg.hidden_size,
+                           target_num_layers=cfg.num_hidden_layers, target_vocab_size=cfg.vocab_size,
+                           device="cpu", dtype=smollm2.model.embed_tokens.weight.dtype)
+    yield Engine(smollm2.model, smollm2.tokenizer, drafter, max_model_len=1024,
+                 eos_token_ids=smollm2.eos_token_ids)
+    smollm2.model.capture_layers = []
+
+
+@pytest.mark.parametrize("name", ["nested", "strict"])   # all four run on the tiny targets
+def test_json_schema_ddtree_equals_ar(engine, name):
+    schema = SCHEMAS[name]
+    grammar = engine.grammars.json_schema(schema)
+    ids = engine.encode(ASK.format(schema=json.dumps(schema)))
+    ref, ref_lps, stats = decode(engine, ids, mode="ar", max_tokens=160, grammar=grammar, logprobs=3)
+    text = engine.tokenizer.decode(ref, skip_special_tokens=True)
+    jsonschema.validate(json.loads(text), schema)
+    assert len(ref) >= 20, text
+    taus = {}
+    for mode, budget in SPEC_CASES:
+        toks, lps, st = decode(engine, ids, mode=mode, budget=budget, max_tokens=160, grammar=grammar, logprobs=3)
+        assert toks == ref, f"{mode}/{budget} diverged at {first_diff(toks, ref)}: {text!r}"
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(lps, ref_lps)) < 1e-4
+        taus[f"{mode}/{budget}"] = st.mean_acceptance_length
+    assert taus["ddtree/64"] > 1.5, taus   # the trained drafter still gets tokens accepted
+
+
+@pytest.mark.parametrize("name", ["all"])
+def test_penalties_ddtree_equals_ar(engine, name):
+    ids = engine.encode("Write a short poem about the sea and its waves.")
+    plain, _, _ = decode(engine, ids, mode="ar", max_tokens=64, ignore_eos=True)
+    ref, ref_lps, _ = decode(engine, ids, mode="ar", max_tokens=64, ignore_eos=True, logprobs=5, **PENALTIES[name])
+    assert ref != plain
+    for mode, budget in SPEC_CASES:
+        toks, lps, _ = decode(engine, ids, mode=mode, budget=budget, max_tokens=64, ignore_eos=True, logprobs=5,
+                              **PENALTIES[name])
+        assert toks == ref, f"{mode}/{budget} diverged at {first_diff(toks, ref)}"
+        assert max(abs(a.logprob - b.logprob) for a, b in zip(lps, ref_lps)) < 1e-4
+        for a, b in zip(lps, ref_lps):
+            assert a.top[0][0] == b.top[0][0] == a.token_id
+
+
+def test_tool_call_grammars(engine):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                         "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"type": "string", "maxLength": 20}}, "required": ["zone"]}}}]
+    ids = engine.encode("What is the weather in Paris right now?")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for markup, choice in (("hermes", "required"), ("qwen_xml", named)):
+        grammar = engine.grammars.tool_calls(tools, choice, markup=markup, parallel=False)
+        ref, _, _ = decode(engine, ids, mode="ar", max_tokens=120, grammar=grammar)
+        text = engine.tokenizer.decode(ref, skip_special_tokens=True)
+        assert text.startswith("<tool_call>\n") and text.endswith("</tool_call>"), text
+        if markup == "hermes":
+            call = json.loads(text[len("<tool_call>\n"):-len("</tool_call>")])
+            assert call["name"] in ("get_weather", "get_time") and isinstance(call["arguments"], dict)
+        else:
+            assert "<function=get_" in text and "</function>" in text
+        if isinstance(choice, dict):
+            assert "get_weather" in text
+        toks, _, _ = decode(engine, ids, mode="ddtree", budget=16, max_tokens=120, grammar=grammar)
+        assert toks == ref, (markup, choice)
