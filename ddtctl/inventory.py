@@ -21,24 +21,12 @@ from pydantic import ValidationError
 
 from ddtctl.errors import InventoryError, UsageError
 from ddtctl import inventory_refs as refs
+from ddtctl.inventory_files import DEFAULT_INVENTORY, ddtctl_home, inventory_candidates, inventory_path
 from ddtctl.inventory_schema import Host, InventoryModel
 from ddtctl.inventory_values import string_problem
 
-__all__ = ["Host", "Inventory", "Issue", "load_inventory", "parse_inventory", "inventory_path", "ddtctl_home"]
-
-DEFAULT_INVENTORY = "inventory.yaml"
-
-
-def inventory_path(explicit: str | os.PathLike | None = None) -> Path:
-    """The inventory file: `--inventory`, else $DDTCTL_INVENTORY, else ./inventory.yaml."""
-    return Path(explicit or os.environ.get("DDTCTL_INVENTORY") or DEFAULT_INVENTORY)
-
-
-def ddtctl_home() -> Path:
-    """ddtctl's state directory: $DDTCTL_HOME, else ~/.local/state/ddtctl (not created here)."""
-    env = os.environ.get("DDTCTL_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".local" / "state" / "ddtctl"
-
+__all__ = ["DEFAULT_INVENTORY", "Host", "Inventory", "Issue", "ddtctl_home", "inventory_candidates", "inventory_path",
+           "load_inventory", "parse_inventory"]
 
 @dataclass(frozen=True)
 class Issue:
@@ -105,8 +93,11 @@ def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
+        looked = "" if path or os.environ.get("DDTCTL_INVENTORY") else (
+            "; looked for inventory.yaml in this directory and its parents, "
+            f"{inventory_candidates()[-2]} and {inventory_candidates()[-1]}")
         raise InventoryError(f"{file}: cannot read inventory: {exc.strerror or exc} "
-                             "(pass --inventory FILE or set DDTCTL_INVENTORY)") from None
+                             f"(pass --inventory FILE or set DDTCTL_INVENTORY{looked})") from None
     except UnicodeDecodeError as exc:
         line = file.read_bytes()[:exc.start].count(b"\n") + 1
         raise InventoryError(f"{file}: cannot read inventory: not UTF-8 (line {line}, byte "
@@ -263,6 +254,11 @@ def _issue_from_error(root: yaml.Node | None, err: dict) -> Issue:
     loc = tuple(err["loc"])
     if loc and loc[-1] == "[key]" and isinstance(err.get("input"), (bool, int, float)):
         return _key_issue(root, loc, err["input"])
+    if loc and loc[-1] == "[key]":               # a key with a bad name: the mapping's path, the key's line
+        node, found = _node_at(root, loc[:-1], want_key=True)
+        shown = tuple(p for p in loc[:-2] if p in found or not isinstance(p, str) or p not in _TAGS)
+        return Issue(node.start_mark.line + 1 if node is not None else 0, _dotted(shown),
+                     f"{err['input']!r} {_plain_message(err)}")
     if err["type"] == "missing":                 # point at the key of the mapping that lacks it
         node, found = _node_at(root, loc[:-1], want_key=True)
         found = (*found, loc[-1])

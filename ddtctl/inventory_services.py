@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ddtctl.inventory_values import (Address, EnvValue, Executable, GpuId, ModelPath, NoControl,
+from ddtctl.inventory_values import (Address, EnvName, EnvValue, Executable, GpuId, ModelPath, NoControl,
                                      address_problem, env_name_problem, rule, url_problem)
 
 Url = Annotated[str, rule(url_problem)]
@@ -69,21 +69,12 @@ class _ServiceBase(_Strict):
                                                "shared = one copy per node, bind-mounted read-only.")
     gpus: list[GpuId] = Field(
         default_factory=list, description="CUDA_VISIBLE_DEVICES entries (nvidia-smi indices or MIG UUIDs).")
-    environment: dict[str, EnvValue] = Field(default_factory=dict, description="Extra environment.")
+    environment: dict[EnvName, EnvValue] = Field(default_factory=dict, description="Extra environment.")
     extra_args: list[str] = Field(default_factory=list, description="Appended to the command line verbatim.")
     api_key_env: Annotated[str, rule(env_name_problem)] | None = Field(
         None, description="Local env var holding the API key for probes.")
     ready_timeout_s: float = Field(1800.0, strict=True, gt=0, allow_inf_nan=False,
                                    description="wait-ready deadline (seconds).")
-
-    @field_validator("environment")
-    @classmethod
-    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for key in value:
-            problem = env_name_problem(key)
-            if problem:
-                raise ValueError(f"{key!r} {problem}")
-        return value
 
     @field_validator("unit")
     @classmethod

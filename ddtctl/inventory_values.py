@@ -207,6 +207,8 @@ def _normalized(value: str) -> str:
 
 
 EnvValue = Annotated[str, BeforeValidator(_scalar_to_str), rule(env_value_problem)]
+# keys are checked apart from the values, so a bad name is reported beside a bad value of the same map
+EnvName = Annotated[str, rule(env_name_problem)]
 Address = Annotated[str, rule(address_problem)]
 Executable = Annotated[str, rule(executable_problem)]
 InstallRoot = Annotated[str, rule(install_root_problem), AfterValidator(_normalized)]

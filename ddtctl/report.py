@@ -26,9 +26,8 @@ STATUS_STYLE = {"ok": "green", "pass": "green", "changed": "yellow", "planned": 
                 "failed": "red", "fail": "red", "n/a": "dim",
                 "loading": "yellow", "warming": "yellow", "stopped": "dim", "unreachable": "red",
                 "container stopped": "red", "container missing": "red", "no pct": "red",
-                "container error": "red", "auth failed": "red"}
-# `ready` verdicts whose cause is printed in the cell itself (the others explain themselves)
-CAUSE_SHOWN = ("unreachable", "container missing", "no pct", "container error", "auth failed", "failed")
+                "container error": "red", "auth failed": "red", "not installed": "red", "stalled": "red",
+                "unhealthy": "red", "no GPU device": "red", "error": "red"}
 
 
 def host_message(host: str, message: object) -> str:
@@ -116,6 +115,8 @@ def deploy_table(results: Iterable[Any]) -> None:
             error(host_message(r.host, r.error))
             if getattr(r, "service", ""):
                 info(f"{r.host}: service now {r.service} (current release: {r.current_release or '-'})")
+            if r.rolled_back and not any(s.name == "rollback" and s.status == "failed" for s in r.steps):
+                info(f"{r.host}: rolled back: serving {r.model_id} at {r.url}")
 
 
 def diffs(results: Iterable[Any]) -> None:
@@ -140,8 +141,9 @@ def _num(value: float | None, fmt: str = "{:.2f}") -> str:
 
 
 def ready_word(st: Any) -> str:
-    """The `ready` cell's word: HostStatus.verdict (ok, stopped, loading, warming, failed,
-    unreachable, container stopped, container missing, no pct, auth failed)."""
+    """The `ready` cell's word: HostStatus.verdict (ok, stopped, not installed, loading, warming,
+    stalled, unhealthy, no GPU device, error, failed, unreachable, container stopped, container
+    missing, no pct, auth failed)."""
     verdict = getattr(st, "verdict", None)
     if verdict:
         return verdict
@@ -187,12 +189,11 @@ def status_table(statuses: Iterable[Any]) -> None:
         if st.version_mismatch:
             release = f"[yellow]{escape(release)} (checkout: {escape(st.expected_release)})[/yellow]"
         word, cause = ready_word(st), getattr(st, "cause", "")
-        shown = cause and word in CAUSE_SHOWN and not cause.startswith("service ")   # the unit column says that
-        ready = _styled(word) + (f": {escape(cause)}" if shown else "")
-        unit_cell = _styled(unit.get("active", "-"))
+        ready = _styled(word) + (f": {escape(cause)}" if cause and word != "ok" else "")   # every verdict's cause
+        unit_cell = _styled(unit.get("active", "-")) if unit.get("installed", True) else _styled("not installed")
         if unit.get("active") == "failed" and unit.get("result") not in (None, "", "success"):
             unit_cell += f" ({escape(unit['result'])})"
-        if unit.get("start_limit_hit"):
+        if unit.get("start_limit_hit") and unit.get("result") != "start-limit-hit":
             unit_cell += ", start limit hit"
         table.add_row(st.host, st.kind, unit_cell, str(unit.get("restarts", "-")),
                       ready, ", ".join(st.models) or "-", escape(gpu_cell(st.gpus, st.gpu_error)),

@@ -36,6 +36,9 @@ def deploy_cmd(
                                  "verification, unit files, weight manifests, `pct config`), like Ansible's "
                                  "check mode."),
     smoke: bool = typer.Option(True, "--smoke/--no-smoke", help="Run the smoke checks after wait-ready."),
+    verify: bool = typer.Option(False, "--verify", help="Re-hash every pushed weight file on the target "
+                                "(sha256) and send again what differs; without it only files whose size, "
+                                "mtime or inode changed since the last push are re-hashed."),
     timeout: Optional[float] = typer.Option(None, "--timeout", min=1, metavar="SECONDS",
                                             callback=common.finite_seconds,
                                             help="wait-ready deadline [default: the service's ready_timeout_s]."),
@@ -68,7 +71,8 @@ def deploy_cmd(
         def one(host, transport) -> DeployResult:
             return deploy_host(host, transport, bundle=bundle, node_transport=common.node_of(transport),
                                dry_run=dry_run, smoke=smoke, timeout_s=timeout, progress_factory=bars,
-                               log=report.step_line, break_lock=break_lock, rollback_timeout_s=rollback_timeout)
+                               log=report.step_line, break_lock=break_lock, rollback_timeout_s=rollback_timeout,
+                               verify=verify)
         outcome = common.per_host(selected, one, parallel)
     results = [r if r is not None else DeployResult(h.name, dry_run=dry_run, error=e) for h, r, e in outcome]
     if dry_run:
@@ -105,7 +109,7 @@ def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HO
     finally:
         transport.close()
     report.info(f"{target.name}: rolled back {result.from_release} -> {result.to_release}; ready in "
-                f"{result.ready.seconds:.1f} s; service: {result.service}")
+                f"{result.ready.seconds:.1f} s; service: {result.service}; serving {target.model_id} at {target.url}")
     if json_out:
         report.emit_json({"ok": True, **result.to_dict()})
 

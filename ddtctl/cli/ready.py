@@ -34,9 +34,17 @@ def wait_ready_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="
     """
     target = common.select_one(ctx, host)
     transport = common.transport_for(target)
+    said: list[str] = []
+
+    def on_round(probe) -> None:
+        """One line per change of what is not ready yet (a poll repeating it prints nothing)."""
+        line = f"{target.name}: {probe.step}: {probe.detail}"
+        if not probe.ok and (not said or said[-1] != line):
+            said.append(line)
+            report.info(line)
+
     try:
-        rep = wait_ready(target, transport, manager_for(target, transport), timeout_s=timeout,
-                         on_round=lambda p: None if p.ok else report.info(f"{target.name}: {p.step}: {p.detail}"))
+        rep = wait_ready(target, transport, manager_for(target, transport), timeout_s=timeout, on_round=on_round)
     finally:
         transport.close()
     report.info(f"{target.name}: ready in {rep.seconds:.1f} s ({rep.rounds} rounds), serving {', '.join(rep.models)}")
@@ -54,7 +62,7 @@ def smoke_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_hos
     Example: ddtctl smoke local --json
     """
     selected = common.select(ctx, hosts, all_hosts, limit)
-    outcome = common.per_host(selected, lambda h, t: run_smoke(h, t), parallel)
+    outcome = common.per_host(selected, lambda h, t: run_smoke(h, t, manager=manager_for(h, t)), parallel)
     reports = [r for _, r, _ in outcome if r is not None]
     report.smoke_table(reports)
     errors = [e for _, _, e in outcome if e is not None]

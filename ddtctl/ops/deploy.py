@@ -24,7 +24,7 @@ from pathlib import Path
 from ddtctl import cancel
 from ddtctl.errors import DdtctlError, RemoteError
 from ddtctl.inventory import Host
-from ddtctl.ops import recovery, releases, weights
+from ddtctl.ops import logcause, recovery, releases, weights
 from ddtctl.ops.lock import HostLocked, host_lock
 from ddtctl.ops.readiness import ReadyReport, wait_ready
 from ddtctl.ops.release_step import release_step
@@ -87,7 +87,7 @@ class _Run:
     def __init__(self, result: DeployResult, log: Callable[[str, Step], None] | None):
         self.result, self.log = result, log
         self.replaced: dict[str, tuple[str, int]] = {}     # path -> (previous text, mode) of rewritten files
-        self.reinstalled = False                          # the current release was installed again in place
+        self.verify = False                               # re-hash every weight file (deploy --verify)
 
     def step(self, name: str, status: str, detail: str = "", since: float | None = None) -> Step:
         step = Step(name, status, detail, round(time.monotonic() - since, 2) if since else 0.0)
@@ -100,10 +100,11 @@ class _Run:
 def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_run: bool = False,
                 smoke: bool = True, timeout_s: float | None = None, progress_factory=None,
                 log: Callable[[str, Step], None] | None = None, break_lock: bool = False,
-                rollback_timeout_s: float | None = None) -> DeployResult:
+                rollback_timeout_s: float | None = None, verify: bool = False) -> DeployResult:
     """Deploy `host`; never raises for a host failure (see `DeployResult.error`).
 
-    `timeout_s`: the new release's wait-ready deadline; `rollback_timeout_s`: the rollback's own
+    `verify`: re-hash every weight file on the target (`deploy --verify`), not only those whose
+    size, mtime or inode changed since the last push. `timeout_s`: the new release's wait-ready deadline; `rollback_timeout_s`: the rollback's own
     (default: the service's ready_timeout_s; see ops/recovery.py).
 
     `bundle`: a built Bundle (ddtree services; for dry runs a SourceIdentity is enough).
@@ -112,6 +113,7 @@ def deploy_host(host: Host, transport, *, bundle=None, node_transport=None, dry_
     """
     result = DeployResult(host.name, dry_run=dry_run, model_id=host.model_id, url=host.url)
     run = _Run(result, log)
+    run.verify = verify
     try:
         lock = nullcontext() if dry_run else host_lock(transport, host.root, "deploy", break_lock=break_lock,
                                                        note=lambda text: run.step("lock", "changed", text))
@@ -131,15 +133,16 @@ def _apply(host, transport, node_transport, bundle, run: _Run, dry_run, smoke, t
     layout = releases.Layout(host.root, host.unit)
     manager = manager_for(host, transport)
     old = res.previous_release = res.current_release = releases.read_link(transport, layout.current)
-    old_previous = None if dry_run else releases.read_link(transport, layout.previous)
+    old_previous = releases.read_link(transport, layout.previous)
     cancel.check("the release step")
-    release_changed = release_step(host, transport, layout, bundle, old, run, dry_run, progress_factory)
+    release_changed = release_step(host, transport, layout, bundle, old, run, dry_run, progress_factory,
+                                   old_previous)
     try:
         cancel.check("the weights")
         weights_changed = _weights(host, transport, node_transport, run, dry_run, progress_factory)
         cancel.check("the unit files")
         unit_changed = _unit_files(host, transport, manager, run, dry_run)
-        res.changed = release_changed or run.reinstalled or unit_changed or weights_changed
+        res.changed = release_changed or unit_changed or weights_changed
         if dry_run:
             run.step("restart", "planned" if res.changed else "skipped",
                      "would restart" if res.changed else "nothing changed: no restart")
@@ -166,8 +169,9 @@ def _restart_and_check(host, transport, manager, run: _Run, smoke: bool, timeout
         try:
             manager.restart() if res.changed else manager.start()
         except RemoteError as exc:        # e.g. a Type=notify unit that died before READY=1
-            run.step("restart", "failed", str(exc).splitlines()[0], t)
-            raise RemoteError(f"{exc}\nlast service log lines:\n{manager.log_tail(50)}", exc.result) from exc
+            why = logcause.cause(logcause.last_start(manager.log_tail(80)))
+            run.step("restart", "failed", str(exc).splitlines()[0] + (f": {why}" if why else ""), t)
+            raise RemoteError(f"{exc}\n{logcause.explain(manager.log_tail(80))}", exc.result) from exc
         run.step("restart", "changed", ("restarted" if res.changed else f"started (was {state.active})"), t)
     else:
         run.step("restart", "ok", "nothing changed: not restarted")
@@ -203,6 +207,8 @@ def _rollback(host, transport, manager, layout, old: str | None, run: _Run, time
             _write(transport, path, text, mode)
         if run.replaced:
             manager.activate()
+        host = recovery.restored_host(host, _installed(transport, manager, host))
+        run.result.url, run.result.model_id = host.url, host.model_id     # where it serves again
         if not run.result.restarted:              # failed before the restart: nothing else to undo
             run.result.rolled_back = True
             run.step("rollback", "changed", f"restored {' and '.join(what)} (service not restarted)", t)
@@ -226,8 +232,12 @@ def _weights(host, transport, node_transport, run: _Run, dry_run, progress_facto
         if ref is None:
             continue
         t = time.monotonic()
-        wr = weights.sync_service_model(host, name, ref, transport, node_transport, dry_run=dry_run,
-                                        progress_factory=progress_factory)
+        try:
+            wr = weights.sync_service_model(host, name, ref, transport, node_transport, dry_run=dry_run,
+                                            progress_factory=progress_factory, verify=run.verify)
+        except DdtctlError as exc:
+            run.step(f"weights:{name}", "failed", str(exc).splitlines()[0], t)
+            raise
         run.result.weights_bytes_sent += 0 if dry_run else wr.bytes_sent
         changed |= wr.changed
         status = ("planned" if dry_run else "changed") if wr.changed else "ok"
@@ -267,6 +277,16 @@ def _unit_files(host, transport, manager, run: _Run, dry_run) -> bool:
     manager.activate()
     run.step("unit", "changed", f"written ({manager.kind}; verify {verdict})", t)
     return True
+
+
+def _installed(transport, manager, host) -> dict[str, tuple[str, int]]:
+    """The unit/env files installed now (after a rollback: the restored ones, or those it left)."""
+    out = {}
+    for path, (_text, mode) in manager.unit_files(service_spec(host)).items():
+        res = transport.run(["cat", "--", path], timeout=60)
+        if res.ok:
+            out[path] = (res.text, mode)
+    return out
 
 
 def _write(transport, path: str, text: str, mode: int) -> None:

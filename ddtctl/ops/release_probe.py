@@ -13,8 +13,9 @@ document on stdout. Modes:
   metadata and console scripts: ~250 MB in ~2 s for a CPU torch venv). A larger file (shared
   libraries, weights) changed in place with its size and mtime restored is not noticed. Files
   that are missing, changed, or not in the manifest are problems.
-* `deps DIST` — run by the release venv's interpreter: every distribution in the requirement
-  closure of installed distribution DIST (extras left out, markers evaluated with pip's vendored
+* `deps DIST [PRESENT...]` — run by the release venv's interpreter: every distribution in the
+  requirement closure of installed distribution DIST, and each PRESENT distribution itself (the
+  embedded model's data wheel, installed `--no-deps`, when the service needs it) (extras left out, markers evaluated with pip's vendored
   `packaging`) must be installed. Presence only: versions were pip's business at install time,
   and a `--system-site-packages` interpreter often carries harmless specifier mismatches
   (`pip check` would fail on those, and on unrelated packages).
@@ -104,13 +105,19 @@ def check(rel_dir):
             "problem_count": len(problems), "problems": problems[:MAX_PROBLEMS]}
 
 
-def deps(dist_name):
+def deps(dist_name, *present):
     from importlib import metadata
 
     from pip._vendor.packaging.requirements import Requirement
     from pip._vendor.packaging.utils import canonicalize_name
 
     problems, seen, todo = [], set(), [(dist_name, None)]
+    for name in present:
+        try:
+            metadata.distribution(name)
+            seen.add((canonicalize_name(name), None))
+        except metadata.PackageNotFoundError:
+            problems.append(f"{name}: not installed")
     while todo:
         name, extra = todo.pop()
         key = canonicalize_name(name)
@@ -151,7 +158,7 @@ def main(argv):
     elif mode == "check":
         out = check(argv[1])
     elif mode == "deps":
-        out = deps(argv[1])
+        out = deps(*argv[1:])
     elif mode == "facts":
         out = facts()
     else:

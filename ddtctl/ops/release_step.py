@@ -12,7 +12,7 @@ import posixpath
 import sys
 import time
 
-from ddtctl.errors import UsageError
+from ddtctl.errors import DdtctlError, UsageError
 from ddtctl.inventory import Host
 from ddtctl.ops import packages, releases
 
@@ -22,52 +22,87 @@ def venv_python(host: Host) -> str:
     return host.service.python or (sys.executable if host.kind == "local" else "python3")
 
 
-def release_step(host, transport, layout, bundle, old, run, dry_run, progress_factory) -> bool:
-    """Verify this checkout's release (install it when missing, reinstall it when it fails
-    verification) and point `current` at it; True if `current` moved.
+def release_step(host, transport, layout, bundle, old, run, dry_run, progress_factory, old_previous=None) -> bool:
+    """Find or install the release of this checkout and these dependency settings, and point
+    `current` at it; True if `current` moved.
 
-    `run`: the deploy's bookkeeping (`step(name, status, detail, since)`, `result.release`,
-    `reinstalled` set when the current release was installed again in place)."""
+    Releases are immutable (ops/releases.py): the id is `<version-id>+<deps>`; a release that
+    verifies is used as it is (the current one first when it is this release or a fresh install
+    of it, then `<id>`, then its fresh installs `<id>.rN`, newest first); otherwise it is installed into a folder no link points at: `<id>`, or `<id>.rN` when
+    `current` or `previous` (`old`, `old_previous`) points at the broken `<id>`. So a deploy never
+    modifies the release the service runs, and a failed deploy can always switch back to it.
+
+    `run`: the deploy's bookkeeping (`step(name, status, detail, since)`, `result.release`)."""
     svc = host.service
     if svc.kind != "ddtree":
         return False
     if bundle is None:
         raise UsageError("internal: deploying a ddtree service needs the server bundle")
     vid, t, python = bundle.version_id, time.monotonic(), venv_python(host)
-    run.result.release = vid
     wheel = getattr(bundle, "wheel", None)
     wheel_name = wheel.name if wheel is not None else f"ddtree_server-{_version(bundle)}-py3-none-any.whl"
     house = None
     if host.packages.mode == "wheelhouse" and not dry_run:
         house = packages.build_wheelhouse(host, wheel, packages.target_facts(transport, python))
-    plan = packages.install_plan(host, python, posixpath.join(layout.release(vid), wheel_name),
-                                 wheelhouse_dir=layout.wheelhouse, wheel_names=house.names if house else None)
-    check = releases.verify(transport, layout, vid, python, plan.fingerprint, _version(bundle))
+
+    def plan_for(rid: str):
+        return packages.install_plan(host, python, posixpath.join(layout.release(rid), wheel_name),
+                                     wheelhouse_dir=layout.wheelhouse, wheel_names=house.names if house else None)
+
+    base = releases.release_id(vid, plan_for(vid).fingerprint)
+    listed = [r.version_id for r in releases.list_releases(transport, layout)]   # newest first
+    tried = [old] if releases.same_release(old, base) else []
+    tried += [name for name in (base, *listed) if releases.same_release(name, base) and name not in tried]
+    checks = {}
+    for rid in tried:
+        checks[rid] = releases.verify(transport, layout, rid, python, plan_for(rid).fingerprint, _version(bundle))
+        if checks[rid].ok:
+            run.result.release = rid
+            run.step("release", "ok", f"{rid} already installed ({checks[rid].summary()})", t)
+            return _point_current(transport, layout, old, rid, run, dry_run)
+    check = checks[base]
+    rid = base
+    if base in (old, old_previous) and check.stage != "missing":   # never touch a linked release
+        rid = releases.repair_id(base, listed)
+    run.result.release = rid
+    plan = plan_for(rid)
     how = f"{plan.mode} mode, venv from {python}"
-    if check.ok:
-        run.step("release", "ok", f"{vid} already installed ({check.summary()})", t)
-    elif dry_run:
-        why = "" if check.stage == "missing" else f"; it failed verification: {check.summary()}"
-        run.step("release", "planned", f"{'install' if not why else 'reinstall'} {vid} ({how}){why}")
+    why = "" if check.stage == "missing" else f"{base} failed verification: {_bounded(check.summary())}"
+    if dry_run:
+        run.step("release", "planned", f"install {rid} ({how})" + (f"; {why}" if why else ""))
     else:
         sent_wh = ""
         if house is not None:
             wr = packages.push_wheelhouse(transport, house, layout.wheelhouse, progress_factory)
             sent_wh = f"; wheelhouse {len(house.names)} wheels, {wr.files_sent} sent ({wr.bytes_sent} bytes)"
         cb = progress_factory(f"wheel {wheel.name}", wheel.stat().st_size) if progress_factory else None
-        sent, after = releases.install(transport, layout, vid, wheel, python, plan, version=_version(bundle),
-                                       progress=cb)
-        again = "" if check.stage == "missing" else f"re-installed, was {check.summary()}; "
-        run.step("release", "changed", f"{again}installed {vid} ({how}; {sent} wheel bytes sent{sent_wh}; "
-                 f"{after.summary()})", t)
-        run.reinstalled = old == vid
-    if old == vid:
+        try:
+            sent, after = releases.install(transport, layout, rid, wheel, python, plan, version=_version(bundle),
+                                           progress=cb)
+        except DdtctlError as exc:           # e.g. pip: the first line says what ran, the last why
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            last = f" ({_bounded(lines[-1], 200)})" if len(lines) > 1 else ""
+            run.step("release", "failed", f"installing {rid}: {_bounded(lines[0] if lines else '')}{last}", t)
+            raise
+        run.step("release", "changed", (f"{why}; " if why else "") + f"installed {rid} ({how}; {sent} wheel "
+                 f"bytes sent{sent_wh}; {after.summary()})", t)
+    return _point_current(transport, layout, old, rid, run, dry_run)
+
+
+def _point_current(transport, layout, old, rid, run, dry_run) -> bool:
+    if old == rid:
         return False
     if not dry_run:
-        releases.switch(transport, layout, vid)
-        run.result.current_release = vid
-    run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {vid}")
+        releases.switch(transport, layout, rid)
+        run.result.current_release = rid
+    run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {rid}")
     return True
+
+
+def _bounded(text: str, limit: int = 300) -> str:
+    """One line of at most `limit` characters (a verification summary can list long paths)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def _version(bundle) -> str:

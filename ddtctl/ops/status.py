@@ -18,10 +18,9 @@ token counters (1 + accepted / drafts).
 
 from __future__ import annotations
 
-import re
+import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -29,108 +28,18 @@ from ddtctl.errors import AuthError, UnreachableError
 from ddtctl.inventory import Host
 from ddtctl.ops import container as container_ops
 from ddtctl.ops import gpu as gpu_ops
-from ddtctl.ops import releases
+from ddtctl.ops import logcause, releases
 from ddtctl.ops.container import ContainerState
 from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error, health_path
 from ddtctl.ops.supervisor import manager_for
-
-
-@dataclass
-class HostStatus:
-    host: str
-    kind: str
-    unit: dict | None = None
-    ready: bool | None = None
-    ready_detail: str = ""
-    ready_state: str | None = None  # the bundled server's /ready `state` (loading, warming, ready, ...)
-    models: list[str] = field(default_factory=list)
-    gpus: list[dict] | None = None
-    gpu_error: dict | None = None
-    acceptance_length: float | None = None
-    tokens_per_second: float | None = None
-    release: str | None = None
-    expected_release: str | None = None
-    errors: list[str] = field(default_factory=list)
-    unreachable: bool = False   # the host (its node) could not be connected to: exit 3
-    unreachable_cause: str = ""  # e.g. "no SSH banner in 10 s", "connection refused"
-    container: dict | None = None  # container hosts: {"state": running|stopped|absent|no-pct|error, "detail"}
-    auth_failed: bool = False   # the API answered 401/403: exit 3
-
-    @property
-    def version_mismatch(self) -> bool:
-        return bool(self.expected_release and self.release and self.release != self.expected_release)
-
-    @property
-    def stopped(self) -> bool:
-        """The unit is down by intent (`inactive`, e.g. after `ddtctl stop`), not `failed`: not ready
-        and not ok, but shown as `stopped` rather than as a readiness failure."""
-        return bool(self.unit) and self.unit.get("active") == "inactive" and not self.unit.get("failed")
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors and bool(self.ready) and not self.unreachable and not self.auth_failed \
-            and (self.container is None or self.container["state"] == "running")
-
-    @property
-    def verdict(self) -> str:
-        """One word or two for the table: ok | unreachable | container stopped | container missing |
-        no pct | auth failed | stopped | loading | warming | failed."""
-        if self.ok:
-            return "ok"
-        if self.unreachable:
-            return "unreachable"
-        state = (self.container or {}).get("state", "running")
-        if state != "running":
-            return {"stopped": "container stopped", "absent": "container missing", "no-pct": "no pct"}.get(
-                state, "container error")
-        if self.auth_failed:
-            return "auth failed"
-        if self.stopped:
-            return "stopped"
-        return self.ready_state if self.ready_state in ("loading", "warming") else "failed"
-
-    @property
-    def cause(self) -> str:
-        """Why the verdict is not ok, in one line ("" when ok or nothing more is known)."""
-        if self.ok:
-            return ""
-        if self.unreachable:
-            return self.unreachable_cause
-        if self.container and self.container["state"] != "running":
-            return self.container["detail"]
-        if self.auth_failed:
-            return next(e for e in self.errors if "authentication failed" in e).split(": ", 1)[-1]
-        if self.errors:
-            return self.errors[0]
-        return self.ready_detail
-
-    def to_dict(self) -> dict:
-        return {**self.__dict__, "version_mismatch": self.version_mismatch, "stopped": self.stopped,
-                "verdict": self.verdict, "cause": self.cause, "ok": self.ok}
-
-
-def unreachable_cause(message: str, connect_timeout: float | None = None) -> str:
-    """The cause of a connection failure in words, from an UnreachableError's message: "no SSH
-    banner in 10 s", "connection refused", "no answer in 10 s", "cannot resolve the name", ...
-    (paramiko's own wording otherwise, without its exception class)."""
-    low = message.lower()
-    if connect_timeout is None:  # the transport names its deadline: "unreachable (no answer in 10 s)"
-        said = re.search(r"no answer in ([0-9.]+) s", low)
-        connect_timeout = float(said.group(1)) if said else None
-    secs = f" in {connect_timeout:g} s" if connect_timeout else ""
-    for needles, cause in ((("error reading ssh protocol banner",), f"no SSH banner{secs}"),
-                           (("no existing session", "no ssh handshake from"), f"SSH handshake not completed{secs}"),
-                           (("connection refused", "unable to connect to port"), "connection refused"),
-                           (("no route to host",), "no route to host"),
-                           (("network is unreachable",), "network unreachable"),
-                           (("timed out", "timeouterror", "timeout"), f"no answer{secs}"),
-                           (("cannot resolve", "name or service not known"), "cannot resolve the name"),
-                           (("authentication failed",), "SSH authentication failed"),
-                           (("host key",), "host key not accepted")):
-        if any(n in low for n in needles):
-            return cause
-    text = message.strip().splitlines()[0] if message.strip() else "cannot connect"
-    return text.rsplit(": ", 1)[-1]
+from ddtctl.ops.verdict import (
+    DEVICES_ARGV,
+    HostStatus,
+    missing_devices,
+    parse_devices,
+    needs_devices,
+    unreachable_cause,
+)
 
 
 def _samples(text: str) -> dict[str, float]:
@@ -172,6 +81,36 @@ def _state_of(resp) -> str | None:
         return None
     state = body.get("state") if isinstance(body, dict) else None
     return state if isinstance(state, str) else None
+
+
+def node_endpoint(host: Host, transport) -> str:
+    """`address:port` of a container's node as the SSH configuration resolves it (the inventory's
+    port, else the ssh config's, else 22), never `None`."""
+    node = getattr(transport, "node", None)
+    with contextlib.suppress(Exception):            # an unusable ssh config: the inventory's values
+        cfg = node.config() if node is not None else None
+        if cfg is not None:
+            return f"{cfg.hostname}:{cfg.port}"
+    return f"{host.node.address}:{host.node.port or 22}"
+
+
+def _log_cause(st: HostStatus, manager) -> None:
+    """Add the failed start's cause from the service log (ops/logcause.py) to `ready_detail`."""
+    why = logcause.cause(logcause.last_start(manager.log_tail(80)))
+    if why:
+        st.ready_detail += f": {why}"
+
+
+def _reason_of(resp) -> str:
+    """Why a /health answer is not 200: the body's `reason` (the bundled server), else a short text."""
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("reason"):
+        return str(body["reason"])[:200]
+    from ddtctl.ops.readiness import brief_body
+    return brief_body(resp)
 
 
 def _guard(st: HostStatus, part: str, fn: Callable[[], None], connect_timeout: float | None = None) -> None:
@@ -223,7 +162,11 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
                     raise auth_error(host, f"{path} {r.status_code}")
                 return r
 
-            r = get(health_path(host))
+            r = get("/health")                           # liveness: a stalled engine answers 503
+            st.live = r.status_code == 200
+            st.live_detail = f"/health {r.status_code}" + ("" if st.live else f": {_reason_of(r)}")
+            if health_path(host) != "/health":               # readiness of the bundled server
+                r = get(health_path(host))
             st.ready, st.ready_detail = r.status_code == 200, f"{health_path(host)} {r.status_code}"
             st.ready_state = _state_of(r)
             if st.ready_state and not st.ready:
@@ -249,26 +192,45 @@ def host_status(host: Host, transport, *, expected_release: str | None = None, g
         else:
             st.gpus = [g.to_dict() for g in gpu_ops.select_gpus(got, host.service.gpus)]
 
+    def devices() -> None:
+        res = transport.run(DEVICES_ARGV, timeout=60)
+        found = container_ops.pct_failure(res.exit_code, res.err_text)
+        if found is not None:
+            _container_problem(st, found)
+            return
+        names = parse_devices(res.text)
+        st.devices = {"present": [f"/dev/{n}" for n in names],
+                      "missing": missing_devices(names, [str(g) for g in host.service.gpus])}
+
     def release() -> None:
         st.release = releases.read_link(transport, releases.Layout(host.root, host.unit).current)
 
     _guard(st, "container", container, timeout)
     if st.unreachable and host.node is not None:
-        st.errors[-1] += f" (node {host.node_name} at {host.node.address}:{host.node.port})"
+        st.errors[-1] += f" (node {host.node_name} at {node_endpoint(host, transport)})"
     if not st.unreachable and (st.container is None or st.container["state"] == "running"):
         _guard(st, "unit", unit, timeout)
     if st.unreachable or (st.container and st.container["state"] != "running"):
         # nothing else can be asked; do not wait on HTTP/GPU/release timeouts
         st.ready, st.ready_detail = False, st.ready_detail if st.container else "unreachable"
         return st
-    if st.unit and st.unit["active"] in ("inactive", "failed"):
-        st.ready, st.ready_detail = False, f"service {st.unit['active']}"
+    if st.unit and st.unit.get("installed") is False:
+        st.ready, st.ready_detail = False, (f"{host.unit} is not installed (systemd: LoadState=not-found): "
+                                            f"deploy it (ddtctl deploy {host.name})" if host.kind != "local" else
+                                            f"no service installed: deploy it (ddtctl deploy {host.name})")
+    elif st.unit and st.unit["active"] == "failed":
+        st.ready, st.ready_detail = False, f"service {st.unit['description']}"
+        _guard(st, "log", lambda: _log_cause(st, manager), timeout)
+    elif st.unit and st.unit["active"] == "inactive":
+        st.ready, st.ready_detail = False, f"service inactive: start it (ddtctl start {host.name})"
     else:
         _guard(st, "http", http, timeout)
     if st.ready is None:
         st.ready, st.ready_detail = False, "unreachable"
     if gpus and (host.kind != "local" or host.service.gpus or getattr(host.service, "device", None) == "cuda"):
         _guard(st, "gpu", gpu, timeout)
+    if needs_devices(host) and (st.container is None or st.container["state"] == "running"):
+        _guard(st, "devices", devices, timeout)
     if host.service.kind == "ddtree" and (st.container is None or st.container["state"] == "running"):
         _guard(st, "release", release, timeout)
     return st

@@ -30,7 +30,7 @@ from ddtctl.ops.unitstate import UnitState, parse_show, start_limit_in_journal
 __all__ = ["LocalSupervisor", "SystemdManager", "UnitState", "manager_for", "parse_show", "start_limit_in_journal",
            "supervisor_dir"]
 
-SHOW_PROPS = ("ActiveState", "SubState", "Result", "NRestarts", "MainPID")
+SHOW_PROPS = ("LoadState", "ActiveState", "SubState", "Result", "NRestarts", "MainPID")
 
 
 # ----------------------------------------------------------------------------- systemd

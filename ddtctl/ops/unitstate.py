@@ -1,6 +1,8 @@
 """UnitState: what a service manager says about a service, and the parsers that build it (pure).
 
-Sources: `systemctl show -p ActiveState,SubState,Result,NRestarts,MainPID` (systemctl(1)) and
+Sources: `systemctl show -p LoadState,ActiveState,SubState,Result,NRestarts,MainPID` (systemctl(1);
+a unit systemd has no file for still answers, exit 0, with `LoadState=not-found` and
+`ActiveState=inactive`: `installed` is False then) and
 systemd's journal messages for the start rate limit (systemd.unit(5) StartLimitIntervalSec=,
 StartLimitBurst=).
 """
@@ -25,6 +27,12 @@ class UnitState:
     restarts: int = 0
     pid: int | None = None
     start_limit_hit: bool = False
+    load: str = "loaded"            # LoadState: loaded | not-found | bad-setting | error | masked
+
+    @property
+    def installed(self) -> bool:
+        """False for a unit systemd does not know (`LoadState=not-found`: no unit file)."""
+        return self.load != "not-found"
 
     @property
     def failed(self) -> bool:
@@ -32,16 +40,21 @@ class UnitState:
 
     def describe(self) -> str:
         """`active (running)`, `failed (Result: exit-code; start limit hit)`, ... (one line)."""
-        notes = [f"Result: {self.result}"] if self.result not in ("", "success") else []
+        notes = [f"Result: {self.result}"] if self.result not in ("", "success") else []   # start-limit-hit too
         if self.start_limit_hit and self.result != "start-limit-hit":
             notes.append("start limit hit")
         if self.restarts:
             notes.append(f"{self.restarts} automatic restart{'s' if self.restarts != 1 else ''}")
+        if not self.installed:
+            return "not installed (LoadState=not-found)"
+        if self.load not in ("", "loaded"):
+            notes.insert(0, f"LoadState: {self.load}")
         sub = f" ({self.sub})" if self.sub and self.sub != self.active else ""
         return f"{self.active}{sub}" + (f" [{'; '.join(notes)}]" if notes else "")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "failed": self.failed, "description": self.describe()}
+        return {**asdict(self), "failed": self.failed, "installed": self.installed,
+                "description": self.describe()}
 
 
 def start_limit_in_journal(text: str, unit: str) -> bool:
@@ -63,4 +76,6 @@ def parse_show(text: str) -> UnitState:
     restarts = props.get("NRestarts", "0")
     return UnitState(active=props.get("ActiveState") or "unknown", sub=props.get("SubState", ""),
                      result=props.get("Result", ""), restarts=int(restarts) if restarts.isdigit() else 0,
-                     pid=int(pid) if pid.isdigit() and int(pid) > 0 else None)
+                     pid=int(pid) if pid.isdigit() and int(pid) > 0 else None,
+                     start_limit_hit=props.get("Result") == "start-limit-hit",
+                     load=props.get("LoadState") or "loaded")

@@ -2,9 +2,14 @@
 
 A model (a folder, or one file such as a GGUF) is described by a manifest {relative path:
 {size, sha256}}. The manifest of the last complete push is stored beside the copy on the target
-(`<dest>/.ddtctl-manifest.json`, or `<dest>.ddtctl-manifest.json` for a single file); a file is
-sent again only when its manifest entry or its size on the target differs. `Transport.put` streams,
-resumes and verifies each file. Local digests are cached in $DDTCTL_HOME/cache/sha256.json by
+(`<dest>/.ddtctl-manifest.json`, or `<dest>.ddtctl-manifest.json` for a single file) together with
+what each pushed file looked like on the target afterwards (`observed`: size, mtime, inode, from
+one `find -printf`). Weights are verified by content, cheaply: a file is sent when its manifest
+entry or its size on the target differs; it is re-hashed on the target (and sent when its sha256
+differs) when its mtime or inode differs from the recorded ones (a same-size overwrite such as
+`dd conv=notrunc` changes the mtime), and `verify=True` (`deploy --verify`) re-hashes every file.
+`Transport.put` streams, resumes and verifies each file (it skips a file whose size and sha256
+already match). Local digests are cached in $DDTCTL_HOME/cache/sha256.json by
 (path, size, mtime), so unchanged multi-GB weights are hashed once.
 
 `shared` mode: weights go to the node once (`<models_root>/<name>`) and are bind-mounted read-only
@@ -41,6 +46,7 @@ class WeightsResult:
     files_sent: int = 0
     bytes_sent: int = 0
     bytes_total: int = 0
+    files_rehashed: int = 0          # files whose sha256 was computed again on the target
     mount: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -51,6 +57,7 @@ class WeightsResult:
     def to_dict(self) -> dict:
         return {"name": self.name, "dest": self.dest, "files_total": self.files_total,
                 "files_sent": self.files_sent, "bytes_sent": self.bytes_sent, "bytes_total": self.bytes_total,
+                "files_rehashed": self.files_rehashed,
                 "mount": self.mount, "changed": self.changed, "notes": self.notes}
 
 
@@ -98,6 +105,45 @@ def remote_paths(source: Path, dest: str) -> tuple[str, str]:
     return dest, posixpath.join(dest, MANIFEST)
 
 
+def observe_argv(path: str, single_file: bool) -> list[str]:
+    """`find` printing `<size> <mtime> <inode> <relative path>` for each file of a model folder,
+    or for the one file `path` (its relative path is then printed empty)."""
+    if single_file:
+        return ["find", path, "-maxdepth", "0", "-type", "f", "-printf", "%s %T@ %i \\n"]
+    return ["find", path, "-type", "f", "-printf", "%s %T@ %i %P\\n"]
+
+
+def parse_observed(find_output: str, single_name: str | None = None) -> dict[str, list]:
+    """{relative path: [size, mtime, inode]} from `observe_argv` output (pure); `single_name`:
+    the manifest name of a single-file model."""
+    out = {}
+    for line in find_output.splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) < 4 or not parts[0].isdigit() or not parts[2].isdigit():
+            continue
+        rel = single_name if single_name is not None else parts[3]
+        if rel:
+            out[rel] = [int(parts[0]), parts[1], int(parts[2])]
+    return out
+
+
+def plan_sends(local: dict[str, dict], remote: dict[str, dict], recorded: dict[str, list],
+               observed: dict[str, list], verify: bool = False) -> tuple[list[str], list[str]]:
+    """(files to send, files to re-hash on the target first) (pure).
+
+    Sent: the manifest entry differs, or the file is missing or has another size on the target.
+    Re-hashed (sent only when the sha256 differs): its mtime or inode differs from what was
+    recorded after the last push (or nothing was recorded), or `verify`."""
+    send, rehash = [], []
+    for rel, entry in local.items():
+        seen = observed.get(rel)
+        if remote.get(rel) != entry or seen is None or seen[0] != entry["size"]:
+            send.append(rel)
+        elif verify or recorded.get(rel) != seen:
+            rehash.append(rel)
+    return send, rehash
+
+
 def parse_sizes(find_output: str) -> dict[str, int]:
     """{relative path: size} from `find DIR -type f -printf '%s %P\\n'`."""
     sizes = {}
@@ -112,26 +158,31 @@ def sizes_argv(folder: str) -> list[str]:
     return ["find", folder, "-type", "f", "-printf", "%s %P\\n"]
 
 
-def files_to_send(local: dict[str, dict], remote: dict[str, dict], sizes: dict[str, int]) -> list[str]:
-    """Relative paths whose manifest entry differs or whose size on the target differs (pure)."""
-    return [rel for rel, entry in local.items()
-            if remote.get(rel) != entry or sizes.get(rel) != entry["size"]]
-
-
-def read_remote_manifest(transport, path: str) -> dict[str, dict]:
+def read_remote_manifest(transport, path: str) -> tuple[dict[str, dict], dict[str, list]]:
+    """(files, observed) of the manifest at `path` on the target ({} for what is not there)."""
     res = transport.run(["cat", path], timeout=60)
     if not res.ok:
-        return {}
+        return {}, {}
     try:
         data = json.loads(res.text)
     except ValueError:
-        return {}
-    return data.get("files", {}) if isinstance(data, dict) else {}
+        return {}, {}
+    if not isinstance(data, dict):
+        return {}, {}
+    return data.get("files", {}), data.get("observed", {})
+
+
+def _observe(transport, source: Path, folder: str, dest: str) -> dict[str, list]:
+    single = source.is_file()
+    res = transport.run(observe_argv(dest if single else folder, single), timeout=120)
+    return parse_observed(res.text, source.name if single else None) if res.ok else {}
 
 
 def sync_model(transport, name: str, source: Path, dest: str, *, dry_run: bool = False,
-               progress_factory=None) -> WeightsResult:
-    """Make `dest` on the target hold exactly `source` (a folder or file); send only what changed.
+               progress_factory=None, verify: bool = False) -> WeightsResult:
+    """Make `dest` on the target hold exactly `source` (a folder or file); send only what changed
+    (see the module docstring: size, mtime and inode recorded after the push decide what is
+    re-hashed; `verify` re-hashes every file).
 
     `progress_factory(label, total_bytes)` returns a put-progress callback (or None).
     """
@@ -140,28 +191,32 @@ def sync_model(transport, name: str, source: Path, dest: str, *, dry_run: bool =
     folder, manifest_path = remote_paths(source, dest)
     result = WeightsResult(name, dest, files_total=len(manifest),
                            bytes_total=sum(e["size"] for e in manifest.values()))
-    remote = read_remote_manifest(transport, manifest_path)
-    if source.is_file():
-        res = transport.run(["stat", "-c", "%s", dest], timeout=60)
-        sizes = {source.name: int(res.text.strip())} if res.ok and res.text.strip().isdigit() else {}
-    else:
-        res = transport.run(sizes_argv(folder), timeout=120)
-        sizes = parse_sizes(res.text) if res.ok else {}
-    todo = files_to_send(manifest, remote, sizes)
+    remote, recorded = read_remote_manifest(transport, manifest_path)
+    observed = _observe(transport, source, folder, dest)
+    send, rehash = plan_sends(manifest, remote, recorded, observed, verify)
     if dry_run:
-        result.files_sent, result.bytes_sent = len(todo), sum(manifest[r]["size"] for r in todo)
-        result.notes.append("dry run: nothing sent")
+        result.files_sent, result.bytes_sent = len(send), sum(manifest[r]["size"] for r in send)
+        result.notes.append("dry run: nothing sent" + (f", {len(rehash)} would be re-hashed" if rehash else ""))
         return result
-    for rel in todo:
+    repaired = 0
+    for rel in send + rehash:
         local_file = source if source.is_file() else source / rel
         target = dest if source.is_file() else posixpath.join(dest, rel)
         cb = progress_factory(f"{name}: {rel}", manifest[rel]["size"]) if progress_factory else None
-        put = transport.put(local_file, target, mode=0o644, progress=cb)
+        put = transport.put(local_file, target, mode=0o644, progress=cb)   # hashes first: skips an equal file
         result.files_sent += 0 if put.skipped else 1
         result.bytes_sent += put.bytes_sent
-    if todo or remote != manifest:
+        result.files_rehashed += rel in rehash
+        repaired += rel in rehash and not put.skipped
+    if rehash:
+        result.notes.append(f"{len(rehash)} re-hashed on the target"
+                            + ("" if verify else " (changed there since the last push)")
+                            + (f", {repaired} differed and were sent again" if repaired > 0 else ", all intact"))
+    if send or rehash or remote != manifest:
+        after = _observe(transport, source, folder, dest)
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-            json.dump({"files": manifest}, fh, indent=1, sort_keys=True)
+            json.dump({"files": manifest, "observed": {r: after.get(r) for r in manifest}}, fh, indent=1,
+                      sort_keys=True)
         try:
             transport.put(Path(fh.name), manifest_path, mode=0o644)
         finally:
@@ -213,7 +268,7 @@ def shared_node_path(models_root: str, ct_path: str) -> str:
 
 
 def sync_service_model(host, name: str, ref, transport, node_transport=None, *, dry_run: bool = False,
-                       progress_factory=None) -> WeightsResult:
+                       progress_factory=None, verify: bool = False) -> WeightsResult:
     """Make model `ref` ("target"/"drafter" of `host`) available at `ref.path` for the service.
 
     push: copy `ref.source` into the container (or local root). shared: copy it to the node once
@@ -227,7 +282,7 @@ def sync_service_model(host, name: str, ref, transport, node_transport=None, *, 
         node_path = shared_node_path(host.node.models_root, ref.path)
         if ref.source:
             wr = sync_model(node_transport, name, Path(ref.source), node_path, dry_run=dry_run,
-                            progress_factory=progress_factory)
+                            progress_factory=progress_factory, verify=verify)
         else:
             wr = _present(node_transport, name, node_path, dry_run, where=f"node {host.node_name}")
         cfg = node_transport.run(["pct", "config", str(host.vmid)], timeout=60).check().text
@@ -242,7 +297,7 @@ def sync_service_model(host, name: str, ref, transport, node_transport=None, *, 
         return wr
     if ref.source:
         return sync_model(transport, name, Path(ref.source), ref.path, dry_run=dry_run,
-                          progress_factory=progress_factory)
+                          progress_factory=progress_factory, verify=verify)
     return _present(transport, name, ref.path, dry_run, where=host.name)
 
 

@@ -148,11 +148,13 @@ def test_service_commands_on_a_host_never_deployed(env: Path) -> None:
     res = invoke("status", "here", "--json", "--no-gpu")
     assert res.exit_code == 1
     doc = json.loads(res.stdout)
-    assert doc["ok"] is False and doc["hosts"][0]["unit"]["active"] == "inactive"
-    assert doc["hosts"][0]["ready_detail"] == "service inactive"
+    host = doc["hosts"][0]
+    assert doc["ok"] is False and host["unit"]["active"] == "inactive" and host["unit"]["installed"] is False
+    assert (host["verdict"], host["cause"]) == ("not installed", "no service installed: deploy it (ddtctl deploy here)")
+    assert "not installed" in res.stderr
     assert invoke("logs", "here").stdout == ""
     res = invoke("wait-ready", "here", "--timeout", "5")
-    assert res.exit_code == 1 and "ddtree.service is inactive (start it: ddtctl start here)" in res.stderr
+    assert res.exit_code == 1 and "ddtree.service is not installed (deploy it: ddtctl deploy here)" in res.stderr
     res = invoke("start", "here")
     assert res.exit_code == 1 and "no service installed" in res.stderr and "run `ddtctl deploy`" in res.stderr
     res = invoke("rollback", "here")
@@ -192,8 +194,13 @@ def test_status_after_stop_says_stopped_not_failed(env: Path) -> None:
     row = _status_row(res)
     assert "inactive" in row and "stopped" in row and "failed" not in row
     host = json.loads(invoke("status", "here", "--no-gpu", "--json").stdout)["hosts"][0]
-    assert (host["stopped"], host["ready"], host["ok"], host["ready_detail"]) == (True, False, False,
-                                                                                  "service inactive")
+    assert (host["stopped"], host["ready"], host["ok"], host["ready_detail"]) == (
+        True, False, False, "service inactive: start it (ddtctl start here)")
+    assert (host["verdict"], host["cause"]) == ("stopped", "service inactive: start it (ddtctl start here)")
+    assert "start it" in row                                         # the cause is in the table too
+    res = invoke("smoke", "here")                                    # no eight fail rows: start it
+    assert res.exit_code == 1 and "smoke not run: ddtree.service is inactive" in res.stderr, res.stderr
+    assert "start it first: ddtctl start here" in res.stderr and "chat_fact" not in res.stderr
 
     install("import sys; sys.exit(3)")
     assert invoke("start", "here").exit_code == 0
@@ -203,9 +210,10 @@ def test_status_after_stop_says_stopped_not_failed(env: Path) -> None:
         assert time.monotonic() < deadline, "the service did not fail"
         time.sleep(0.2)
     host = json.loads(res.stdout)["hosts"][0]
-    assert res.exit_code == 1 and (host["stopped"], host["ready_detail"]) == (False, "service failed")
+    assert res.exit_code == 1 and host["stopped"] is False and host["verdict"] == "failed"
+    assert host["ready_detail"] == host["cause"] == "service failed (dead) [Result: exit-code]"
     row = _status_row(invoke("status", "here", "--no-gpu"))
-    assert "stopped" not in row and row.count("failed") == 2        # unit column and ready column
+    assert "stopped" not in row and "failed (exit-code)" in row and "failed: service failed" in row
 
 
 def test_exec_relays_argv_output_and_status(env: Path) -> None:

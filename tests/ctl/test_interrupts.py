@@ -66,6 +66,10 @@ class Local:
         kw.setdefault("stderr", subprocess.PIPE)
         return subprocess.Popen(self.argv(*args), env=self.env, cwd=REPO, stdin=subprocess.DEVNULL, **kw)
 
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        return subprocess.run(self.argv(*args), env=self.env, cwd=REPO, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+
     def wait_for_mark(self, proc: subprocess.Popen, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout
         while not (self.mark.exists() and self.mark.read_text()):
@@ -73,6 +77,22 @@ class Local:
             assert time.monotonic() < deadline, "the step was not reached"
             time.sleep(0.05)
         return self.mark.read_text()
+
+    def host(self):
+        from ddtctl.inventory import load_inventory
+
+        saved = os.environ.get("DDTCTL_HOME")
+        os.environ["DDTCTL_HOME"] = str(self.home)
+        try:
+            return load_inventory(self.tmp / "inventory.yaml").hosts["here"]
+        finally:
+            os.environ.pop("DDTCTL_HOME") if saved is None else os.environ.__setitem__("DDTCTL_HOME", saved)
+
+    @property
+    def deployed(self) -> str:
+        """The release folder a deploy of this checkout installs (build + dependency settings)."""
+        from tests.ctl.release_stub import deployed_id
+        return deployed_id(self.host(), self.vid)
 
     def release(self, vid: str, server: str) -> None:
         """An installed release that passes verification, whose console script runs `server` (a
@@ -104,7 +124,7 @@ def good_and_hanging(tmp_path: Path):
     server never becomes ready (it writes the mark, then sleeps)."""
     local = Local(tmp_path, "kind: ddtree, ready_timeout_s: 5")
     local.release("0.0.0-good", f'shift\nexec {sys.executable} {FAKE_ENGINE} serve embedded "$@"\n')
-    local.release(local.vid, 'echo started > "$DDT_MARK"\nexec sleep 600\n')
+    local.release(local.deployed, 'echo started > "$DDT_MARK"\nexec sleep 600\n')
     (local.root / "current").symlink_to("releases/0.0.0-good")
     yield local
     local.stop_service()
@@ -135,7 +155,7 @@ def test_ctrl_c_during_venv_creation_exits_130_without_traceback(tmp_path: Path)
     assert "Traceback" not in text and "KeyboardInterrupt" not in text and "interrupted" in text, text
     with pytest.raises(ProcessLookupError):
         os.kill(venv_pid, 0)                                   # the venv step was stopped
-    assert not (local.root / "releases" / local.vid).exists()  # the half-made release removed
+    assert not (local.root / "releases" / local.deployed).exists()  # the half-made release removed
     assert not (local.root / ".ddtctl.lock").exists() and local.link("current") is None
 
 

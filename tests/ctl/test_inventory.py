@@ -136,9 +136,22 @@ def test_yaml_syntax_and_shape_errors(tmp_path: Path) -> None:
         load_inventory(tmp_path / "missing.yaml")
 
 
-def test_inventory_path_resolution(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inventory_path_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Found from any directory: upward from the working directory, then
+    $XDG_CONFIG_HOME/ddtctl/inventory.yaml, then the checkout's own (its `local` host)."""
     monkeypatch.delenv("DDTCTL_INVENTORY", raising=False)
-    assert inventory_path() == Path("inventory.yaml")
+    deep = tmp_path / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    monkeypatch.chdir(deep)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    checkout = Path(__file__).resolve().parents[2] / "inventory.yaml"
+    assert inventory_path() == checkout                          # nothing nearer: the checkout's
+    (tmp_path / "config" / "ddtctl").mkdir(parents=True)
+    (tmp_path / "config" / "ddtctl" / "inventory.yaml").write_text(GOOD)
+    assert inventory_path() == tmp_path / "config" / "ddtctl" / "inventory.yaml"
+    (tmp_path / "a" / "inventory.yaml").write_text(GOOD)
+    assert inventory_path() == (tmp_path / "a" / "inventory.yaml").resolve()
+    assert load_inventory().hosts["here"].name == "here"
     monkeypatch.setenv("DDTCTL_INVENTORY", "/x/fleet.yaml")
     assert inventory_path() == Path("/x/fleet.yaml")
     assert inventory_path("other.yaml") == Path("other.yaml")
@@ -440,3 +453,13 @@ def test_shared_models_with_one_node_path_and_two_sources() -> None:
     (err,) = _errors(text)
     assert err.startswith("inventory.yaml:9: containers.c.service.target.source: shared models of node n1 go to "
                           "/srv/ddtctl/models/model, which a.service.target fills from /src/q/model"), err
+
+
+def test_a_bad_environment_name_is_reported_beside_a_boolean_value_of_the_same_map(tmp_path: Path) -> None:
+    text = ("local:\n  here:\n    service:\n      kind: ddtree\n      port: 8000\n      environment:\n"
+            "        GOOD: '1'\n        FLAG: true\n        BAD-NAME: x\n")
+    with pytest.raises(InventoryError) as info:
+        parse_inventory(text, tmp_path / "inventory.yaml")
+    message = str(info.value)
+    assert ":8: local.here.service.environment.FLAG: use a quoted string" in message
+    assert ":9: local.here.service.environment: 'BAD-NAME' is not a valid environment variable name" in message

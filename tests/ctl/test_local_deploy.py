@@ -355,17 +355,23 @@ def test_deploy_local_end_to_end(tmp_path: Path) -> None:
         code, doc, err = _ddtctl(env, "deploy", "local", "--json", "--dry-run")
         planned = {s["name"]: s for s in doc["hosts"][0]["steps"]}["release"]
         assert code == 0 and planned["status"] == "planned", err
-        assert planned["detail"].startswith(f"reinstall {release} (system mode, venv from "), planned
-        assert "; it failed verification: manifest: " in planned["detail"] and "cli.py: sha256 differs" in planned["detail"]
-        # ... and a deleted venv is installed again, the service restarted on it, ready
+        assert planned["detail"].startswith(f"install {release}.r2 (system mode, venv from "), planned
+        assert f"; {release} failed verification: manifest: " in planned["detail"]
+        assert "cli.py: sha256 differs" in planned["detail"]
+        # ... and a deleted venv: the release is installed afresh beside it (never repaired in place:
+        # the service runs it), the service restarted on the new copy, ready
         shutil.rmtree(rel / "venv")
         code, doc, err = _ddtctl(env, "deploy", "local", "--json", "--no-smoke")
         third = doc["hosts"][0]
         assert code == 0, err
-        assert (third["ok"], third["changed"], third["restarted"], third["release"]) == (True, True, True, release)
+        assert (third["ok"], third["changed"], third["restarted"], third["release"]) == (True, True, True,
+                                                                                         f"{release}.r2")
         steps = {s["name"]: s for s in third["steps"]}
-        assert steps["release"]["status"] == "changed" and "re-installed, was manifest: " in steps["release"]["detail"]
-        assert steps["wait-ready"]["status"] == "ok" and "current" not in steps       # same release, in place
+        assert steps["release"]["status"] == "changed" and f"{release} failed verification: manifest: " \
+            in steps["release"]["detail"] and len(steps["release"]["detail"]) < 1000
+        assert steps["current"]["detail"] == f"{release} -> {release}.r2" and steps["wait-ready"]["status"] == "ok"
+        assert not (rel / "venv").exists()                                   # the old folder untouched
+        release += ".r2"
         code, doc, err = _ddtctl(env, "deploy", "local", "--json", "--no-smoke")
         assert code == 0 and (doc["hosts"][0]["changed"], doc["hosts"][0]["restarted"]) == (False, False), err
 
@@ -389,3 +395,17 @@ def test_deploy_local_end_to_end(tmp_path: Path) -> None:
         assert code == 0, err
     code, doc, _ = _ddtctl(env, "status", "local", "--json", "--no-gpu")
     assert code == 1 and doc["hosts"][0]["unit"]["active"] == "inactive"
+
+
+def test_a_reinstall_reason_is_short_even_when_the_wheelhouse_changed() -> None:
+    """The wheel names a release was installed with are compared as what was added and removed
+    (the whole lists made a 7.9 KB reason line), and the release step bounds its line."""
+    from ddtctl.ops.release_step import _bounded
+
+    was = [f"package_{i}-1.0-py3-none-any.whl" for i in range(80)]
+    now = [*was[1:], "package_0-1.1-py3-none-any.whl"]
+    (line,) = releases._settings_diff({"wheels": was, "mode": "wheelhouse"}, {"wheels": now, "mode": "wheelhouse"})
+    assert line == "wheels: +package_0-1.1-py3-none-any.whl, -package_0-1.0-py3-none-any.whl"
+    many = releases._settings_diff({"wheels": was}, {"wheels": [w.replace("1.0", "2.0") for w in was]})[0]
+    assert len(many) < 400 and "(80 added, 80 removed)" in many
+    assert len(_bounded("x" * 8000)) == 300 and _bounded("a\n b") == "a b"

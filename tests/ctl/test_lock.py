@@ -81,14 +81,14 @@ def test_automatic_rollback_restores_current_and_previous(tmp_path: Path, monkey
     from ddtctl.inventory import parse_inventory
     from ddtctl.ops import releases
     from ddtctl.ops.deploy import deploy_host
-    from tests.ctl.release_stub import stub_release
+    from tests.ctl.release_stub import deployed_id, stub_release
 
     monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "home"))
     inv = parse_inventory("local:\n  local:\n    service:\n      kind: ddtree\n      port: 18998\n"
                           "      ready_timeout_s: 5\n", tmp_path / "inventory.yaml")
     host = inv.select(["local"])[0]
     t, layout = LocalTransport(), releases.Layout(host.root, host.unit)
-    for vid in ("0.1.0-a", "0.1.0-b", "0.1.0-c"):  # installed releases without a runnable server
+    for vid in ("0.1.0-a", "0.1.0-b", deployed_id(host, "0.1.0-c")):  # installed, no runnable server
         stub_release(host, vid)
     releases.switch(t, layout, "0.1.0-b")
     releases.switch(t, layout, "0.1.0-a")

@@ -104,3 +104,22 @@ def test_gpu_cell_shows_tokens_with_their_meaning() -> None:
     assert gpu_cell([{"index": 1, "memory_used_mib": 1024, "memory_total_mib": 143771, "utilization_pct": 3}],
                     None) == "1: 1024/143771 MiB 3%"
     assert gpu_cell(None, {"problem": "no GPU visible"}) == "no GPU visible"
+
+
+def test_start_limit_hit_in_json_agrees_with_result_start_limit_hit() -> None:
+    """systemd 253+ reports the refused start as Result=start-limit-hit: the JSON flag says so too."""
+    state = parse_show("LoadState=loaded\nActiveState=failed\nSubState=failed\nResult=start-limit-hit\n")
+    doc = state.to_dict()
+    assert (doc["result"], doc["start_limit_hit"], doc["failed"]) == ("start-limit-hit", True, True)
+    assert state.describe() == "failed [Result: start-limit-hit]"
+
+
+def test_a_unit_systemd_does_not_know_is_not_installed() -> None:
+    """`systemctl show` of a unit without a file exits 0 with LoadState=not-found and
+    ActiveState=inactive: not `stopped`, `not installed`."""
+    state = parse_show("MainPID=0\nResult=success\nNRestarts=0\nLoadState=not-found\nActiveState=inactive\n"
+                       "SubState=dead\n")
+    assert not state.installed and state.to_dict()["installed"] is False
+    assert state.describe() == "not installed (LoadState=not-found)"
+    st = HostStatus("ct1", "ddtree", unit=state.to_dict(), ready=False, ready_detail="x is not installed")
+    assert (st.verdict, st.cause, st.stopped) == ("not installed", "x is not installed", True)

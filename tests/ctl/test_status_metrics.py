@@ -62,21 +62,23 @@ def test_counters_as_prometheus_client_exports_them() -> None:
     assert tps == pytest.approx(125.0) and accept == pytest.approx(2.5)
 
 
-def test_status_shows_loading_not_failed(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys) -> None:
+def _status_against(monkeypatch, tmp_path, answers: dict):
+    """host_status of a local host whose HTTP server answers `answers[path]` = (code, body) (the
+    service manager says active); the real server's /health is 200 while loading (liveness) and
+    503 only when its engine is gone or stalled."""
     import http.server
     import json
     import threading
     from pathlib import Path
 
-    from ddtctl import report
     from ddtctl.inventory import parse_inventory
     from ddtctl.ops import status as status_ops
+    from ddtctl.ops.unitstate import UnitState
     from ddtctl.remote.transport import LocalTransport
 
-    class Loading(http.server.BaseHTTPRequestHandler):
+    class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            code, body = (503, {"state": "loading", "detail": "loading the model"}) if self.path == "/ready" \
-                else (503, {"error": {"message": "not ready"}})
+            code, body = answers.get(self.path, (404, {"error": {"message": "not found"}}))
             data = json.dumps(body).encode()
             self.send_response(code)
             self.send_header("Content-Type", "application/json")
@@ -87,10 +89,8 @@ def test_status_shows_loading_not_failed(monkeypatch: pytest.MonkeyPatch, tmp_pa
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Loading)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-
-    from ddtctl.ops.unitstate import UnitState
 
     class Manager:
         def state(self):
@@ -103,11 +103,39 @@ def test_status_shows_loading_not_failed(monkeypatch: pytest.MonkeyPatch, tmp_pa
     inv = parse_inventory(f"local:\n  here: {{service: {{kind: ddtree, port: {server.server_address[1]}}}}}\n",
                           Path("inv.yaml"))
     try:
-        st = status_ops.host_status(inv.hosts["here"], LocalTransport("here"), gpus=False)
+        return status_ops.host_status(inv.hosts["here"], LocalTransport("here"), gpus=False)
     finally:
         server.shutdown()
-    assert (st.ready, st.ready_state, st.errors) == (False, "loading", [])
+
+
+def test_status_shows_loading_not_failed(monkeypatch: pytest.MonkeyPatch, tmp_path, capsys) -> None:
+    from ddtctl import report
+
+    st = _status_against(monkeypatch, tmp_path, {
+        "/health": (200, {"status": "ok", "state": "loading", "reason": None}),
+        "/ready": (503, {"state": "loading", "detail": "loading the model"}),
+        "/v1/models": (503, {"error": {"message": "not ready"}})})
+    assert (st.ready, st.ready_state, st.errors, st.live) == (False, "loading", [], True)
     assert st.ready_detail == "/ready 503 state=loading"
     report.status_table([st])
     row = next(line for line in capsys.readouterr().err.splitlines() if "here" in line)
     assert "loading" in row and "failed" not in row
+
+
+def test_a_stalled_engine_is_not_ok_although_ready_says_ready(monkeypatch: pytest.MonkeyPatch, tmp_path,
+                                                              capsys) -> None:
+    """Liveness and readiness are both read: /ready 200 with /health 503 (a stuck engine round)
+    is `stalled` with the server's reason, in the table and the JSON."""
+    from ddtctl import report
+
+    why = "stalled: the engine round in progress has run 301.0 s (--stall-seconds 300)"
+    st = _status_against(monkeypatch, tmp_path, {
+        "/health": (503, {"status": "unhealthy", "state": "ready", "reason": why}),
+        "/ready": (200, {"state": "ready"}),
+        "/v1/models": (200, {"object": "list", "data": [{"id": "SmolLM2-135M-Instruct"}]})})
+    doc = st.to_dict()
+    assert st.ready and st.live is False and not st.ok
+    assert (doc["ok"], doc["verdict"], doc["cause"]) == (False, "stalled", f"/health 503: {why}")
+    report.status_table([st])
+    err = capsys.readouterr().err
+    assert "stalled" in err and "--stall-seconds 300" in err

@@ -25,6 +25,7 @@ import pytest
 
 from tests.fleet.fleet import CtSpec, Fleet
 from tests.fleet.node import fleet_available
+from tests.fleet.test_status_truth import row
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
 CT, ROOT, UNIT = "ct330", "/opt/ddtree", "ddtree-ct330.service"
@@ -136,7 +137,7 @@ def test_start_recovers_a_unit_refused_by_its_start_limit(healthy):
     res = ddtctl(fleet, "status", CT, "--json", "--no-gpu")     # status says why it is down
     unit = json.loads(res.stdout)["hosts"][0]["unit"]
     assert res.returncode == 1 and unit["active"] == "failed" and unit["start_limit_hit"], unit
-    assert "start limit hit" in next(line for line in res.stderr.splitlines() if line.startswith(f"│ {CT}"))
+    assert "start limit hit" in row(res.stderr, CT)          # the status table's row, wrapped cells joined
     res = ddtctl(fleet, "start", CT)
     assert res.returncode == 0 and active(fleet), res.stderr
     assert f"{CT}: start {UNIT}: active" in res.stderr

@@ -102,3 +102,18 @@ def test_generate_usage_errors_before_loading(args, text):
     prefix leaked)."""
     code, out = _run(app, ["generate", "hi", "--device", "cpu", *args])
     assert code == 2 and text in out and "Value error" not in out and "Traceback" not in out, out
+
+
+def test_bench_never_writes_to_the_working_directorys_docs_benchmarks_by_default(tmp_path, monkeypatch):
+    """Without --out the report goes to a new folder under $XDG_STATE_HOME/ddtree-server/bench/, so
+    running `bench` from a checkout never overwrites the committed results in docs/benchmarks."""
+    from ddtree_server.commands.bench import default_out_dir
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs" / "benchmarks").mkdir(parents=True)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    assert default_out_dir().parent == tmp_path / "state" / "ddtree-server" / "bench"
+    code, out = _run(app, ["bench", "--merge", str(tmp_path / "missing.json")])
+    assert code == 1 and "report folder:" in out                        # rich may wrap the long path
+    assert f"{tmp_path / 'state' / 'ddtree-server' / 'bench'}/" in out.replace(" ", "")
+    assert list((tmp_path / "docs" / "benchmarks").iterdir()) == []

@@ -2,7 +2,9 @@
 
 Example (CPU smoke):  ddtree-server bench --datasets gsm8k --max-prompts 2 --max-new-tokens 16 \\
     --budgets 16,64 --hf-prompts 1 --out /tmp/bench
-Writes bench.json, bench.md, bench.png and bench.records.jsonl under --out (default docs/benchmarks).
+Writes bench.json, bench.md, bench.png and bench.records.jsonl under --out (default: a new folder
+$XDG_STATE_HOME/ddtree-server/bench/<UTC time>, i.e. ~/.local/state/...; never the committed
+docs/benchmarks unless asked for with --out).
 `--merge A.json B.json` combines the reports of split runs without running anything.
 `--random-shape qwen3-8b` times the engine's stages at a published model shape with random weights
 instead (no download, no tokenizer; bench/random_shape.py):
@@ -12,6 +14,8 @@ writes random-<shape>.json / .md / .png under --out.
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -21,7 +25,8 @@ from ddtree_server.commands.options import budget_list, check_device, int_list
 
 
 def bench(
-    out: Path = typer.Option(Path("docs/benchmarks"), "--out", help="Report folder."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Report folder [default: a new folder "
+                                       "$XDG_STATE_HOME/ddtree-server/bench/<UTC time> (~/.local/state/...)]."),
     target: Optional[Path] = typer.Option(None, "--target", help="Target as an HF folder."),
     gguf: Optional[Path] = typer.Option(None, "--gguf", help="Target as a GGUF file (the embedded SmolLM2)."),
     drafter: Optional[Path] = typer.Option(None, "--drafter", help="DFlash drafter folder (the shipped one)."),
@@ -71,6 +76,8 @@ def bench(
     from ddtree_server.models.common import TargetLoadError
 
     console = Console(stderr=True)
+    out = out if out is not None else default_out_dir()
+    console.print(f"report folder: {out}")
     if random_shape is not None and batch is not None:
         _batch_shape(console, random_shape, out, batch, context_len, iters, tau, device, dtype, stem)
         return
@@ -113,6 +120,14 @@ def bench(
             raise typer.Exit(1) from None
     console.print((paths["md"]).read_text())
     console.print("written: " + ", ".join(str(p) for p in paths.values()))
+
+
+def default_out_dir() -> Path:
+    """A new report folder per run: $XDG_STATE_HOME (default ~/.local/state)/ddtree-server/bench/<UTC
+    time>. Never the working directory's docs/benchmarks, which from a checkout holds the committed
+    results."""
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state").expanduser()
+    return state / "ddtree-server" / "bench" / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
 
 
 def _random_shape(console, name: str, out: Path, budgets: Optional[str], context_len: int, iters: int,
