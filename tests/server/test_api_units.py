@@ -77,7 +77,7 @@ def test_chat_request_fields():
 
 @pytest.mark.parametrize("body", [
     {"messages": []}, {"messages": [{"role": "robot", "content": "x"}]},
-    {"messages": [{"role": "user", "content": "x"}], "n": 2},
+    {"messages": [{"role": "user", "content": "x"}], "n": 17},
     {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
     {"messages": [{"role": "user", "content": "x"}], "decoding": {"mode": "beam"}},
@@ -211,7 +211,7 @@ def test_ready_reports_loading_and_models_503():
     ({"model": "m", "messages": []}, "messages"),
     ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
     ({"model": "m"}, "messages"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 99999999999999999999999}, "seed"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 2**63}, "seed"),

@@ -53,6 +53,9 @@ def check_text(value: str) -> str:
     return value
 
 
+MAX_CHOICES = 16  # most choices (n) one request may ask for
+
+
 class DecodingOverride(BaseModel):
     """Per-request decoding override (extension field `decoding`)."""
 
@@ -129,7 +132,9 @@ class _GenerationRequest(BaseModel):
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1,
                              description="OpenAI's int64 range; negative seeds are taken modulo 2**64.")
     stop: StrictStr | list[StrictStr] | None = Field(None, validate_default=True)
-    n: int = Field(1, ge=1, description="Choices per request; only 1 is supported.")
+    n: int = Field(1, ge=1, le=MAX_CHOICES, description=(
+        "Choices per request, each generated as its own request in the same batch; with a seed, "
+        "choice i samples with seed + i."))
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     decoding: DecodingOverride | None = None
@@ -207,12 +212,6 @@ class _GenerationRequest(BaseModel):
             check_text(stop)
         return stops
 
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("n > 1 is not supported: send one request per choice")
-        return value
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
