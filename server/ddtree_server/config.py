@@ -110,7 +110,10 @@ class ServerConfig(BaseModel):
     served_model_name: str | None = Field(None, description="Model id shown in /v1/models and responses.")
     max_model_len: int | None = Field(None, ge=16, description="Context window in tokens (default: the model's).")
     max_queue: int = Field(64, ge=0, description="Requests waiting for the worker before 429 (requests).")
-    max_concurrency: int = Field(1, ge=1, description="Requests the worker runs at the same time (requests).")
+    max_running: int | None = Field(None, ge=1, description=(
+        "Requests decoded together in one batched step (requests; default: 4 on cpu, sized from free "
+        "GPU memory on cuda, at most 64)."))
+    max_concurrency: int | None = Field(None, ge=1, description="Deprecated alias of max_running.")
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Default keyword arguments for the chat template (requests may add)."
     )

@@ -22,8 +22,8 @@ from ddtctl.inventory_schema import DdtreeService, Host
 from ddtctl.ops.smoke import Check, SmokeReport, require_ok, run_smoke
 from ddtctl.remote.transport import LocalTransport
 
-CHECKS = ["models", "chat_fact", "multi_turn", "raw_completion", "stream_equal", "stop_sequence",
-          "bad_request_4xx", "acceptance"]
+CHECKS = ["models", "chat_fact", "multi_turn", "raw_completion", "stream_equal", "tool_call", "json_schema",
+          "stop_sequence", "bad_request_4xx", "acceptance"]
 
 
 @pytest.fixture()

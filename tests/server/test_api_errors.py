@@ -27,7 +27,7 @@ def error_of(response, status: int) -> dict:
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
     ({"messages": USER, "max_tokens": 0}, "max_tokens"),
     ({"messages": USER, "max_completion_tokens": 0}, "max_completion_tokens"),
-    ({"messages": USER, "n": 2}, "n"),
+    ({"messages": USER, "n": 17}, "n"),
     ({"messages": USER, "temperature": -1}, "temperature"),
     ({"messages": USER, "chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
     ({"messages": USER, "max_tokens": MAX_MODEL_LEN}, "max_tokens"),

@@ -5,7 +5,7 @@ Runs the real app, worker and Engine in-process over a random tiny target (tests
 so that hundreds of requests take seconds. Classes: wrong JSON types for every field, extreme and
 non-finite numbers, huge integers, deep nesting, huge strings and bodies, invalid UTF-8, lone
 surrogates, duplicate keys, wrong content types, empty bodies, token-id prompts outside the
-vocabulary, stop lists of thousands of strings, n > 1, wrong methods and paths.
+vocabulary, stop lists of thousands of strings, n out of range, wrong methods and paths.
 """
 
 from __future__ import annotations

@@ -64,9 +64,10 @@ def test_disconnect_cancels_generation(api_server, stream):
 
 
 def test_queue_limit_and_sigterm_drain():
-    """--max-queue 0: a second request while one runs is 429. SIGTERM while a stream is in flight:
-    /ready says draining, new requests get 503, the stream completes in full, the process exits 0."""
-    server = ServerProcess("--max-queue", "0").start()
+    """--max-queue 0 --max-running 1: a second request while one runs is 429. SIGTERM while a
+    stream is in flight: /ready says draining, new requests get 503, the stream completes in full,
+    the process exits 0."""
+    server = ServerProcess("--max-queue", "0", "--max-running", "1").start()
     try:
         client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=600)
         stream = client.completions.create(model=client.models.list().data[0].id, prompt="Count: 1, 2, 3,",

@@ -77,7 +77,7 @@ def test_chat_request_fields():
 
 @pytest.mark.parametrize("body", [
     {"messages": []}, {"messages": [{"role": "robot", "content": "x"}]},
-    {"messages": [{"role": "user", "content": "x"}], "n": 2},
+    {"messages": [{"role": "user", "content": "x"}], "n": 17},
     {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
     {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
     {"messages": [{"role": "user", "content": "x"}], "decoding": {"mode": "beam"}},
@@ -211,7 +211,7 @@ def test_ready_reports_loading_and_models_503():
     ({"model": "m", "messages": []}, "messages"),
     ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 3}, "n"),
+    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 0}, "n"),
     ({"model": "m"}, "messages"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 99999999999999999999999}, "seed"),
     ({"model": "m", "messages": [{"role": "user", "content": "x"}], "seed": 2**63}, "seed"),
@@ -254,8 +254,14 @@ _U = [{"role": "user", "content": "x"}]
 
 
 @pytest.mark.parametrize("path, extra, param, unsupported", [
-    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", True),
-    ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice", True),
+    ("/v1/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", False),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice", False),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}],
+                              "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice", False),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+     "tools.0.function.name", False),
+    ("/v1/chat/completions", {"frequency_penalty": False}, "frequency_penalty", False),
+    ("/v1/chat/completions", {"temperature": True}, "temperature", False),
     ("/v1/chat/completions", {"response_format": {"type": "grammar"}}, "response_format", False),
     ("/v1/chat/completions", {"logit_bias": {"a": -100}}, "logit_bias", False),
     ("/v1/chat/completions", {"logit_bias": {"5": -101}}, "logit_bias", False),

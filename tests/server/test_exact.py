@@ -89,7 +89,8 @@ def test_drafter_context_equals_sequential_features(target, references):
     drafter = _oracle(len(ids), ref)
     engine = Engine(target.model, target.tokenizer, drafter, max_model_len=MAX_LEN)
     list(engine.generate(ids, SamplingParams(max_tokens=N_NEW, ignore_eos=True), tree_budget=16))
-    fed = engine._draft_cache.feats[: engine._draft_cache.length]
+    dcache = engine.batch.runner.dcaches[0]   # the request ran alone: slot 0
+    fed = dcache.feats[: dcache.length]
     seq = torch.tensor(ids + ref)[: fed.shape[0]]
     with torch.no_grad():
         _, want = target.model.forward(target.model.new_cache(MAX_LEN), seq, torch.arange(len(seq)))

@@ -63,14 +63,13 @@ class Recorder:
         monkeypatch.setattr(decode, "ddtree_builder", record_build)
 
     def wrap(self, engine):
-        cache = engine._caches()[0]
+        cache = engine.batch.runner.caches[0]   # one request at a time: always slot 0
         keep = cache.keep
 
         def record_keep(start, rows, rows_on_device=None):
             self.paths.append(list(rows))
             return keep(start, rows, rows_on_device)
         cache.keep = record_keep
-        engine._caches = lambda: (cache.reset() or cache, engine._draft_cache_reset())
         return engine
 
     def sibling_rounds(self) -> int:
@@ -82,12 +81,6 @@ class Recorder:
 
 
 def _with_recorder(engine, rec):
-    dcache = engine.drafter.new_cache(engine.max_model_len + 1 + engine.block_size)
-
-    def reset_draft():
-        dcache.crop(0)
-        return dcache
-    engine._draft_cache_reset = reset_draft
     return rec.wrap(engine)
 
 

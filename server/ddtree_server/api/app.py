@@ -15,6 +15,8 @@ before it is tokenised (api/prompts.py).
 from __future__ import annotations
 
 import asyncio
+import copy
+import dataclasses
 import contextlib
 import logging
 import time
@@ -60,6 +62,11 @@ def vocab_size(engine: Any) -> int:
     if model_vocab:
         sizes.append(int(model_vocab))
     return min(sizes)
+
+
+def model_type(engine: Any) -> str | None:
+    """The target's `config.model_type` (chooses the tool-call format with the chat template)."""
+    return getattr(getattr(getattr(engine, "target", None), "config", None), "model_type", None)
 
 
 _BRANCH_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}
@@ -150,7 +157,8 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
                 "running": worker.running, "queued": worker.queued, "stall_seconds": worker.stall_seconds,
                 "stalled": worker.stalled()}
 
-    app.openapi = lambda: openapi.document(app, api_key=bool(config.api_key))
+    app.openapi = lambda: openapi.document(app, api_key=bool(config.api_key),
+                                           max_tree_budget=config.tree_budget_limit)
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi_route() -> JSONResponse:
@@ -205,9 +213,9 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         engine = ready_engine()
         check_model(body.model, engine)
-        ids = await run_in_threadpool(prompts.chat_prompt_ids, engine.tokenizer, body, config.chat_template_kwargs,
-                                      engine.max_model_len)
-        return await _generate(request, engine, body, ids, "chat")
+        prompt = await run_in_threadpool(prompts.chat_prompt, engine.tokenizer, body, config.chat_template_kwargs,
+                                         model_type(engine), engine.max_model_len)
+        return await _generate(request, engine, body, prompt.ids, "chat", parser=prompt.parser, markup=prompt.markup)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -217,70 +225,109 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
                                       vocab_size(engine), engine.max_model_len)
         return await _generate(request, engine, body, ids, "completion")
 
-    async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str) -> Response:
+    async def _generate(request: Request, engine: Any, body: Any, ids: list[int], kind: str,
+                        parser: Any = None, markup: str | None = None) -> Response:
         limit = config.tree_budget_limit
         mode, budget = prompts.check_decoding(body, available_modes(engine), limit)
         if budget is None and (getattr(engine, "tree_budget", None) or 0) > limit:
             budget = limit   # the engine's default never exceeds --max-tree-budget either
         from ddtree_server.engine.params import SamplingParams
 
-        grammar = await run_in_threadpool(prompts.grammar_for, engine, body)
+        grammar = await run_in_threadpool(prompts.grammar_for, engine, body, markup)
         params = prompts.sampling_params(body, len(ids), engine.max_model_len, SamplingParams,
+                                         getattr(engine, "sampling_defaults", None),
                                          vocab_size=vocab_size(engine), grammar=grammar)
         format_logprobs = None
         if params.logprobs is not None:
             format_logprobs = await run_in_threadpool(logprob_formatter, engine, kind)
         rid = new_id("chatcmpl" if kind == "chat" else "cmpl")
-        job = Job(rid=rid, prompt_ids=ids, params=params, mode=mode, tree_budget=budget)
+        jobs = [Job(rid=rid if body.n == 1 else f"{rid}-{i}", prompt_ids=ids, tree_budget=budget, mode=mode,
+                    params=params if params.seed is None or i == 0 else
+                    dataclasses.replace(params, seed=(params.seed + i) % 2**64))
+                for i in range(body.n)]
         try:
-            worker.submit(job)
+            for job in jobs:
+                worker.submit(job)
         except QueueFull as exc:
+            for job in jobs:
+                job.cancel.set()
             raise ApiError(429, f"the server is busy: {exc}; retry later", type="rate_limit_error",
                            code="queue_full") from None
         except NotAccepting as exc:
+            for job in jobs:
+                job.cancel.set()
             raise ApiError(503, f"the server is {exc}", type="service_unavailable", code=str(exc)) from None
         try:
-            first = await _next(job, request)
+            firsts = [await _next(job, request) for job in jobs]
         except ClientGone:
+            for job in jobs:
+                job.cancel.set()
             return Response(status_code=499)
         except Rejected as exc:
+            for job in jobs:
+                job.cancel.set()
             raise ApiError(400, str(exc)) from None
         except Exception as exc:
+            for job in jobs:
+                job.cancel.set()
             log.exception("request %s failed", rid)
             raise ApiError(500, f"generation failed: {exc}", type="server_error") from None
-        if first is None and job.cancel.is_set():   # cancelled while queued (the drain deadline): never ran
+        if any(first is None for first in firsts) and all(job.cancel.is_set() for job in jobs):
+            # cancelled while queued (the drain deadline): never ran
             raise ApiError(503, "the server is shutting down: the request was cancelled before it started; retry",
                            type="service_unavailable", code="draining")
-        if first is None:   # the engine ended without a final event (never expected)
+        if any(first is None for first in firsts):   # the engine ended without a final event (never expected)
             raise ApiError(500, "the generation produced no result", type="server_error")
-        metrics.ttft.observe(time.monotonic() - job.submitted_at)
+        metrics.ttft.observe(time.monotonic() - jobs[0].submitted_at)
+        # one output parser per choice (a parser keeps the state of its text)
+        parsers = [parser] + [copy.deepcopy(parser) for _ in range(body.n - 1)]
         created, model = now(), engine.model_id
         if body.stream:
             shape = ChunkShape(kind, rid, created, model, body.include_usage(), format_logprobs)
 
             def on_close(finished: bool) -> None:
-                if not finished and not job.cancel.is_set():
+                if not finished and not all(job.cancel.is_set() for job in jobs):
                     log.info("request %s: client disconnected during the stream", rid)
-                    job.cancel.set()
+                    for job in jobs:
+                        job.cancel.set()
 
-            stream = event_stream(shape, first, lambda: job.next_event(), prompt_tokens=len(ids), on_close=on_close)
+            nexts = [(lambda job=job: job.next_event()) for job in jobs]
+            many = body.n > 1
+            stream = event_stream(shape, firsts if many else firsts[0], nexts if many else nexts[0],
+                                  prompt_tokens=len(ids), on_close=on_close, parser=parsers if many else parsers[0])
             return StreamingResponse(stream, media_type=MEDIA_TYPE, headers=HEADERS)
-        texts, lps, event, last = [], [], first, first
-        while event is not None:
-            texts.append(event.text)
-            lps += event.logprobs or []
-            last = event
-            try:
-                event = await _next(job, request)
-            except ClientGone:
-                return Response(status_code=499)
-        stats = last.stats.to_dict() if last.stats is not None else None
-        tokens = stats["generated_tokens"] if stats else 0
-        build = chat_response if kind == "chat" else completion_response
-        return JSONResponse(build(rid=rid, created=created, model=model, text="".join(texts),
-                                  finish_reason=last.finish_reason, prompt_tokens=len(ids),
-                                  completion_tokens=tokens, decoding=stats,
-                                  logprobs=format_logprobs(lps) if format_logprobs else None))
+        texts, reasons, all_stats, all_lps, messages, tokens = [], [], [], [], [], 0
+        for job, event, parser in zip(jobs, firsts, parsers):
+            parts, lps, last = [], [], event
+            while event is not None:
+                parts.append(event.text)
+                lps += event.logprobs or []
+                last = event
+                try:
+                    event = await _next(job, request)
+                except ClientGone:
+                    for other in jobs:
+                        other.cancel.set()
+                    return Response(status_code=499)
+            stats = last.stats.to_dict() if last.stats is not None else None
+            tokens += stats["generated_tokens"] if stats else 0
+            text, finish, message = "".join(parts), last.finish_reason, None
+            if kind == "chat" and parser is not None and parser.active:
+                parser.feed(text)
+                parser.finish()
+                finish, message = parser.finish_reason(finish), parser.message()
+            texts.append(text)
+            reasons.append(finish)
+            messages.append(message)
+            all_stats.append(stats)
+            all_lps.append(format_logprobs(lps) if format_logprobs else None)
+        many = body.n > 1
+        common = dict(rid=rid, created=created, model=model, text=texts if many else texts[0],
+                      finish_reason=reasons if many else reasons[0], prompt_tokens=len(ids),
+                      completion_tokens=tokens, decoding=all_stats[0], logprobs=all_lps if many else all_lps[0])
+        if kind != "chat":
+            return JSONResponse(completion_response(**common))
+        return JSONResponse(chat_response(message=messages if many else messages[0], **common))
 
     def logprob_formatter(engine: Any, kind: str) -> Any:
         """entries -> the API's logprobs object (token texts read once per engine)."""

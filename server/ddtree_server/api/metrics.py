@@ -17,6 +17,9 @@ Names (all prefixed `ddtree_`):
 * `oldest_queued_age_seconds` — how long the oldest queued request has waited (0 when none) (s);
 * `worker_stalled` — 1 while the round in progress is older than `--stall-seconds`, else 0;
 * `requests_cancelled_total` — generations stopped because the client went away or the drain deadline passed;
+* `batch_size` — requests in the last engine step (the running batch; a prefill step: the prompts it ran);
+* `step_seconds{kind}` — histogram of engine step times, kind prefill | decode (s);
+* `step_tokens` — histogram of tokens one decode step produced over all its requests (tokens);
 * `server_state` — loading | warming | ready | draining | stopped | failed.
 """
 
@@ -63,6 +66,13 @@ class Metrics:
                                        "Wait of the oldest queued request (0 when none waits) (s).", registry=r)
         self.stalled = Gauge("ddtree_worker_stalled",
                              "1 while the round in progress is older than --stall-seconds, else 0.", registry=r)
+        self.batch_size = Gauge("ddtree_batch_size", "Requests in the last engine step.", registry=r)
+        self.step_seconds = Histogram(
+            "ddtree_step_seconds", "Engine step time (s).", ["kind"],
+            buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5), registry=r)
+        self.step_tokens = Histogram(
+            "ddtree_step_tokens", "Tokens produced by one decode step, all requests together.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
         self.state = Enum("ddtree_server_state", "Server lifecycle state.", states=STATES, registry=r)
         self.state.state("loading")
 
@@ -91,6 +101,14 @@ class Metrics:
         tps = stats.get("tokens_per_second")
         if tps:
             self.tokens_per_second.observe(tps)
+
+    def observe_step(self, info) -> None:
+        """Record one engine step (``engine.batch.StepInfo``: kind, batch, tokens, seconds)."""
+        self.batch_size.set(info.batch)
+        if info.kind in ("prefill", "decode"):
+            self.step_seconds.labels(kind=info.kind).observe(info.seconds)
+        if info.kind == "decode":
+            self.step_tokens.observe(info.tokens)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

@@ -42,6 +42,19 @@ class Usage(_Doc):
     total_tokens: int
 
 
+class CalledFunction(_Doc):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(_Doc):
+    """One call of `message.tool_calls` (api/output.py): arguments as a JSON string."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class TopLogprob(_Doc):
     token: str
     logprob: float
@@ -71,7 +84,9 @@ class CompletionLogprobs(_Doc):
 
 class AssistantMessage(_Doc):
     role: Literal["assistant"]
-    content: str
+    content: str | None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(_Doc):
@@ -108,9 +123,25 @@ class TextCompletion(_Doc):
     decoding: DecodeStats | None
 
 
+class FunctionDelta(_Doc):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Doc):
+    """A piece of one tool call: the first carries id, type and name, the next the arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta | None = None
+
+
 class ChatDelta(_Doc):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(_Doc):
@@ -241,8 +272,17 @@ RESPONSES: dict[tuple[str, str], dict[str, Any]] = {
 }
 
 
-def document(app: FastAPI, *, api_key: bool) -> dict[str, Any]:
-    """The OpenAPI document of `app` (cached on `app.openapi_schema`)."""
+def _limit_tree_budget(schemas: dict[str, Any], max_tree_budget: int) -> None:
+    """The request schema's `decoding.tree_budget` maximum is this server's --max-tree-budget."""
+    prop = schemas.get("DecodingOverride", {}).get("properties", {}).get("tree_budget", {})
+    for option in prop.get("anyOf", [prop]):
+        if option.get("type") == "integer":
+            option["maximum"] = max_tree_budget
+
+
+def document(app: FastAPI, *, api_key: bool, max_tree_budget: int | None = None) -> dict[str, Any]:
+    """The OpenAPI document of `app` (cached on `app.openapi_schema`); `max_tree_budget` is the
+    server's limit on `decoding.tree_budget`."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     doc = get_openapi(title=app.title, version=app.version, description=__doc__.split("\n\n")[0],
@@ -254,6 +294,8 @@ def document(app: FastAPI, *, api_key: bool) -> dict[str, Any]:
         found = model.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(found.pop("$defs", {}))
         schemas[model.__name__] = found
+    if max_tree_budget is not None:
+        _limit_tree_budget(schemas, max_tree_budget)
     if api_key:
         doc["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
     for path, item in doc.get("paths", {}).items():

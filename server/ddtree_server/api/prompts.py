@@ -21,8 +21,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from ddtree_server.api import reasoning
+from ddtree_server.api.output import OutputParser
 from ddtree_server.api.responses import ApiError
 from ddtree_server.api.schemas import ChatCompletionRequest, CompletionRequest, check_text
+from ddtree_server.api.tools import choose_format, template_source
+from ddtree_server.api.tools.render import template_input
 from ddtree_server.config import RESERVED_TEMPLATE_KWARGS
 
 log = logging.getLogger("ddtree_server.api")
@@ -66,10 +70,22 @@ def check_chars(tokenizer: Any, chars: int, max_model_len: int | None, param: st
                        param=param, code="context_length_exceeded")
 
 
-def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any],
-                    max_model_len: int | None = None) -> list[int]:
-    """Render the chat template and tokenise it. Raises ApiError(400) on any template failure, or
-    when the rendered text cannot fit ``max_model_len`` tokens (`check_chars`, before tokenising).
+@dataclass
+class ChatPrompt:
+    """A rendered chat request: prompt ids, the prompt text, and the parser of its completion."""
+
+    ids: list[int]
+    text: str
+    parser: OutputParser
+    markup: str = "hermes"     # the tool-call format (api/tools/): "hermes" or "qwen_xml"
+
+
+def chat_prompt(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any],
+                model_type: str | None = None, max_model_len: int | None = None) -> ChatPrompt:
+    """Render the chat template (with the request's tools, api/tools/render.py) and tokenise it;
+    the completion's parser splits reasoning (api/reasoning.py) and tool calls (api/output.py).
+    Raises ApiError(400) on any template failure, a tool message that answers no call, or when
+    the rendered text cannot fit ``max_model_len`` tokens (`check_chars`, before tokenising).
 
     `developer` messages are rendered as `system` (chat templates know no developer role).
     """
@@ -77,16 +93,14 @@ def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwar
     clash = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
     if clash:
         raise ApiError(400, f"chat_template_kwargs may not set {', '.join(clash)}", param="chat_template_kwargs")
-    messages = []
-    for message in request.messages:
-        item = message.model_dump(exclude_none=True)
-        item["role"] = "system" if message.role == "developer" else message.role
-        item["content"] = message.text()
-        messages.append(item)
-    if not getattr(tokenizer, "chat_template", None):
+    template = template_source(tokenizer)
+    if not template:
         raise ApiError(400, "this model has no chat template; use /v1/completions", param="messages")
+    fmt = choose_format(template, model_type)
+    messages, extra = template_input(request, fmt)
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             **extra, **kwargs)
     except Exception as exc:   # jinja errors, raise_exception() in templates, bad kwargs
         log.info("chat template error: %s", exc)
         raise ApiError(400, f"chat template error: {exc}", param="messages", code="chat_template_error") from None
@@ -95,7 +109,21 @@ def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwar
     except ValueError as exc:
         raise ApiError(400, f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
     check_chars(tokenizer, len(text), max_model_len, "messages")
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    tools = request.tools if request.tools and request.tool_choice != "none" else []
+    thinking = reasoning.thinks(template)
+    forced = forced_tool_choice(request) is not None   # the grammar starts the answer with a call
+    parser = OutputParser(parse=fmt.parse if tools else None,
+                          functions={tool.function.name: tool.function for tool in tools},
+                          reasoning=thinking and not forced,
+                          in_reasoning=thinking and not forced and reasoning.opened(text),
+                          parallel=request.parallel_tool_calls is not False)
+    return ChatPrompt(list(tokenizer.encode(text, add_special_tokens=False)), text, parser, fmt.name)
+
+
+def chat_prompt_ids(tokenizer: Any, request: ChatCompletionRequest, default_kwargs: dict[str, Any],
+                    max_model_len: int | None = None) -> list[int]:
+    """Only the prompt ids of `chat_prompt`."""
+    return chat_prompt(tokenizer, request, default_kwargs, max_model_len=max_model_len).ids
 
 
 def completion_prompt_ids(tokenizer: Any, prompt: str | list[int], vocab_size: int,
@@ -135,25 +163,48 @@ def check_decoding(request: ChatCompletionRequest | CompletionRequest, modes: se
     return override.mode, override.tree_budget
 
 
-def grammar_for(engine: Any, request: ChatCompletionRequest | CompletionRequest) -> Any:
-    """The compiled grammar of the request's `response_format` (None for text / absent).
-    Raises ApiError(400) naming the problem when the server refuses the format or schema."""
-    if request.response_format is None or request.response_format.get("type") == "text":
+def grammar_for(engine: Any, request: ChatCompletionRequest | CompletionRequest, markup: str | None = None) -> Any:
+    """The compiled grammar of the request's `response_format`, or of its forced tool calls
+    (`tool_choice` "required" / a named function, in the tool-call `markup` of the model's format:
+    "hermes" or "qwen_xml"); None for neither. Raises ApiError(400) naming the problem when the
+    server refuses the format, schema or tools, or when both are asked for."""
+    forced = forced_tool_choice(request)
+    text = request.response_format is None or request.response_format.get("type") == "text"
+    if text and forced is None:
         return None
+    if forced is not None and not text:
+        raise ApiError(400, "response_format and a tool_choice that forces a call cannot be combined",
+                       param="response_format")
     from ddtree_server.constrained.limits import GrammarError
 
     try:
+        if forced is not None:
+            tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
+            return engine.grammars.tool_calls(tools, forced, markup=markup or "hermes",
+                                              parallel=request.parallel_tool_calls is not False)
         return engine.grammars.response_format(request.response_format)
     except GrammarError as exc:
-        raise ApiError(400, str(exc), param=exc.param or "response_format", code="invalid_response_format") from None
+        code = "invalid_tools" if forced is not None else "invalid_response_format"
+        raise ApiError(400, str(exc), param=exc.param or ("tools" if forced is not None else "response_format"),
+                       code=code) from None
+
+
+def forced_tool_choice(request: Any) -> str | dict[str, Any] | None:
+    """`"required"` or `{"type": "function", "function": {"name"}}` when the request forces a call."""
+    choice = getattr(request, "tool_choice", None)
+    if choice is None or choice in ("none", "auto") or not getattr(request, "tools", None):
+        return None
+    return choice if isinstance(choice, str) else choice.model_dump()
 
 
 def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_len: int,
-                    max_model_len: int, params_cls: Any, *, vocab_size: int | None = None,
-                    grammar: Any = None) -> Any:
+                    max_model_len: int, params_cls: Any, defaults: dict[str, Any] | None = None, *,
+                    vocab_size: int | None = None, grammar: Any = None) -> Any:
     """SamplingParams for the request. Raises ApiError(400) when the prompt (+ max_tokens) does
     not fit the context window of `max_model_len` tokens (max_tokens omitted -> the rest of it),
-    for a `logit_bias` token id outside [0, vocab_size) and for top_logprobs without logprobs."""
+    for a `logit_bias` token id outside [0, vocab_size) and for top_logprobs without logprobs.
+    temperature / top_p the request omits come from `defaults` (the model's generation_config,
+    engine/defaults.py), else OpenAI's 1.0; top_k likewise (else off)."""
     limit = request.token_limit()
     param = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) else "max_tokens"
     if prompt_len >= max_model_len:
@@ -167,7 +218,16 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_l
         raise ApiError(400, f"prompt ({prompt_len} tokens) + {param} ({limit}) = {prompt_len + limit} tokens "
                             f"exceeds the context window of {max_model_len} tokens",
                        param=param, code="context_length_exceeded")
-    temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+    defaults = defaults or {}
+    temperature = request.temperature if request.temperature is not None else defaults.get(
+        "temperature", DEFAULT_TEMPERATURE)
+    top_p = request.top_p if request.top_p is not None else defaults.get("top_p", 1.0)
+    extra = {}
+    top_k = getattr(request, "top_k", None)
+    if top_k is None:
+        top_k = defaults.get("top_k")
+    if top_k is not None and "top_k" in getattr(params_cls, "__dataclass_fields__", {}):
+        extra["top_k"] = max(int(top_k), 0)   # vLLM's -1 = off
     bias = request.token_bias()
     bad = [t for t in bias if vocab_size is not None and t >= vocab_size]
     if bad:
@@ -177,10 +237,9 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_l
         logprobs = request.logprob_count()
     except ValueError as exc:
         raise ApiError(400, str(exc), param="top_logprobs") from None
-    return params_cls(max_tokens=limit, temperature=temperature,
-                      top_p=1.0 if request.top_p is None else request.top_p, seed=request.seed,
+    return params_cls(max_tokens=limit, temperature=temperature, top_p=top_p, seed=request.seed,
                       stop=list(request.stop), ignore_eos=request.ignore_eos,
                       presence_penalty=request.presence_penalty or 0.0,
                       frequency_penalty=request.frequency_penalty or 0.0,
                       repetition_penalty=1.0 if request.repetition_penalty is None else request.repetition_penalty,
-                      logit_bias=bias, logprobs=logprobs, grammar=grammar)
+                      logit_bias=bias, logprobs=logprobs, grammar=grammar, **extra)

@@ -54,22 +54,37 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def chat_response(*, rid: str, created: int, model: str, text: str, finish_reason: str | None,
+def _many(text, finish_reason, logprobs, message=None) -> list[tuple]:
+    """(text, finish_reason, logprobs, message) per choice from one value each or lists of the n
+    choices."""
+    if isinstance(text, str):
+        return [(text, finish_reason, logprobs, message)]
+    none = [None] * len(text)
+    return list(zip(text, finish_reason, logprobs if logprobs is not None else none,
+                    message if message is not None else none))
+
+
+def chat_response(*, rid: str, created: int, model: str, text: str | list[str], finish_reason,
                   prompt_tokens: int, completion_tokens: int, decoding: dict | None,
-                  logprobs: dict | None = None) -> dict[str, Any]:
-    """A complete `chat.completion` object (`logprobs`: api/logprobs.py's chat object or None)."""
+                  message=None, logprobs=None) -> dict[str, Any]:
+    """A complete `chat.completion` object (``text`` / ``finish_reason`` / ``message`` / ``logprobs``:
+    lists for n choices); a `message` (api/output.py) replaces the plain text one; `logprobs`:
+    api/logprobs.py's chat object or None."""
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": logprobs, "finish_reason": finish_reason}],
+            "choices": [{"index": i, "message": m or {"role": "assistant", "content": t},
+                         "logprobs": lp, "finish_reason": f}
+                        for i, (t, f, lp, m) in enumerate(_many(text, finish_reason, logprobs, message))],
             "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
 
 
-def completion_response(*, rid: str, created: int, model: str, text: str, finish_reason: str | None,
+def completion_response(*, rid: str, created: int, model: str, text: str | list[str], finish_reason,
                         prompt_tokens: int, completion_tokens: int, decoding: dict | None,
-                        logprobs: dict | None = None) -> dict[str, Any]:
-    """A complete `text_completion` object (`logprobs`: api/logprobs.py's completions object or None)."""
+                        logprobs=None) -> dict[str, Any]:
+    """A complete `text_completion` object (``text`` / ``finish_reason`` / ``logprobs``: lists for
+    n choices; `logprobs`: api/logprobs.py's completions object or None)."""
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+            "choices": [{"index": i, "text": t, "logprobs": lp, "finish_reason": f}
+                        for i, (t, f, lp, _) in enumerate(_many(text, finish_reason, logprobs))],
             "usage": usage(prompt_tokens, completion_tokens), "decoding": decoding}
 
 

@@ -5,16 +5,18 @@ model cannot be loaded or warmed up. The thread loads the engine itself, so the 
 answer /health and /ready while the weights load.
 
 Requests are `Job`s: the asyncio side submits them (`submit`, never blocks) and awaits their events
-(`Job.next_event`); the worker thread runs up to `max_concurrency` engine generators, interleaved
-one engine round at a time, and hands every `GenerationEvent` back through the job's event loop.
-Setting `Job.cancel` stops a generation at the engine's next round (finish_reason "cancelled").
+(`Job.next_event`). The worker admits up to `max_concurrency` jobs into the engine's batch engine
+(``engine.batch``, engine/batch/) and calls its `step()` in a loop: one step advances every
+running job by one round (or prefills the jobs just admitted), and the worker hands every
+`GenerationEvent` back through its job's event loop. Setting `Job.cancel` stops a generation at
+the next step (finish_reason "cancelled").
 
-Busy or stuck: `round_age()` is how long the engine round in progress (the prefill or one decode
-round of one request) has run, `oldest_queued_age()` how long the oldest request not yet started
-has waited (seconds, None when there is none). A round that has shown no progress for
+Busy or stuck: `round_age()` is how long the engine step in progress (a prefill step or one
+batched decode round) has run, `oldest_queued_age()` how long the oldest request not yet started
+has waited (seconds, None when there is none). A step that has shown no progress for
 `stall_seconds` makes `alive()` False (/health 503): one round of a capped tree budget takes well
-under a second on a GPU, so a round that runs for minutes is stuck, not busy; a long queue with
-young rounds is busy. A long prompt's prefill is one round that may take minutes: the optional
+under a second on a GPU, so a step that runs for minutes is stuck, not busy; a long queue with
+young steps is busy. A long prompt's prefill is one step that may take minutes: the optional
 `progress()` clock (engine/progress.py: the last time a model layer started) counts as progress
 inside it, so a prefill that moves layer by layer is busy, not stuck (`quiet_age()`).
 """
@@ -26,19 +28,13 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 log = logging.getLogger("ddtree_server.worker")
 
 STALL_SECONDS = 300.0   # default: /health fails when one engine round has run this long (s)
 _END = object()             # delivered after a job's last event
-
-
-def _raising(exc: Exception) -> Iterator[Any]:
-    raise exc
-    yield  # pragma: no cover  (makes this a generator)
 
 
 class NotAccepting(Exception):
@@ -96,13 +92,16 @@ class Worker:
     `load(status)` builds the engine (it may call `status(text)` to report progress);
     `warmup(engine)` runs one short generation; `on_state(state, detail)` is called on every state
     change (from the worker thread or the caller of `begin_drain`/`stop`); `on_finished(job, event)`
-    after each job's final event (metrics); `stall_seconds`: a round running this long is stuck.
+    after each job's final event (metrics); `on_step(info)` after each batched step with the
+    engine's `StepInfo` (batch size, tokens, seconds); `stall_seconds`: a step running this long
+    is stuck. `max_concurrency` None: the engine's own limit (its `max_concurrency`).
     """
 
     def __init__(self, *, load: Callable[[Callable[[str], None]], Any], warmup: Callable[[Any], None],
-                 max_queue: int = 64, max_concurrency: int = 1, stall_seconds: float = STALL_SECONDS,
+                 max_queue: int = 64, max_concurrency: int | None = None, stall_seconds: float = STALL_SECONDS,
                  on_state: Callable[[str, str], None] | None = None,
                  on_finished: Callable[[Job, Any], None] | None = None,
+                 on_step: Callable[[Any], None] | None = None,
                  progress: Callable[[], float | None] | None = None) -> None:
         self._load, self._warmup = load, warmup
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=max(max_queue, 1))
@@ -113,6 +112,7 @@ class Worker:
         self._round_started: float | None = None   # monotonic start of the round in progress
         self._on_state = on_state or (lambda state, detail: None)
         self._on_finished = on_finished or (lambda job, event: None)
+        self._on_step = on_step or (lambda info: None)
         self._progress = progress or (lambda: None)   # monotonic time of the last progress inside a round
         self._lock = threading.Lock()
         self._running = 0    # jobs the thread is generating
@@ -134,7 +134,7 @@ class Worker:
         with self._lock:
             if self.state != "ready":
                 raise NotAccepting(self.state)
-            if self._queue.qsize() >= self._max_queue and self._running >= self._max_concurrency:
+            if self._queue.qsize() >= self._max_queue and self._running >= (self._max_concurrency or 1):
                 raise QueueFull(f"{self._max_queue} requests are already waiting")
             try:
                 self._queue.put_nowait(job)
@@ -249,7 +249,9 @@ class Worker:
         try:
             self.engine = self._load(lambda text: self._set_state("loading", text))
             cap = int(getattr(self.engine, "max_concurrency", 1))
-            if self._max_concurrency > cap:
+            if self._max_concurrency is None:
+                self._max_concurrency = cap
+            elif self._max_concurrency > cap:
                 log.warning("the engine runs %d request(s) at a time; max_concurrency %d lowered to %d",
                             cap, self._max_concurrency, cap)
                 self._max_concurrency = cap
@@ -268,24 +270,51 @@ class Worker:
         self._serve()
 
     def _serve(self) -> None:
-        active: deque[tuple[Job, Iterator[Any]]] = deque()
+        """Admit jobs into the batch engine and step it; one step advances every running job."""
+        batch, jobs = self.engine.batch, {}
         while True:
-            self._admit(active)
-            if not active:
+            self._admit(batch, jobs)
+            if not jobs:
                 if self._stop.is_set() and self._queue.empty():
                     return
                 continue
-            job, events = active.popleft()
-            if self._step(job, events):
-                active.append((job, events))
-            else:
-                with self._lock:
-                    self._running -= 1
-
-    def _admit(self, active: deque) -> None:
-        while len(active) < self._max_concurrency:
+            self._round_started = time.monotonic()
             try:
-                job = self._queue.get(timeout=0.2) if not active else self._queue.get_nowait()
+                out = batch.step()
+            except Exception as exc:   # a failed step fails every job in it; the engine is reset
+                log.exception("engine step failed")
+                for req, job in list(jobs.values()):
+                    batch.abort(req)
+                    job.deliver(exc)
+                    self._finish(job, None, cancelled=False)
+                    self._end_running()
+                jobs.clear()
+                continue
+            finally:
+                self._round_started = None
+            try:
+                self._on_step(batch.last)
+            except Exception:
+                log.exception("step observer failed")
+            for req, event in out:
+                req.events.clear()
+                job = jobs[req.rid][1]
+                if job.first_event_at is None:
+                    job.first_event_at = time.monotonic()
+                job.deliver(event)
+                if event.finish_reason is not None:
+                    del jobs[req.rid]
+                    self._finish(job, event, cancelled=event.finish_reason == "cancelled")
+                    self._end_running()
+
+    def _end_running(self) -> None:
+        with self._lock:
+            self._running -= 1
+
+    def _admit(self, batch, jobs: dict) -> None:
+        while len(jobs) < self._max_concurrency:
+            try:
+                job = self._queue.get(timeout=0.2) if not jobs else self._queue.get_nowait()
             except queue.Empty:
                 return
             with self._lock:
@@ -293,41 +322,18 @@ class Worker:
                 self._waiting.pop(job.rid, None)
             if job.cancel.is_set():   # the client left while the job waited
                 self._finish(job, None, cancelled=True)
-                with self._lock:
-                    self._running -= 1
+                self._end_running()
                 continue
             try:
-                events = self.engine.generate(job.prompt_ids, job.params, mode=job.mode,
-                                              tree_budget=job.tree_budget, cancel=job.cancel)
-            except ValueError as exc:   # the engine validates before generating
-                events = _raising(Rejected(str(exc)))
-            except Exception as exc:
-                events = _raising(exc)
-            active.append((job, events))
-
-    def _step(self, job: Job, events: Iterator[Any]) -> bool:
-        """Advance one job by one engine round; False when it is finished."""
-        self._round_started = time.monotonic()
-        try:
-            event = next(events)
-        except StopIteration:
-            self._finish(job, None, cancelled=job.cancel.is_set())
-            return False
-        except Exception as exc:
-            if not isinstance(exc, Rejected):
-                log.exception("request %s failed", job.rid)
-            job.deliver(exc)
-            self._finish(job, None, cancelled=False)
-            return False
-        finally:
-            self._round_started = None
-        if job.first_event_at is None:
-            job.first_event_at = time.monotonic()
-        job.deliver(event)
-        if event.finish_reason is None:
-            return True
-        self._finish(job, event, cancelled=event.finish_reason == "cancelled")
-        return False
+                req = self.engine.make_request(job.prompt_ids, job.params, mode=job.mode,
+                                               tree_budget=job.tree_budget, cancel=job.cancel, rid=job.rid)
+            except Exception as exc:   # the engine validates before generating
+                job.deliver(Rejected(str(exc)) if isinstance(exc, ValueError) else exc)
+                self._finish(job, None, cancelled=False)
+                self._end_running()
+                continue
+            batch.add(req)
+            jobs[job.rid] = (req, job)
 
     def _finish(self, job: Job, event: Any, *, cancelled: bool) -> None:
         job.deliver(_END)

@@ -67,7 +67,7 @@ def main(gguf: Optional[Path] = typer.Option(None, help="Target GGUF (default: t
     device = check_device(device)
     methods = [("ar", None), ("dflash", None)] + [("ddtree", b) for b in budget_list(budgets)]
     try:
-        engine = load_engine(gguf=gguf, drafter=drafter, device=device, dtype=dtype)
+        engine = load_engine(gguf=gguf, drafter=drafter, device=device, dtype=dtype, max_running=1)
         if not engine.spec_available:
             raise ValueError("no drafter is loaded: nothing to compare with ar")
         report = check(engine, PROMPTS[:prompts], methods, max_new_tokens)

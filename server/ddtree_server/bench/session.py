@@ -108,7 +108,8 @@ def run_session(opts: SessionOptions, log: Callable[[str], None] = print) -> dic
     device = opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = opts.dtype or ("bf16" if device.startswith("cuda") else "fp32")
     engine = load_engine(target=opts.target, gguf=opts.gguf, drafter=opts.drafter,
-                         target_layer_ids=opts.target_layer_ids, device=device, dtype=dtype)
+                         target_layer_ids=opts.target_layer_ids, device=device, dtype=dtype,
+                         max_running=1)  # the per-request table runs one request at a time
     for line in engine.messages:
         log(line)
     graphs = _drafter_graphs(engine, opts.drafter_graphs)

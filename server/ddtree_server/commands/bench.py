@@ -54,6 +54,13 @@ def bench(
                                                help="Time the stages at this shape with random weights: "
                                                     "qwen3-8b, qwen3.6-27b, smollm2-135m, llama-3.1-8b (or tiny, tiny-hybrid)."),
     context_len: int = typer.Option(1024, min=1, help="--random-shape: cached tokens before the timed calls."),
+    batch: Optional[str] = typer.Option(None, "--batch",
+                                        help="--random-shape: batch sizes, e.g. 1,8,32: time batched engine steps "
+                                             "(plain step, DFlash round) per batch size instead of the stages."),
+    concurrency: Optional[str] = typer.Option(None, "--concurrency",
+                                              help="Closed-loop serving through the batch engine at these "
+                                                   "concurrencies, e.g. 1,8,64 (aggregate tokens/s, TPOT p50/p99 per "
+                                                   "method) instead of the per-request table."),
     iters: int = typer.Option(50, min=1, help="--random-shape: timed calls per stage (median)."),
     tau: Optional[str] = typer.Option(None, help="--random-shape: acceptance lengths for the projected speedup, "
                                                  "e.g. ddtree=3.3,dflash=2.1 (or ddtree-64=3.3)."),
@@ -71,6 +78,13 @@ def bench(
     console = Console(stderr=True)
     out = out if out is not None else default_out_dir()
     console.print(f"report folder: {out}")
+    if random_shape is not None and batch is not None:
+        _batch_shape(console, random_shape, out, batch, context_len, iters, tau, device, dtype, stem)
+        return
+    if concurrency is not None:
+        _concurrency(console, concurrency, out, target, gguf, drafter, datasets, max_prompts, max_new_tokens,
+                     modes, budgets, data_dir, no_download, device, dtype, stem)
+        return
     if random_shape is not None:
         _random_shape(console, random_shape, out, budgets, context_len, iters, tau, device, dtype, stem,
                       time_budget_minutes)
@@ -143,6 +157,74 @@ def _random_shape(console, name: str, out: Path, budgets: Optional[str], context
         console.print(f"[red]bench --random-shape failed:[/red] {exc}")
         raise typer.Exit(1) from None
     paths = random_report.write(doc, out, f"random-{name}" if stem == "bench" else stem)
+    console.print(paths["md"].read_text())
+    console.print("written: " + ", ".join(str(p) for p in paths.values()))
+
+
+def _batch_shape(console, name: str, out: Path, batch: str, context_len: int, iters: int, tau: Optional[str],
+                 device: str, dtype: Optional[str], stem: str) -> None:
+    """--random-shape NAME --batch B,...: batched step / round times (bench/batch_shape.py)."""
+    from ddtree_server.bench import batch_shape
+    from ddtree_server.bench.random_shape import parse_tau
+    from ddtree_server.bench.shapes import SHAPE_NAMES, get_shape
+
+    if name not in SHAPE_NAMES:
+        raise typer.BadParameter(f"--random-shape {name!r}: use one of {', '.join(SHAPE_NAMES)}")
+    try:
+        sizes, taus = int_list(batch), parse_tau(tau)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if not sizes or min(sizes) < 1:
+        raise typer.BadParameter(f"--batch {batch!r}: give batch sizes >= 1, e.g. 1,8,32")
+    try:
+        doc = batch_shape.measure_batches(get_shape(name), sizes, context=context_len, iters=iters,
+                                          device=check_device(device), dtype=dtype, tau=taus, log=console.log)
+    except (ValueError, RuntimeError) as exc:
+        console.print(f"[red]bench --random-shape --batch failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    paths = batch_shape.write(doc, out, f"batch-{name}" if stem == "bench" else stem)
+    console.print(paths["md"].read_text())
+    console.print("written: " + ", ".join(str(p) for p in paths.values()))
+
+
+def _concurrency(console, concurrency: str, out: Path, target, gguf, drafter, datasets: str, max_prompts: int,
+                 max_new_tokens: int, modes: str, budgets: Optional[str], data_dir, no_download: bool,
+                 device: str, dtype: Optional[str], stem: str) -> None:
+    """--concurrency C,...: closed-loop throughput per method (bench/concurrency.py)."""
+    import torch
+
+    from ddtree_server.bench import concurrency as cc
+    from ddtree_server.data.datasets import load_datasets
+    from ddtree_server.data.wheels import DataFileError
+    from ddtree_server.engine.factory import load_engine
+
+    try:
+        levels = int_list(concurrency)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if not levels or min(levels) < 1:
+        raise typer.BadParameter(f"--concurrency {concurrency!r}: give levels >= 1, e.g. 1,8,64")
+    device = check_device(device)
+    device = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or ("bf16" if device.startswith("cuda") else "fp32")
+    try:
+        sets = load_datasets([d.strip() for d in datasets.split(",") if d.strip()], data_dir, max_prompts or None,
+                             download=not no_download)
+        engine = load_engine(target=target, gguf=gguf, drafter=drafter, device=device, dtype=dtype,
+                             max_running=max(levels))
+    except (DataFileError, KeyError, ValueError, OSError) as exc:
+        console.print(f"[red]bench --concurrency failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    prompts = [engine.encode(p.text)[: engine.max_model_len - max_new_tokens - 1] for ps in sets.values() for p in ps]
+    wanted = [m.strip() for m in modes.split(",") if m.strip()]
+    methods = [("ar", None)] if "ar" in wanted else []
+    if engine.spec_available:
+        methods += [("dflash", None)] if "dflash" in wanted else []
+        methods += [("ddtree", b) for b in budget_list(budgets or str(engine.tree_budget))] if "ddtree" in wanted else []
+    rows = cc.run(engine, prompts, levels, methods, max_new_tokens, log=console.log)
+    meta = {"model": engine.model_id, "device": device, "dtype": dtype, "prompts": len(prompts),
+            "datasets": list(sets), "max_new_tokens": max_new_tokens, "max_running": engine.max_concurrency}
+    paths = cc.write(rows, meta, out, "concurrency" if stem == "bench" else stem)
     console.print(paths["md"].read_text())
     console.print("written: " + ", ".join(str(p) for p in paths.values()))
 

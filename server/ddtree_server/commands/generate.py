@@ -58,7 +58,8 @@ def generate(
     err = Console(stderr=True)
     try:
         config = ServerConfig(target=target, gguf=gguf, drafter=drafter, mode=mode, tree_budget=tree_budget,
-                              device=device, dtype=dtype, max_model_len=max_model_len)
+                              device=device, dtype=dtype, max_model_len=max_model_len,
+                              max_running=1)  # one request: one cache slot
     except ValidationError as exc:
         for line in config_errors(exc):
             err.print(line, markup=False, highlight=False)

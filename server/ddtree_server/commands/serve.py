@@ -136,9 +136,9 @@ def run_server(config: Any) -> int:
 
     beacon = Beacon()
     worker = Worker(load=lambda status: load_engine(config, status, beacon), warmup=warmup,
-                    max_queue=config.max_queue, max_concurrency=config.max_concurrency,
+                    max_queue=config.max_queue, max_concurrency=config.max_running or config.max_concurrency,
                     stall_seconds=config.stall_seconds, on_state=on_state, on_finished=on_finished,
-                    progress=beacon.last)
+                    progress=beacon.last, on_step=metrics.observe_step)
     app = create_app(config, worker, metrics)
     uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
                                log_level=config.log_level, timeout_graceful_shutdown=30)
@@ -228,7 +228,12 @@ def register(app: typer.Typer) -> None:
         served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model id for clients."),
         max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context window (tokens)."),
         max_queue: int = typer.Option(64, "--max-queue", help="Waiting requests before 429."),
-        max_concurrency: int = typer.Option(1, "--max-concurrency", help="Requests running at once."),
+        max_running: Optional[int] = typer.Option(
+            None, "--max-running",
+            help="Requests decoded together in one batched step (default: 4 on cpu, sized from free GPU "
+                 "memory on cuda, at most 64)."),
+        max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", hidden=True,
+                                                      help="Deprecated alias of --max-running."),
         chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
                                                            help='Default template kwargs as JSON, e.g. \'{"enable_thinking": false}\'.'),
         drain_timeout: float = typer.Option(120.0, "--drain-timeout", help="Longest drain on SIGTERM (s)."),
@@ -246,7 +251,8 @@ def register(app: typer.Typer) -> None:
         values = dict(target=target, gguf=gguf, drafter=drafter, target_layer_ids=target_layer_ids, mode=mode,
                       tree_budget=tree_budget, max_tree_budget=max_tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
                       served_model_name=served_model_name, max_model_len=max_model_len, max_queue=max_queue,
-                      max_concurrency=max_concurrency, chat_template_kwargs=chat_template_kwargs,
+                      max_running=max_running if max_running is not None else max_concurrency,
+                      chat_template_kwargs=chat_template_kwargs,
                       drain_timeout_s=drain_timeout, stall_seconds=stall_seconds, log_level=log_level)
         try:
             config = ServerConfig(**values)

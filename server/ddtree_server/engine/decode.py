@@ -143,7 +143,7 @@ def tree_inputs(tree: DraftTree, start: int, device, staging: Staging | None = N
     return idpos[:n], idpos[n:], None if tree.is_chain else dev[16 * n:].view(n, n).view(torch.bool)
 
 
-def _path_rows(path: list[int], device, staging: Staging | None) -> Tensor:
+def path_rows(path: list[int], device, staging: Staging | None) -> Tensor:
     """The accepted path's node indices as a long tensor on the device (asynchronous via staging)."""
     if staging is None:
         return torch.tensor(path, dtype=torch.long).to(device)
@@ -185,7 +185,7 @@ def spec_loop(target, drafter, cache, draft_cache, prompt_ids: Sequence[int], ch
             cache.keep(s, path)
             ctx = feats[:k]
         else:
-            rows = _path_rows(path, feats.device, rows_buf)
+            rows = path_rows(path, feats.device, rows_buf)
             cache.keep(s, path, rows)
             ctx = feats.index_select(0, rows)
         out = accepted_tokens(tree, path, new_bonus)

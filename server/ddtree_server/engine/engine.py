@@ -1,43 +1,37 @@
-"""Engine: owns the target, optional drafter and tokenizer; runs one request at a time.
+"""Engine: owns the target, optional drafter, tokenizer and the batch engine that runs requests.
 
-Not thread-safe: the API runs it on a single worker thread. Modes (docs/architecture.md):
+``generate`` is one request through the batch engine (``engine/batch/``): requests generated
+concurrently (the API worker, several open generators) share its steps. Not thread-safe: the API
+runs it on a single worker thread. Modes (docs/architecture.md):
 ``ar`` (target only), ``dflash`` (linear draft block), ``ddtree`` (draft tree). The default is
 ``ddtree`` when a drafter is loaded and the target can verify trees, else ``ar``.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import threading
-import time
-from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 
-from ddtree_server.engine import decode
-from ddtree_server.engine.logprobs import TokenLogprob
+from ddtree_server.engine.batch import BatchEngine, GenerationEvent, Request
+from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.engine.processors import RequestProcessor
-from ddtree_server.engine.sampling import SamplingParams, TokenChooser
 from ddtree_server.engine.stats import DecodeStats
 from ddtree_server.engine.stopping import StopChecker
 from ddtree_server.models import families
 from ddtree_server.models.drafter.graphs import GraphedDrafter
+from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.hybrid.model import HybridTarget
 
 MODES = ("ar", "dflash", "ddtree")
 CUDA_TREE_BUDGET = 64  # default DDTree budget on CUDA (nodes)
-
-
-@dataclass
-class GenerationEvent:
-    """One streamed step: tokens accepted this round (after stop trimming) and their text;
-    ``logprobs``: one entry per token of ``token_ids`` when the request asked for logprobs."""
-
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None
-    stats: DecodeStats | None
-    logprobs: list[TokenLogprob] | None = None
+CPU_MAX_RUNNING = 4    # default requests in one batch on the CPU
+CUDA_MAX_RUNNING = 64  # upper bound of the CUDA default (sized from free memory below it)
+POISON_ENV = "DDTREE_POISON_FREED_SLOTS"  # debug: fill freed slots with NaN
 
 
 class Engine:
@@ -56,6 +50,10 @@ class Engine:
         eos_token_ids: stop tokens always added (unless ignore_eos).
         cuda_graphs: on CUDA, replay the target's forwards and the drafter's proposals from CUDA
             graphs (models/dense/graphs.py, models/drafter/graphs.py).
+        max_running: requests decoded together (slots); None: CPU_MAX_RUNNING on the CPU, sized
+            from free memory on CUDA; 1 for targets without a batched forward (HFRunner).
+        poison_freed_slots: fill a freed slot's caches with NaN (debug; default from the
+            DDTREE_POISON_FREED_SLOTS environment variable).
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
     """
@@ -63,7 +61,8 @@ class Engine:
     def __init__(self, target, tokenizer, drafter=None, *, model_id: str = "model",
                  max_model_len: int | None = None, tree_mode_available: bool = True,
                  default_mode: str | None = None, tree_budget: int | None = None,
-                 eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True):
+                 eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True,
+                 max_running: int | None = None, poison_freed_slots: bool | None = None):
         device = target.embed_tokens.weight.device
         graphed = families.graphed(target) if cuda_graphs and device.type == "cuda" else None
         if graphed is not None:  # a family of ours: its CUDA-graph wrapper (models/families.py)
@@ -88,8 +87,12 @@ class Engine:
             target.capture_layers = list(drafter.config.target_layer_ids)
         self.default_mode = default_mode or ("ddtree" if self.spec_available else "ar")
         self._check_mode(self.default_mode)
-        self._cache = None
-        self._draft_cache = None
+        if max_running is not None and int(max_running) < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        slots = self._default_running(max_running)
+        poison = bool(int(os.environ.get(POISON_ENV, "0") or 0)) if poison_freed_slots is None else poison_freed_slots
+        self.batch = BatchEngine(target, drafter, max_running=slots, max_len=self.max_model_len,
+                                 device=device, poison=poison)
         self._grammars = None
         self._grammars_lock = threading.Lock()
         self.messages: list[str] = []  # start-up lines (set by engine.factory.load_engine)
@@ -141,36 +144,29 @@ class Engine:
             out = out["input_ids"]
         return [int(t) for t in out]
 
-    def _caches(self):
-        if self._cache is None:
-            self._cache = self.target.new_cache(self.max_model_len + 1)
-        self._cache.reset()
+    def _default_running(self, asked: int | None) -> int:
+        model = getattr(self.target, "model", self.target)
+        if not isinstance(model, (TargetModel, HybridTarget)):
+            return 1  # no batched forward (transformers runner)
+        if asked is not None:
+            return int(asked)
+        if self.device.type != "cuda":
+            return CPU_MAX_RUNNING
+        per_slot = _cache_bytes(self.target.new_cache(self.max_model_len + 1))
         if self.drafter is not None:
-            if self._draft_cache is None:
-                self._draft_cache = self.drafter.new_cache(self.max_model_len + 1 + self.block_size)
-            self._draft_cache.crop(0)
-        return self._cache, self._draft_cache
+            per_slot += _cache_bytes(self.drafter.new_cache(self.max_model_len + 1 + self.block_size))
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return max(1, min(CUDA_MAX_RUNNING, int(0.5 * free) // max(per_slot, 1)))
 
-    def _loop(self, mode: str, prompt_ids, chooser, budget: int | None, proc: RequestProcessor):
-        cache, dcache = self._caches()
-        proc = proc if proc.active or proc.wants_logprobs else None
-        if mode == "ar":
-            return decode.ar_loop(self.target, cache, prompt_ids, chooser, self.device, proc)
-        if mode == "dflash":
-            return decode.spec_loop(self.target, self.drafter, cache, dcache, prompt_ids, chooser,
-                                    self.device, decode.dflash_builder, self.block_size - 1, proc)
-        return decode.spec_loop(self.target, self.drafter, cache, dcache, prompt_ids, chooser,
-                                self.device, decode.ddtree_builder, budget, proc)
+    @property
+    def max_concurrency(self) -> int:
+        """Requests that run at the same time (the worker's cap): the batch engine's slots."""
+        return self.batch.max_running
 
-    def generate(self, prompt_ids: list[int], params: SamplingParams, *, mode: str | None = None,
-                 tree_budget: int | None = None, cancel: threading.Event | None = None
-                 ) -> Iterator[GenerationEvent]:
-        """Stream a completion of ``prompt_ids``; the last event carries finish_reason and stats.
-
-        max_tokens is clipped to the room left in ``max_model_len`` (finish "length").
-        Raises ValueError (before the first event) for an empty or too long prompt, bad params,
-        an unavailable mode or a negative tree budget.
-        """
+    def make_request(self, prompt_ids: list[int], params: SamplingParams, *, mode: str | None = None,
+                     tree_budget: int | None = None, cancel: threading.Event | None = None,
+                     rid: str = "", processor=None) -> Request:
+        """A validated request for ``self.batch`` (see ``generate`` for the checks)."""
         params.validate()
         mode = self._check_mode(mode or self.default_mode)
         prompt_ids = [int(t) for t in prompt_ids]
@@ -179,59 +175,48 @@ class Engine:
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens leaves no room in max_model_len "
                              f"{self.max_model_len}")
-        budget = None
+        budget = 0
         if mode == "ddtree":
             budget = int(tree_budget if tree_budget is not None else self.tree_budget)
             if budget < 0:
                 raise ValueError(f"tree_budget must be >= 0, got {budget}")
+        elif mode == "dflash":
+            budget = self.block_size - 1
         stop_ids = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
         checker = StopChecker(self.tokenizer, max_tokens=min(params.max_tokens, self.max_model_len - len(prompt_ids)),
                               stop=params.stop, stop_token_ids=stop_ids, prompt_ids=prompt_ids)
-        proc = RequestProcessor(params, prompt_ids, self.vocab_size, self.device)
-        return self._run(mode, prompt_ids, params, budget, checker, cancel, proc)
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        if processor is None:   # grammar / penalties / logit_bias / logprobs of the request, if any
+            proc = RequestProcessor(params, prompt_ids, self.vocab_size, self.device)
+            processor = proc if proc.active or proc.wants_logprobs else None
+        return Request(rid=rid, prompt_ids=prompt_ids, params=params, mode=mode, budget=budget,
+                       checker=checker, seed=int(seed), cancel=cancel, processor=processor)
 
-    def _run(self, mode, prompt_ids, params, budget, checker, cancel, proc) -> Iterator[GenerationEvent]:
-        chooser = TokenChooser(params, self.device)
-        t0 = time.perf_counter()
-        loop = self._loop(mode, prompt_ids, chooser, budget, proc)
-        prefill_s, rounds, produced, first = 0.0, 0, 0, True
-        t_decode = t0
-        logprobs = None
-        while True:
-            if cancel is not None and cancel.is_set():
-                ids, text, logprobs = [], checker.finish("cancelled"), None
-                break
-            with torch.inference_mode():
-                tokens = next(loop, None)
-            if tokens is None:  # KV cache full
-                ids, text, logprobs = [], checker.finish("length"), None
-                break
-            if first:
-                first = False
-                t_decode = time.perf_counter()
-                prefill_s = t_decode - t0
-            else:
-                rounds += 1
-                produced += len(tokens)
-            ids, text = checker.feed(tokens)
-            logprobs = proc.take_logprobs()
-            logprobs = None if logprobs is None else logprobs[:len(ids)]
-            if checker.finished:
-                break
-            if ids or text:
-                yield GenerationEvent(ids, text, None, None, logprobs)
-        loop.close()
-        decode_s = time.perf_counter() - t_decode
-        n = len(checker.token_ids)
-        stats = DecodeStats(
-            mode=mode, tree_budget=budget, block_size=self.block_size if mode != "ar" else None,
-            decode_rounds=rounds, generated_tokens=n,
-            mean_acceptance_length=(produced / rounds) if rounds else None,
-            prefill_seconds=prefill_s, decode_seconds=decode_s,
-            tokens_per_second=(produced / decode_s) if rounds and decode_s > 0 else None,
-            decode_tokens=produced)
-        yield GenerationEvent(ids, text, checker.finish_reason, stats,
-                              logprobs if logprobs is not None or not proc.wants_logprobs else [])
+    def generate(self, prompt_ids: list[int], params: SamplingParams, *, mode: str | None = None,
+                 tree_budget: int | None = None, cancel: threading.Event | None = None
+                 ) -> Iterator[GenerationEvent]:
+        """Stream a completion of ``prompt_ids``; the last event carries finish_reason and stats.
+
+        max_tokens is clipped to the room left in ``max_model_len`` (finish "length").
+        Raises ValueError (before the first event) for an empty or too long prompt, bad params,
+        an unavailable mode or a negative tree budget. Steps the shared batch engine until this
+        request has an event (other open requests advance in the same steps).
+        """
+        req = self.make_request(prompt_ids, params, mode=mode, tree_budget=tree_budget, cancel=cancel)
+        self.batch.add(req)
+        return self._events(req)
+
+    def _events(self, req: Request) -> Iterator[GenerationEvent]:
+        try:
+            while True:
+                while not req.events:
+                    self.batch.step()
+                ev = req.events.pop(0)
+                yield ev
+                if ev.finish_reason is not None:
+                    return
+        finally:
+            self.batch.abort(req)
 
     def generate_text(self, prompt: str | list[int], params: SamplingParams, *, chat: bool = True,
                       mode: str | None = None, tree_budget: int | None = None,
@@ -243,3 +228,9 @@ class Engine:
             text += ev.text
             stats = ev.stats or stats
         return text, stats
+
+
+def _cache_bytes(cache) -> int:
+    """Bytes of the tensors of a cache object (nested objects included)."""
+    from ddtree_server.engine.batch.pools import _tensor_fields
+    return sum(t.numel() * t.element_size() for _, _, t in _tensor_fields(cache))

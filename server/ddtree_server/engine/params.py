@@ -36,6 +36,7 @@ class SamplingParams:
     max_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0           # keep the k most probable tokens before top_p (0 = off, vLLM's order)
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -58,6 +59,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if int(self.top_k) < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError("stop strings must be non-empty strings")
         for name in ("presence_penalty", "frequency_penalty"):

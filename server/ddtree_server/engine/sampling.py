@@ -17,8 +17,9 @@ from torch import Tensor
 
 from ddtree_server.engine.params import GREEDY_TEMPERATURE, SamplingParams  # noqa: F401 (the sampling API)
 
-def processed_probs(logits: Tensor, temperature: float, top_p: float) -> Tensor:
-    """Softmax of ``logits / temperature`` restricted to the top-p nucleus, renormalised.
+def processed_probs(logits: Tensor, temperature: float, top_p: float, top_k: int = 0) -> Tensor:
+    """Softmax of ``logits / temperature`` restricted to the top-k tokens (``top_k`` > 0; ties at
+    the k-th probability are kept) and then to the top-p nucleus, renormalised (vLLM's order).
 
     logits: ``[n, vocab]`` (any float dtype); returns fp32 probabilities ``[n, vocab]``.
     The nucleus keeps the smallest set of highest-probability tokens whose mass reaches top_p
@@ -32,6 +33,10 @@ def processed_probs(logits: Tensor, temperature: float, top_p: float) -> Tensor:
     temperature = min(temperature, torch.finfo(torch.float32).max)
     scaled = (scaled - scaled.amax(dim=-1, keepdim=True)) / temperature
     probs = torch.softmax(scaled, dim=-1)
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, dim=-1).values[..., -1:]
+        probs = probs.masked_fill(probs < kth, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     if top_p >= 1.0:
         return probs
     sorted_p, order = probs.sort(dim=-1, descending=True)
@@ -62,5 +67,5 @@ class TokenChooser:
         """logits ``[n, vocab]`` -> n chosen token ids (one device-to-host copy)."""
         if self.generator is None:
             return logits.argmax(dim=-1).tolist()
-        probs = processed_probs(logits, self.params.temperature, self.params.top_p)
+        probs = processed_probs(logits, self.params.temperature, self.params.top_p, self.params.top_k)
         return torch.multinomial(probs, 1, generator=self.generator).view(-1).tolist()

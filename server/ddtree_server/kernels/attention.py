@@ -106,7 +106,7 @@ def plan(n: int, rep: int, kv_heads: int, head_dim: int, rows: int, device, cfg:
     if head_dim >= 256:
         block_m, block_n = min(block_m, 32), min(block_n, 32)
     # the split count ignores the row blocks (it is the one-token forward's): one-token steps and
-    # chain / tree verifies then cut the keys at the same places (see _per_split), so a chain
+    # chain / tree verifies then cut the keys at the same places (see per_split), so a chain
     # verify gives the bits of plain decoding (bf16 included)
     programs = cfg.ctas_per_sm * sm_count(device)
     splits = max(1, min(math.ceil(programs / kv_heads), cfg.max_splits, math.ceil(rows / block_n)))

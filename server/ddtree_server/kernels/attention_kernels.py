@@ -7,7 +7,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _online(q, k, v, m_i, l_i, acc, vis, scale_log2, MASKED: tl.constexpr, PREC: tl.constexpr):
+def online_step(q, k, v, m_i, l_i, acc, vis, scale_log2, MASKED: tl.constexpr, PREC: tl.constexpr):
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale_log2
     if MASKED:
         s = tl.where(vis, s, float("-inf"))
@@ -21,7 +21,7 @@ def _online(q, k, v, m_i, l_i, acc, vis, scale_log2, MASKED: tl.constexpr, PREC:
 
 
 @triton.jit
-def _per_split(length, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+def per_split(length, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     """Key tiles per split: the power of two >= tiles / SPLITS. Split sp covers the keys
     [sp * per * BLOCK_N, (sp + 1) * per * BLOCK_N): boundaries at fixed multiples, which do not move
     while the live length grows inside a power-of-two bucket. A query row therefore sees its keys
@@ -40,7 +40,7 @@ def _per_split(length, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
 def _merge_rows(po_ptr, pl_ptr, o_ptr, h, heads, rows, length, N, rep, stride_on, stride_oh, m_pad,
                 SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
     # the fused merge (last split program): partials written by other programs, read past L1
-    per = _per_split(length, BLOCK_N, SPLITS)
+    per = per_split(length, BLOCK_N, SPLITS)
     used = tl.cdiv(tl.cdiv(length, BLOCK_N), per)  # splits that got keys
     tok, head = rows // rep, h * rep + rows % rep
     dd = tl.arange(0, D)
@@ -79,7 +79,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr
     dd = tl.arange(0, D)
     q = tl.load(q_ptr + tok64[:, None] * stride_qn + head[:, None] * stride_qh + dd[None, :],
                 mask=row_ok[:, None], other=0.0)
-    per = _per_split(length, BLOCK_N, SPLITS)  # key tiles per split
+    per = per_split(length, BLOCK_N, SPLITS)  # key tiles per split
     lo = pid_s * per * BLOCK_N
     hi = tl.minimum(lo + per * BLOCK_N, length)
     free = length  # keys below `free` are visible to every row
@@ -101,7 +101,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr
         j = t + tl.arange(0, BLOCK_N)
         k = tl.load(kb + j[:, None] * stride_kr + dd[None, :])
         v = tl.load(vb + j[:, None] * stride_vr + dd[None, :])
-        m_i, l_i, acc = _online(q, k, v, m_i, l_i, acc, 0, scale_log2, False, PREC)
+        m_i, l_i, acc = online_step(q, k, v, m_i, l_i, acc, 0, scale_log2, False, PREC)
     for t in range(pre, hi, BLOCK_N):
         j = t + tl.arange(0, BLOCK_N)
         kin = j < hi
@@ -121,7 +121,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr
             vis = vis & (dist < window)
             if MODE == 2:
                 vis = vis & (-dist < window)
-        m_i, l_i, acc = _online(q, k, v, m_i, l_i, acc, vis & kin[None, :], scale_log2, True, PREC)
+        m_i, l_i, acc = online_step(q, k, v, m_i, l_i, acc, vis & kin[None, :], scale_log2, True, PREC)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     if SPLITS == 1:
@@ -149,7 +149,7 @@ def merge_kernel(po_ptr, pl_ptr, o_ptr, start_ptr, N, rep, stride_on, stride_oh,
     # dependent round trips to memory)
     row, h = tl.program_id(0), tl.program_id(1)
     length = tl.load(start_ptr).to(tl.int32) + N
-    per = _per_split(length, BLOCK_N, SPLITS)
+    per = per_split(length, BLOCK_N, SPLITS)
     used = tl.cdiv(tl.cdiv(length, BLOCK_N), per)
     sp = tl.arange(0, SP2)
     base = (sp * tl.num_programs(1) + h) * m_pad + row.to(tl.int64)

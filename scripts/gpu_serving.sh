@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Serving benchmarks on the GPU machine in one run (<= ~9.5 minutes): constrained json_schema
+# decoding, closed-loop concurrency through the batch engine, batched random-shape steps, and the
+# batch-1 random-shape stages (regression check). Every step has its own time limit; a step that
+# fails or runs out of time is reported in the log and the next one starts.
+#
+# Usage: scripts/gpu_serving.sh GGUF WHEELS OUT_DIR
+#   GGUF     SmolLM2-135M-Instruct.Q4_1.gguf (sha256-checked by the loader)
+#   WHEELS   folder with gguf-*.whl, the gsm8k / humaneval prompt-set wheels, and xgrammar with the
+#            wheels it needs that the machine lacks (pydantic, pydantic-core, apache-tvm-ffi, ...)
+#   OUT_DIR  reports land in OUT_DIR/<step>/ (JSON + markdown), the log in OUT_DIR/serving.log
+# Set DDTREE_COMMIT to the commit being measured (the GPU copy has no .git).
+set -uo pipefail
+[[ $# -eq 3 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
+GGUF=$1 WHEELS=$2 OUT=$3
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+WORK=${DDTREE_WORK:-/tmp/ddtree-serving}
+mkdir -p "$WORK" "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$WORK/site" "$WHEELS"/*.whl || exit 1
+export PYTHONPATH="$REPO/server:$WORK/site" DDTREE_CACHE="$WORK/cache" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+DRAFTER="$REPO/server/ddtree_server/assets/drafter"
+COMMIT=${DDTREE_COMMIT:-unknown}
+LOG="$OUT/serving.log"
+
+step() {   # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$LOG"
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  echo "=== $name exit $? $(date -u +%T)" | tee -a "$LOG"
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
+python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
+B="python3 -m ddtree_server.bench --commit $COMMIT --no-download --data-dir $WHEELS --device cuda"
+step constrained 150 python3 -m ddtree_server.bench.constrained --out "$OUT/constrained" --gguf "$GGUF" \
+  --drafter "$DRAFTER" --device cuda --dtype bf16 --budgets 16,64 --prompts 4 --max-new-tokens 256
+step concurrency 200 $B --gguf "$GGUF" --drafter "$DRAFTER" --concurrency 1,8,32 --datasets gsm8k,humaneval \
+  --max-prompts 16 --max-new-tokens 256 --modes ar,dflash,ddtree --budgets 16,64 --out "$OUT/concurrency"
+step batch-8b 75 $B --random-shape qwen3-8b --batch 1,8,32 --context-len 1024 --iters 20 --out "$OUT/batch"
+step batch-27b 75 $B --random-shape qwen3.6-27b --batch 1,8,32 --context-len 1024 --iters 10 --out "$OUT/batch"
+step stages-8b 60 $B --random-shape qwen3-8b --context-len 1024 --iters 20 --budgets 16,64 --out "$OUT/stages"
+echo "done $(date -u +%T)" | tee -a "$LOG"

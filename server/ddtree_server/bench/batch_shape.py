@@ -1,0 +1,115 @@
+"""``bench --random-shape NAME --batch B[,B2...]``: batched step and round times at a published shape.
+
+Random weights at the shape (bench/shapes.py), the server's batch engine: for each batch size b,
+b requests with random prompts of ``--context-len`` tokens are prefilled, then whole engine steps
+are timed (median over ``--iters``): a plain-decoding step (every request ``ar``) and a DFlash
+round (every request a drafted chain; random drafter weights, so the chain is rarely accepted:
+the round's time is what counts). Reported per b: step / round ms, aggregate plain tokens/s
+(b / step), and the projected DFlash tokens/s at each given tau (b * tau / round), with the
+ratio to batch 1. Batch 1 runs the per-request path (CUDA graphs + Triton kernels on the GPU);
+larger batches the batched torch path (engine/batch/forward.py).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ddtree_server.bench.random_shape import build_engine, resolve_device
+from ddtree_server.bench.shapes import Shape
+
+
+class _NoText:
+    """Random-weight shapes have no tokenizer: the stop rules then see empty text."""
+
+    eos_token_id = None
+
+    def decode(self, ids, **kw) -> str:
+        return ""
+
+
+def _time_steps(engine, reqs, iters: int, warmup: int, sync) -> float:
+    """Median seconds of one decode step with every request of ``reqs`` running."""
+    times = []
+    for i in range(warmup + iters):
+        sync()
+        t0 = time.perf_counter()
+        engine.batch.step()
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _requests(engine, b: int, mode: str, context: int, tokens: int, seed: int):
+    from ddtree_server.engine.sampling import SamplingParams
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = int(engine.target.config.vocab_size)
+    out = []
+    for i in range(b):
+        ids = torch.randint(0, vocab, (context,), generator=g).tolist()
+        out.append(engine.make_request(ids, SamplingParams(max_tokens=tokens, ignore_eos=True), mode=mode,
+                                       rid=f"{mode}{i}"))
+    return out
+
+
+def measure_batches(shape: Shape, batches: list[int], *, context: int, iters: int, device: str = "auto",
+                    dtype: str | None = None, tau: dict[str, float] | None = None, warmup: int = 3,
+                    log: Callable[[str], None] = print) -> dict:
+    """The report document (meta + one row per batch size and mode)."""
+    device, dtype = resolve_device(device, dtype)
+    bs = (shape.drafter or {}).get("block_size") or 16
+    steps = warmup + iters + 2
+    max_len = context + steps * bs + 2
+    engine = build_engine(shape, device=device, dtype=dtype, max_len=max_len, max_running=max(batches))
+    dev = engine.device
+    engine.tokenizer = engine.tokenizer or _NoText()
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    modes = ["ar"] + (["dflash"] if engine.spec_available else [])
+    rows = []
+    for b in batches:
+        for mode in modes:
+            reqs = _requests(engine, b, mode, context, steps * bs, seed=b)
+            for r in reqs:
+                engine.batch.add(r)
+            engine.batch.step()   # the prefill step of all b prompts
+            sec = _time_steps(engine, reqs, iters, warmup, sync)
+            for r in reqs:
+                engine.batch.abort(r)
+            rows.append({"batch": b, "mode": mode, "step_ms": round(sec * 1e3, 3),
+                         "plain_tokens_per_s" if mode == "ar" else "round_tokens_per_s_at_tau1": round(b / sec, 1)})
+            log(f"b={b} {mode}: {sec * 1e3:.2f} ms per step")
+    base = {m: next(r["step_ms"] for r in rows if r["mode"] == m and r["batch"] == batches[0]) for m in modes}
+    for r in rows:
+        r["step_vs_first_batch"] = round(r["step_ms"] / base[r["mode"]], 3)
+        if r["mode"] == "dflash":
+            r["projected_tokens_per_s"] = {k: round(r["batch"] * t / (r["step_ms"] / 1e3), 1)
+                                           for k, t in (tau or {}).items() if k == "dflash"}
+    meta = {"shape": shape.name, "device": device, "dtype": dtype, "context": context, "iters": iters,
+            "batches": batches, "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None}
+    return {"meta": meta, "rows": rows}
+
+
+def write(doc: dict, out_dir: str | Path, stem: str) -> dict[str, Path]:
+    """``<stem>.json`` and ``<stem>.md`` under out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md"}
+    paths["json"].write_text(json.dumps(doc, indent=1) + "\n")
+    m = doc["meta"]
+    lines = [f"# Batched steps, {m['shape']} (random weights), {m['device']} {m['dtype']}, context {m['context']}",
+             "", "| batch | mode | step ms | x batch-first step | tokens/s (plain; dflash at tau 1) | projected |",
+             "| ---: | --- | ---: | ---: | ---: | --- |"]
+    for r in doc["rows"]:
+        tps = r.get("plain_tokens_per_s", r.get("round_tokens_per_s_at_tau1"))
+        proj = ", ".join(f"{k}: {v}" for k, v in r.get("projected_tokens_per_s", {}).items())
+        lines.append(f"| {r['batch']} | {r['mode']} | {r['step_ms']} | {r['step_vs_first_batch']} | {tps} | {proj} |")
+    paths["md"].write_text("\n".join(lines) + "\n")
+    return paths

@@ -1,0 +1,65 @@
+"""The DFlash drafter over several requests in one forward (context append + draft block).
+
+Per request r: its new context features (positions ``[dcache.length, s_r)``) are projected and
+their K/V written to its slot of the pooled draft cache; then the blocks ``[bonus_r, MASK ...]``
+at positions ``s_r .. s_r + bs - 1`` of all requests run as one ``[b, bs]`` batch, each block
+attending to its own slot's rows ``[0, s_r + bs)`` (rows past that are zeroed: a freed slot may
+hold anything). Draft outputs only shape the trees; exactness never depends on them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ddtree_server.models.drafter.attention import visibility
+from ddtree_server.models.layers import attention_backends as sdpa_backends
+
+
+@torch.no_grad()
+def propose_batch(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: list[int], ctxs: list[Tensor],
+                  bonus: list[int], starts: list[int]) -> Tensor:
+    """Draft logits ``[b, block_size - 1, vocab]``; afterwards ``caches[r].length == starts[r]``."""
+    dev, bs = kpool.device, drafter.config.block_size
+    rows = [(c.length, s) for c, s in zip(caches, starts)]
+    for (c0, s), ctx in zip(rows, ctxs):
+        if c0 + ctx.shape[0] != s:
+            raise ValueError(f"context of {ctx.shape[0]} rows does not fill positions [{c0}, {s})")
+    slot_t = torch.tensor(slots, device=dev)
+    feats = [c for c in ctxs if c.shape[0]]
+    if feats:
+        pos = torch.tensor([p for c0, s in rows for p in range(c0, s)], device=dev)
+        slot_c = torch.tensor([sl for (c0, s), sl in zip(rows, slots) for _ in range(c0, s)], device=dev)
+        h = drafter.project_context(torch.cat(feats))[None]
+        cos, sin = drafter.rope(pos[None], h.dtype)
+        for i, layer in enumerate(drafter.layers):
+            k, v = layer.self_attn.kv(h, cos, sin)                       # [1, hkv, C, d]
+            kpool[:, i][slot_c, :, pos] = k[0].transpose(0, 1)
+            vpool[:, i][slot_c, :, pos] = v[0].transpose(0, 1)
+    for c, s in zip(caches, starts):
+        c.length = s
+    b = len(slots)
+    qpos = torch.tensor(starts, device=dev)[:, None] + torch.arange(bs, device=dev)[None]   # [b, bs]
+    kv_max = max(starts) + bs
+    kpos = torch.arange(kv_max, device=dev)
+    valid = kpos[None, :] < (qpos[:, -1:] + 1)                                             # [b, kv_max]
+    masks = {}
+    for kind in set(drafter.kinds):
+        see = visibility(qpos, kpos.expand(b, kv_max), kind)
+        see = valid[:, None, :].expand(b, bs, kv_max) if see is None else see & valid[:, None, :]
+        masks[kind] = see[:, None]
+    x = drafter.embed_tokens(drafter.block_ids(torch.tensor(bonus, device=dev))).to(drafter.dtype)
+    cos, sin = drafter.rope(qpos, x.dtype)
+    keep = valid[:, None, :, None]
+    with sdpa_backends(dev):
+        for i, layer in enumerate(drafter.layers):
+            attn = layer.self_attn
+            xn = layer.input_layernorm(x)
+            k, v = attn.kv(xn, cos, sin)                                  # [b, hkv, bs, d]
+            kl, vl = kpool[:, i], vpool[:, i]
+            kl[slot_t[:, None], :, qpos] = k.transpose(1, 2)
+            vl[slot_t[:, None], :, qpos] = v.transpose(1, 2)
+            keys = kl[slot_t, :, :kv_max].masked_fill(~keep, 0.0)
+            vals = vl[slot_t, :, :kv_max].masked_fill(~keep, 0.0)
+            x = layer.finish(x, attn.attend(attn.q(xn, cos, sin), keys, vals, masks[drafter.kinds[i]]))
+    return drafter.lm_head(drafter.norm(x[:, 1:]))

@@ -1,0 +1,215 @@
+"""One target forward over the rows of several requests (dense Llama-family and Qwen3.5 hybrids).
+
+Rows are flattened ``[N]`` (request after request; a request's rows are its block: 1 row for plain
+decoding, a chain or a tree); GEMMs (projections, MLP, LM head) run once over all N rows.
+Attention is per request in one padded SDPA: queries ``[b, heads, rows_max]`` against the
+request's slot ``pool_k[slot, layer, :, :kv_max]``; a row sees its request's committed prefix
+``[0, s)`` and its own ancestors in the block (causal for chains), rows past a request's live
+length are zeroed before use (a freed slot may hold anything, NaN in the debug mode). K/V of row
+i of a request go to slot row ``s + i`` (compaction to the accepted path is the cache's ``keep``).
+GDN layers (hybrids) project all rows at once and run the recurrent core per request on its
+slot's state (``GatedDeltaNet.mix`` / the fused kernels), pending until the cache's ``keep``.
+
+Attention takes the split-K Triton kernel with a request axis where the kernel path is on (CUDA;
+``kernels/attention_batch.py``: each slot read in place up to its live length, a request's rows
+bitwise those it gets alone), else a padded SDPA over the gathered slots (every device). CUDA
+graphs serve batch 1 only, through the per-request forward (``runner.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ddtree_server.kernels.attention_batch import batch_attention
+from ddtree_server.models.hybrid import gdn_fast
+from ddtree_server.models.hybrid.config import GDN
+from ddtree_server.models.hybrid.tree import tree_meta
+from ddtree_server.models.layers import apply_rope as _apply_rope
+from ddtree_server.models.layers import attention_backends as _attention_backends
+from ddtree_server.models.layers import kernels_usable
+from ddtree_server.models.layers import linear_add as _linear_add
+
+
+@dataclass
+class Block:
+    """One request's rows in a batched forward: token ids, depths (position = s + depth), the
+    bool ancestor-or-self mask ``[n, n]`` (numpy, host; None: a causal chain)."""
+
+    slot: int
+    s: int
+    ids: list[int]
+    depths: list[int]
+    mask: np.ndarray | None
+
+
+class Layout:
+    """Flattened rows of a batch of blocks and the attention geometry, built on the host and sent
+    in two copies (row indices; per-request lengths / offsets / slots) plus the tree masks."""
+
+    def __init__(self, blocks: list[Block], device):
+        self.blocks, self.device = blocks, device
+        self.sizes = [len(b.ids) for b in blocks]
+        self.offsets = [0, *np.cumsum(self.sizes).tolist()]
+        self.b, self.rmax = len(blocks), max(self.sizes)
+        self.kv_max = max(b.s + n for b, n in zip(blocks, self.sizes))
+        n_tot = self.offsets[-1]
+        rows = np.empty((5, n_tot), dtype=np.int64)   # request, row in request, id, position, cache row
+        for i, (blk, a, n) in enumerate(zip(blocks, self.offsets, self.sizes)):
+            rows[0, a:a + n] = i
+            rows[1, a:a + n] = np.arange(n)
+            rows[2, a:a + n] = blk.ids
+            rows[3, a:a + n] = np.asarray(blk.depths) + blk.s
+            rows[4, a:a + n] = np.arange(blk.s, blk.s + n)
+        self.req, self.row, self.ids, self.pos, self.dest = torch.from_numpy(rows).to(device)
+        per = np.zeros((4, self.b + 1), dtype=np.int64)   # slot, start, length, row offset
+        per[0, :-1] = [b.slot for b in blocks]
+        per[1, :-1] = [b.s for b in blocks]
+        per[2, :-1] = [b.s + n for b, n in zip(blocks, self.sizes)]
+        per[3] = self.offsets
+        per_dev = torch.from_numpy(per).to(device)
+        self.slots, self.lens = per_dev[0, :-1], per_dev[2, :-1]
+        self.starts, self.qo = per_dev[1, :-1].to(torch.int32), per_dev[3].to(torch.int32)
+        self.slot_of_row = self.slots[self.req]
+        self.tree = any(b.mask is not None for b in blocks)
+        inner = np.zeros((self.b, self.rmax, self.rmax), dtype=bool)
+        for i, (blk, n) in enumerate(zip(blocks, self.sizes)):
+            inner[i, :n, :n] = blk.mask if blk.mask is not None else np.tri(n, dtype=bool)
+        self.inner_host = inner
+        self.inner = torch.from_numpy(inner).to(device) if self.tree else None
+
+    @property
+    def valid(self) -> Tensor:
+        """Bool ``[b, kv_max]``: the rows of each slot below its request's live length."""
+        return torch.arange(self.kv_max, device=self.device)[None, :] < self.lens[:, None]
+
+    def additive(self, rep: int, dtype) -> Tensor:
+        """Additive mask ``[b, 1, rep*rmax, kv_max]`` of the padded SDPA (GQA rows: rep query heads
+        per KV head): the committed prefix, the block's own mask; padding rows see column 0."""
+        see = np.zeros((self.b, self.rmax, self.kv_max), dtype=bool)
+        for i, (blk, n) in enumerate(zip(self.blocks, self.sizes)):
+            see[i, :n, : blk.s] = True
+            see[i, :n, blk.s: blk.s + n] = self.inner_host[i, :n, :n]
+            see[i, n:, 0] = True
+        m = torch.from_numpy(see).to(self.device)[:, None, None].expand(self.b, 1, rep, self.rmax, self.kv_max)
+        m = m.reshape(self.b, 1, rep * self.rmax, self.kv_max)
+        return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
+
+    def split(self, x: Tensor) -> list[Tensor]:
+        return [x[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
+
+
+def attend(lay: Layout, q: Tensor, k: Tensor, v: Tensor, kpool: Tensor, vpool: Tensor, li: int,
+           mask: Tensor | None) -> Tensor:
+    """Write K/V ``[N, hkv, d]`` to the slots and attend: q ``[N, hq, d]`` -> ``[N, hq * d]``."""
+    kl, vl = kpool[:, li], vpool[:, li]                                  # [slots, hkv, rows, d]
+    kl[lay.slot_of_row, :, lay.dest] = k
+    vl[lay.slot_of_row, :, lay.dest] = v
+    n, hq, d = q.shape
+    if kernels_usable(d, kpool):  # split-K kernel with the request axis: reads each slot in place
+        out = batch_attention(q, kl, vl, lay.starts, lay.qo, lay.slots, lay.rmax,
+                              "tree" if lay.tree else "causal", lay.inner)
+        return out.reshape(n, hq * d)
+    keep = lay.valid[:, None, :, None]
+    keys = kl[lay.slots, :, : lay.kv_max].masked_fill_(~keep, 0.0)
+    vals = vl[lay.slots, :, : lay.kv_max].masked_fill_(~keep, 0.0)
+    hkv = k.shape[1]
+    rep = hq // hkv
+    qp = q.new_zeros((lay.b, lay.rmax, hq, d))
+    qp[lay.req, lay.row] = q
+    qp = qp.permute(0, 2, 1, 3).reshape(lay.b, hkv, rep * lay.rmax, d)
+    out = F.scaled_dot_product_attention(qp, keys, vals, attn_mask=mask)
+    out = out.reshape(lay.b, hq, lay.rmax, d).permute(0, 2, 1, 3)
+    return out[lay.req, lay.row].reshape(n, hq * d)
+
+
+def _features(x, i, want, captured):
+    if i in want:
+        captured[want[i]] = x
+
+
+def dense_forward(model, kpool: Tensor, vpool: Tensor, lay: Layout) -> tuple[Tensor, Tensor | None]:
+    """TargetModel over the batch: logits ``[N, vocab]`` and captured features ``[N, F]``."""
+    x = model.embed_tokens(lay.ids)
+    cos, sin = model._rope(lay.pos, x.dtype)
+    a0 = model.layers[0].self_attn
+    mask = None if kernels_usable(a0.head_dim, kpool) else lay.additive(a0.n_heads // a0.n_kv, x.dtype)
+    want = {layer: i for i, layer in enumerate(model.capture_layers)}
+    captured: list = [None] * len(want)
+    n = x.shape[0]
+    with _attention_backends(x.device):
+        for i, layer in enumerate(model.layers):
+            attn = layer.self_attn
+            hq, hkv = attn.n_heads, attn.n_kv
+            qkv = attn.qkv_proj(layer.input_layernorm(x)).view(n, hq + 2 * hkv, attn.head_dim)
+            qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv:]
+            if attn.qk_norm:
+                qk = torch.cat((attn.q_norm(qk[:, :hq]), attn.k_norm(qk[:, hq:])), dim=1)
+            qk = _apply_rope(qk, cos, sin)
+            out = attend(lay, qk[:, :hq], qk[:, hq:], v, kpool, vpool, i, mask)
+            x = _linear_add(x, out, attn.o_proj)
+            x = _linear_add(x, layer.mlp.hidden(layer.post_attention_layernorm(x)), layer.mlp.down_proj)
+            _features(x, i, want, captured)
+    logits = model.lm_head(model.norm(x))
+    return logits, (torch.cat(captured, dim=-1) if captured else None)
+
+
+def _gated_attention(attn, x: Tensor, lay: Layout, kpool, vpool, li: int, cos, sin, mask) -> Tensor:
+    n, hq, hkv, hd = x.shape[0], attn.n_heads, attn.n_kv, attn.head_dim
+    qg, k, v = attn.qkv_proj(x).split((2 * hq * hd, hkv * hd, hkv * hd), dim=-1)
+    qg = qg.view(n, hq, 2 * hd)
+    q, gate = qg[..., :hd], qg[..., hd:].reshape(n, hq * hd)
+    qk = torch.cat((attn.q_norm(q), attn.k_norm(k.view(n, hkv, hd))), dim=1)
+    if attn.rot:
+        qk = torch.cat((_apply_rope(qk[..., : attn.rot], cos, sin), qk[..., attn.rot:]), dim=-1)
+    out = attend(lay, qk[:, :hq], qk[:, hq:], v.view(n, hkv, hd), kpool, vpool, li, mask)
+    return out * torch.sigmoid(gate)
+
+
+def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layout
+                   ) -> tuple[Tensor, Tensor | None]:
+    """HybridTarget over the batch; ``caches``: the requests' slot caches (HybridCache views).
+    Blocks of one row are committed at once, longer ones stay pending until ``cache.keep``."""
+    x = model.embed_tokens(lay.ids)
+    cos, sin = model.rope(lay.pos, x.dtype)
+    head_dim = model.config.head_dim
+    mask = None if kernels_usable(head_dim, kpool) else lay.additive(model.rep, x.dtype)
+    kernel = model.config.linear_conv_kernel_dim
+    ctxs = []
+    for i, (blk, n, cache) in enumerate(zip(lay.blocks, lay.sizes, caches)):
+        cache.settle()
+        commit = blk.mask is None and n == 1
+        if blk.mask is not None and n > cache.cap:
+            raise ValueError(f"a tree of {n} nodes exceeds the slot's verify scratch ({cache.cap})")
+        anc = None if blk.mask is None else lay.inner[i, :n, :n].contiguous()
+        meta = tree_meta(anc, n, kernel, x.device)
+        if not commit:
+            cache.win[:n] = meta.win
+        ctxs.append(SimpleNamespace(meta=meta, mode="commit" if commit else model.method, rows=None,
+                                    kv_len=None, start=None, block=anc, cos=None, sin=None, mask=None))
+    want = {layer: i for i, layer in enumerate(model.capture_layers)}
+    captured: list = [None] * len(want)
+    with _attention_backends(x.device):
+        for i, layer in enumerate(model.layers):
+            h = layer.input_layernorm(x)
+            if layer.kind == GDN:
+                mixer = layer.linear_attn
+                outs = []
+                for proj, cache, ctx in zip(lay.split(mixer.in_proj(h)), caches, ctxs):
+                    fast = gdn_fast.usable(proj, cache, ctx)
+                    outs.append((gdn_fast.mix if fast else type(mixer).mix)(mixer, proj, cache, layer.index, ctx))
+                x = _linear_add(x, torch.cat(outs), mixer.out_proj)
+            else:
+                out = _gated_attention(layer.self_attn, h, lay, kpool, vpool, layer.index, cos, sin, mask)
+                x = _linear_add(x, out, layer.self_attn.o_proj)
+            x = _linear_add(x, layer.mlp.hidden(layer.post_attention_layernorm(x)), layer.mlp.down_proj)
+            _features(x, i, want, captured)
+    for blk, n, cache, ctx in zip(lay.blocks, lay.sizes, caches, ctxs):
+        cache.begin(blk.s, n, blk.mask is not None, ctx.mode == "commit")
+    logits = model.lm_head(model.norm(x))
+    return logits, (torch.cat(captured, dim=-1) if captured else None)

@@ -1,0 +1,83 @@
+"""Slot pools: the per-request caches of the batch engine with a leading request (slot) axis.
+
+Every tensor of a model's cache (the target's KV ``k, v``; for hybrids also the GDN ``state``,
+``conv`` and the verify scratch ``kk / uu / GG / win``; the drafter's context K/V) is allocated
+once as ``[slots, ...]``, and slot i's cache object holds views ``pool[i]``. Slot-major order keeps
+each slot one contiguous cache, so the per-request code (kernels, CUDA graphs, compaction, the
+GDN fold) runs on a slot unchanged, and the batched forwards gather ``pool[slots_of_batch]``.
+
+Admission resets the slot (length 0, zero recurrent / conv state); rows past a request's length
+may hold anything (a previous request's K/V), and every reader masks them. ``poison`` fills a
+freed slot with NaN (debug: a leak of stale state then shows as NaN in an output).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor
+
+
+def _tensor_fields(obj) -> list[tuple[object, str, Tensor]]:
+    out = []
+    for name, value in vars(obj).items():
+        if isinstance(value, Tensor):
+            out.append((obj, name, value))
+        elif hasattr(value, "__dict__") and any(isinstance(v, Tensor) for v in vars(value).values()):
+            out.extend(_tensor_fields(value))
+    return out
+
+
+def _clone(obj, memo: dict):
+    """Shallow copy of ``obj`` and of its nested tensor-holding objects (memo: id -> copy)."""
+    out = copy.copy(obj)
+    memo[id(obj)] = out
+    for key, value in vars(obj).items():
+        if not isinstance(value, Tensor) and hasattr(value, "__dict__") and _tensor_fields(value):
+            setattr(out, key, _clone(value, memo))
+    return out
+
+
+class SlotPool:
+    """``slots`` cache objects built from ``make()`` (a fresh cache), whose tensors share pooled
+    storage ``[slots, ...]`` when ``pooled`` (the cache is a plain object of tensors), else are
+    independent caches (test doubles, transformers caches)."""
+
+    def __init__(self, make, slots: int, pooled: bool = True):
+        template = make()
+        self.pooled = pooled
+        if not pooled:
+            self.caches = [template] + [make() for _ in range(slots - 1)]
+            self.tensors: dict[str, Tensor] = {}
+            return
+        fields = _tensor_fields(template)
+        self.tensors = {}
+        for i, (_, name, t) in enumerate(fields):
+            pool = torch.zeros((slots, *t.shape), dtype=t.dtype, device=t.device)
+            pool[:] = t
+            self.tensors[f"{i}:{name}"] = pool
+        self.caches = []
+        for s in range(slots):
+            memo: dict[int, object] = {}
+            cache = _clone(template, memo)
+            for (obj, name, _), pool in zip(fields, self.tensors.values()):
+                setattr(memo[id(obj)], name, pool[s])
+            self.caches.append(cache)
+        del template
+
+    def __getitem__(self, slot: int):
+        return self.caches[slot]
+
+    def pool(self, name: str) -> Tensor:
+        """The pooled tensor of a cache attribute (``k``, ``v``, ``state`` ...; the first match)."""
+        for key, t in self.tensors.items():
+            if key.split(":", 1)[1] == name:
+                return t
+        raise KeyError(name)
+
+    def poison(self, slot: int) -> None:
+        """Fill every floating tensor of ``slot`` with NaN (debug mode for freed slots)."""
+        for t in (self.tensors.values() if self.pooled else []):
+            if t.is_floating_point():
+                t[slot].fill_(float("nan"))

@@ -1,0 +1,182 @@
+"""Step runner: the model I/O of the batch engine (prefill of one request, one decode round of many).
+
+A decode round over requests R: drafts for the speculative ones (one batched drafter forward),
+their trees (DFlash: the chain of draft argmaxes; DDTree: best-first, ``spec/tree.py``), ONE target
+forward over every request's rows (``forward.py``), each request's choice over its rows
+(``Request.choose``), the acceptance walk and the commit (KV compaction / GDN fold per slot).
+A round of one request in slot 0 (and every round of a target without a batched forward) runs
+the per-request forward on the slot's cache, which on CUDA is the Triton-kernel + CUDA-graph path
+(its graphs are bound to slot 0's storage; a lone request in another slot runs batched).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ddtree_server.engine import decode
+from ddtree_server.engine.batch.draft import propose_batch
+from ddtree_server.engine.batch.forward import (
+    Block,
+    Layout,
+    dense_forward,
+    hybrid_forward,
+)
+from ddtree_server.engine.batch.pools import SlotPool
+from ddtree_server.engine.batch.request import Request
+from ddtree_server.models.dense.target import TargetModel
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.hybrid.model import HybridTarget
+from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
+from ddtree_server.speculative.walk import accepted_tokens, walk
+
+
+def _raw(module, attr: str):
+    return getattr(module, attr, module)
+
+
+class StepRunner:
+    """Slot pools of the target (and drafter) caches and the forwards over them."""
+
+    def __init__(self, target, drafter, *, slots: int, max_len: int, device, poison: bool = False):
+        self.target, self.drafter, self.device, self.poison_freed = target, drafter, device, poison
+        self.model = _raw(target, "model")
+        self.kind = "hybrid" if isinstance(self.model, HybridTarget) else \
+            "dense" if isinstance(self.model, TargetModel) else None
+        self.caches = SlotPool(lambda: target.new_cache(max_len + 1), slots, pooled=self.kind is not None)
+        self.block_size = int(drafter.config.block_size) if drafter is not None else None
+        self.dcaches = None
+        if drafter is not None:
+            self.raw_drafter = _raw(drafter, "drafter")
+            self.dcaches = SlotPool(lambda: drafter.new_cache(max_len + 1 + self.block_size), slots,
+                                    pooled=isinstance(self.raw_drafter, DFlashDrafter))
+        self.batched = self.kind is not None
+        cuda = torch.device(device).type == "cuda"  # pinned buffers for the batch-1 path's small copies
+        self._inputs_buf, self._rows_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
+
+    # ---- slots --------------------------------------------------------------------------------
+    def reset(self, slot: int) -> None:
+        self.caches[slot].reset()
+        if self.dcaches is not None:
+            self.dcaches[slot].crop(0)
+
+    def free(self, slot: int) -> None:
+        if self.poison_freed:
+            self.caches.poison(slot)
+            if self.dcaches is not None:
+                self.dcaches.poison(slot)
+
+    def _kv(self):
+        pool = self.caches
+        return pool.pool("k"), pool.pool("v")
+
+    # ---- prefill ------------------------------------------------------------------------------
+    def prefill(self, req: Request) -> list[int]:
+        """The whole prompt in one forward on the request's slot; returns ``[first token]``."""
+        cache, n = self.caches[req.slot], len(req.prompt_ids)
+        ids = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device)
+        # slot 0 may take the CUDA graphs (bound to its storage); other slots run eagerly
+        model = self.target if req.slot == 0 else self.model
+        logits, ctx = model.forward(cache, ids, torch.arange(n, device=self.device), last_only=True)
+        token = req.choose(logits, [-1], [req.prompt_ids[-1]], [n])[0]
+        req.s, req.bonus = n, token
+        req.accept([token])  # the prefill row chose it
+        req.ctx = ctx.clone() if ctx is not None and req.mode != "ar" else None
+        return [token]
+
+    # ---- decode round -------------------------------------------------------------------------
+    def _room(self, req: Request) -> int:
+        return self.caches[req.slot].max_len - req.s - 1
+
+    def round(self, reqs: list[Request]) -> list[list[int] | None]:
+        """One round for every request: its accepted tokens (path + bonus), None when its cache is full."""
+        live = [r for r in reqs if self._room(r) >= 0]
+        # the per-request path (CUDA graphs bound to slot 0's storage) serves a lone request in
+        # slot 0; a lone request in another slot takes the batched path (no graph re-capture)
+        if not live:
+            return [None] * len(reqs)
+        if not self.batched or (len(live) == 1 and live[0].slot == 0):
+            got = {id(r): self._solo(r) for r in live}
+        else:
+            got = dict(zip(map(id, live), self._batched(live)))
+        return [got.get(id(r)) for r in reqs]
+
+    def _tree(self, req: Request, draft: Tensor | None, chain: list[int] | None) -> DraftTree:
+        cap = min(req.budget, self._room(req))
+        if req.mode == "ar" or cap <= 0:
+            return root_only(req.bonus)
+        if req.mode == "dflash":
+            return chain_tree(req.bonus, chain[:cap]) if chain is not None else \
+                decode.dflash_builder(draft, req.bonus, cap)
+        return decode.ddtree_builder(draft, req.bonus, cap)
+
+    def _solo(self, req: Request) -> list[int]:
+        cache, s = self.caches[req.slot], req.s
+        draft = None
+        if req.mode != "ar":
+            draft = self.drafter.propose(self.dcaches[req.slot], req.ctx, req.bonus, s)
+        tree = self._tree(req, draft, None)
+        ids, pos, mask = decode.tree_inputs(tree, s, self.device, self._inputs_buf)
+        logits, feats = self.target.forward(cache, ids, pos, tree_mask=mask)
+        return self._commit(req, tree, logits, feats, None, self._rows_buf)
+
+    def _batched(self, reqs: list[Request]) -> list[list[int]]:
+        spec = [r for r in reqs if r.mode != "ar"]
+        drafts: dict[int, tuple] = {}
+        if spec:
+            if self.dcaches.pooled:
+                dk, dv = self.dcaches.pool("k"), self.dcaches.pool("v")
+                logits = propose_batch(self.raw_drafter, dk, dv, [self.dcaches[r.slot] for r in spec],
+                                       [r.slot for r in spec], [r.ctx for r in spec], [r.bonus for r in spec],
+                                       [r.s for r in spec])
+            else:
+                logits = torch.stack([self.drafter.propose(self.dcaches[r.slot], r.ctx, r.bonus, r.s) for r in spec])
+            chains = logits.argmax(dim=-1).tolist() if any(r.mode == "dflash" for r in spec) else [None] * len(spec)
+            drafts = {id(r): (logits[i], chains[i]) for i, r in enumerate(spec)}
+        trees = [self._tree(r, *drafts.get(id(r), (None, None))) for r in reqs]
+        blocks = [Block(r.slot, r.s, t.tokens, t.depths, None if t.is_chain else t.ancestors())
+                  for r, t in zip(reqs, trees)]
+        lay = Layout(blocks, self.device)
+        caches = [self.caches[r.slot] for r in reqs]
+        k, v = self._kv()
+        if self.kind == "dense":
+            logits, feats = dense_forward(self.model, k, v, lay)
+            for c, blk, n in zip(caches, blocks, lay.sizes):
+                c.length = blk.s + n
+        else:
+            logits, feats = hybrid_forward(self.model, caches, k, v, lay)
+        plain = all(r.params.greedy and r.processor is None for r in reqs)
+        choices = logits.argmax(dim=-1).tolist() if plain else None
+        out = []
+        for i, (r, t) in enumerate(zip(reqs, trees)):
+            a, b = lay.offsets[i], lay.offsets[i + 1]
+            out.append(self._commit(r, t, logits[a:b], None if feats is None else feats[a:b],
+                                    None if choices is None else choices[a:b]))
+        return out
+
+    def _commit(self, req: Request, tree: DraftTree, logits: Tensor, feats: Tensor | None,
+                choices: list[int] | None, staging=None) -> list[int]:
+        """Choice, acceptance walk, KV / GDN commit to the path; the request's new s, bonus, ctx.
+        ``staging``: a pinned buffer for the path rows (batch 1 only: the round's choice syncs
+        before the buffer is reused; several commits of one batched round would race on it)."""
+        s = req.s
+        if choices is None:
+            choices = req.choose(logits, tree.parents, tree.tokens, [s + d + 1 for d in tree.depths])
+        path, bonus = walk(tree, choices)
+        k = len(path)
+        cache = self.caches[req.slot]
+        if tree.size == 1:  # one row: the forward appended it (committed at once on hybrids)
+            ctx = feats
+        elif path == list(range(k)):
+            cache.keep(s, path)
+            ctx = None if feats is None else feats[:k]
+        else:
+            rows = decode.path_rows(path, self.device, staging)
+            cache.keep(s, path, rows)
+            ctx = None if feats is None else feats.index_select(0, rows)
+        if req.mode != "ar" and ctx is not None:
+            req.ctx = ctx.clone()
+        req.s, req.bonus = s + k, bonus
+        out = accepted_tokens(tree, path, bonus)
+        req.accept(out, path)
+        return out

@@ -1,0 +1,59 @@
+"""Scheduler: admission and slots of the batch engine (pure bookkeeping, no tensors).
+
+FCFS: waiting requests take the lowest free slot while fewer than ``max_running`` run; a step is a
+prefill step when requests were admitted, else a decode round over every running request.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from ddtree_server.engine.batch.request import Request
+
+
+class Scheduler:
+    """Waiting queue, running set and the free-slot heap (lowest slot first, so batch 1 always
+    runs in slot 0)."""
+
+    def __init__(self, max_running: int):
+        if max_running < 1:
+            raise ValueError(f"max_running must be >= 1, got {max_running}")
+        self.max_running = max_running
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self._free = list(range(max_running))
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def admit(self) -> list[Request]:
+        """Move waiting requests into free slots (FCFS); returns the admitted ones."""
+        out = []
+        while self.waiting and self._free:
+            req = self.waiting.popleft()
+            req.slot = heapq.heappop(self._free)
+            self.running.append(req)
+            out.append(req)
+        return out
+
+    def release(self, req: Request) -> int | None:
+        """Retire a finished request: remove it from the queue or the running set, free its slot."""
+        if req in self.waiting:
+            self.waiting.remove(req)
+        if req in self.running:
+            self.running.remove(req)
+        slot, req.slot = req.slot, None
+        if slot is not None:
+            heapq.heappush(self._free, slot)
+        return slot
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def find(self, rid: str) -> Request | None:
+        for req in (*self.running, *self.waiting):
+            if req.rid == rid:
+                return req
+        return None

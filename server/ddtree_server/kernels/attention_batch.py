@@ -1,0 +1,85 @@
+"""Split-K decode / verify attention of several requests in one launch (Triton), over a slot pool.
+
+The request axis of ``kernels/attention.py``: query rows of all requests flattened ``[N, hq, d]``
+(request r owns rows ``[qo[r], qo[r + 1])``), the cache one layer of the slot pool
+``[slots, kv_heads, rows, d]`` (request r reads slot ``slot[r]``), the live lengths ``start[r]``
+read on the device. Visibility per request as the one-request kernel (``causal``, or ``tree`` with
+request r's ancestor-or-self mask ``block[r, :n_r, :n_r]``). Launch settings come from the same
+``plan`` (the model's shape), so every row gets the key splits and tiles it gets alone: a
+request's attention rows are bitwise equal alone and in any batch (tests/server/test_kernels_batch.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ddtree_server.kernels.attention import DEFAULT, LOG2E, AttnConfig, plan, supported
+from ddtree_server.kernels.runtime import HAVE_TRITON
+
+if HAVE_TRITON:
+    import triton
+
+    from ddtree_server.kernels.attention_batch_kernels import (
+        batch_merge_kernel,
+        batch_split_kernel,
+    )
+
+
+def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, slot: Tensor, n_max: int,
+                    mode: str = "causal", block: Tensor | None = None, scale: float | None = None,
+                    config: AttnConfig = DEFAULT) -> Tensor:
+    """Attention of b requests' new rows over their slots.
+
+    Args:
+        q: ``[N, hq, d]`` queries of all requests (last axis contiguous).
+        k, v: ``[slots, hkv, rows, d]`` one layer of the slot pool; request r's new K/V already at
+            rows ``[start[r], start[r] + n_r)`` of slot ``slot[r]``.
+        start, qo, slot: int tensors on q's device, ``[b]``, ``[b + 1]`` (row offsets), ``[b]``.
+        n_max: the largest n_r (sizes the grid); mode: ``causal`` | ``tree``; block: bool / uint8
+            ``[b, n_max, n_max]`` ancestor-or-self masks (tree).
+    Returns ``[N, hq, d]`` in q's dtype. Raises ValueError for bad shapes / dtypes, RuntimeError
+    without Triton.
+    """
+    if not HAVE_TRITON:
+        raise RuntimeError("Triton is not installed")
+    if q.dim() != 3 or k.dim() != 4 or k.shape != v.shape or q.shape[2] != k.shape[3] or q.shape[1] % k.shape[1]:
+        raise ValueError(f"need q [N, hq, d] and k / v [slots, hkv, rows, d], got {tuple(q.shape)}, {tuple(k.shape)}")
+    n_tot, hq, d = q.shape
+    hkv, rows = k.shape[1], k.shape[2]
+    b = start.shape[0]
+    if not supported(d, q.dtype) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"unsupported head_dim {d} or dtypes {q.dtype}/{k.dtype}/{v.dtype}")
+    if q.stride(2) != 1 or k.stride(3) != 1 or v.stride(3) != 1 or qo.shape[0] != b + 1 or slot.shape[0] != b:
+        raise ValueError("contiguous last axes and start [b], qo [b + 1], slot [b] are needed")
+    if mode not in ("causal", "tree"):
+        raise ValueError(f"mode {mode!r}: use causal or tree")
+    if mode == "tree":
+        if block is None or tuple(block.shape) != (b, n_max, n_max) or block.stride(2) != 1:
+            raise ValueError(f"mode 'tree' needs block masks [{b}, {n_max}, {n_max}]")
+        block = block.view(torch.uint8) if block.dtype == torch.bool else block
+    rep = hq // hkv
+    block_m, block_n, splits = plan(n_max, rep, hkv, d, rows, q.device, config)
+    m_tiles = math.ceil(n_max * rep / block_m)
+    m_pad = m_tiles * block_m
+    out = torch.empty((n_tot, hq, d), dtype=q.dtype, device=q.device)
+    po = pl = out
+    if splits > 1:
+        po = torch.empty((splits, b * hkv, m_pad, d), dtype=torch.float32, device=q.device)
+        pl = torch.empty((splits, b * hkv, m_pad), dtype=torch.float32, device=q.device)
+    mask = block if mode == "tree" else start
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    scale_log2 = (scale if scale is not None else d ** -0.5) * LOG2E
+    batch_split_kernel[(splits, b * hkv, m_tiles)](
+        q, k, v, start, qo, slot, mask, out, po, pl, hkv, rep, q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        mask.stride(0) if mode == "tree" else 0, mask.stride(1) if mode == "tree" else 0,
+        out.stride(0), out.stride(1), m_pad, scale_log2, MODE=0 if mode == "causal" else 1, SPLITS=splits,
+        BLOCK_M=block_m, BLOCK_N=block_n, D=d, PREC=prec, num_warps=config.num_warps, num_stages=config.num_stages)
+    if splits > 1:
+        batch_merge_kernel[(n_max * rep, b * hkv)](po, pl, out, start, qo, hkv, rep, out.stride(0), out.stride(1),
+                                                   m_pad, SPLITS=splits, SP2=triton.next_power_of_2(splits),
+                                                   BLOCK_N=block_n, D=d, num_warps=4)
+    return out

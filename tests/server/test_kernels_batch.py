@@ -1,0 +1,117 @@
+"""kernels/attention_batch.py under TRITON_INTERPRET=1 (CPU): every request's attention rows in one
+batched launch are bitwise those of the one-request kernel on its slot (batch invariance), for
+causal blocks and tree masks, fp32 and fp16 (bf16 on the GPU), with several key splits; and close to the torch
+reference. The interpreter must be chosen before triton is imported: the kernels run in a child
+process that reports JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+_CHILD = r"""
+import json, torch
+from ddtree_server.kernels import attention as A
+from ddtree_server.kernels.attention_batch import batch_attention
+
+torch.manual_seed(0)
+cfg = A.AttnConfig(block_m=16, block_n=16, max_splits=4)
+out = []
+for dtype in (torch.float32, torch.float16):   # the interpreter has no bf16 dot
+    slots, hkv, rep, d, rows = 4, 2, 2, 16, 160
+    k = torch.randn(slots, hkv, rows, d).to(dtype)
+    v = torch.randn(slots, hkv, rows, d).to(dtype)
+    reqs = [(2, 37, 1), (0, 70, 5), (3, 130, 3), (1, 5, 4)]   # (slot, start, rows)
+    n_max = max(n for _, _, n in reqs)
+    for mode in ("causal", "tree"):
+        blocks = torch.zeros(len(reqs), n_max, n_max, dtype=torch.bool)
+        for i, (_, _, n) in enumerate(reqs):
+            m = torch.ones(n, n, dtype=torch.bool).tril_()
+            if mode == "tree" and n > 2:
+                m[n - 1, n - 2] = False   # a sibling of the previous node
+            blocks[i, :n, :n] = m
+        q = torch.randn(sum(n for _, _, n in reqs), hkv * rep, d).to(dtype)
+        qo = torch.tensor([0] + [sum(n for _, _, n in reqs[:i + 1]) for i in range(len(reqs))])
+        got = batch_attention(q, k, v, torch.tensor([s for _, s, _ in reqs]), qo, torch.tensor([sl for sl, _, _ in reqs]),
+                              n_max, mode, blocks if mode == "tree" else None, config=cfg)
+        for i, (sl, s, n) in enumerate(reqs):
+            rows_q = q[qo[i]:qo[i + 1]]
+            blk = blocks[i, :n, :n].contiguous() if mode == "tree" else None
+            alone = A.decode_attention(rows_q, k[sl], v[sl], torch.tensor(s), mode, blk, config=cfg)
+            ref = A.attention_ref(rows_q, k[sl], v[sl], s, mode, blk)
+            out.append({"dtype": str(dtype), "mode": mode, "req": i,
+                        "bitwise": bool(torch.equal(got[qo[i]:qo[i + 1]], alone)),
+                        "err": float((got[qo[i]:qo[i + 1]].float() - ref.float()).abs().max()),
+                        "splits": A.plan(n, rep, hkv, d, rows, q.device, cfg)[2]})
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def report():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_batched_rows_equal_one_request_bitwise(report):
+    assert len(report) == 16 and all(r["bitwise"] for r in report), [r for r in report if not r["bitwise"]]
+    assert max(r["splits"] for r in report) > 1   # the merge of several key splits is exercised
+
+
+def test_batched_rows_match_reference(report):
+    for r in report:
+        assert r["err"] < (2e-5 if r["dtype"] == "torch.float32" else 3e-3), r
+
+
+_ENGINE_CHILD = r"""
+import json, threading, torch
+from ddtree_server.engine.engine import Engine
+from ddtree_server.engine.sampling import SamplingParams
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.model import DFlashDrafter
+from tests.server.tiny import EOS, VOCAB, ByteTokenizer, tiny_target
+
+torch.set_num_threads(1)
+t = tiny_target()
+raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
+       "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 1,
+       "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
+torch.manual_seed(1)
+d = DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval()
+eng = Engine(t, ByteTokenizer(), d, eos_token_ids=[EOS], max_model_len=64, max_running=3)
+jobs = [(list(b"abc def"), "ar"), (list(b"hello hello"), "ddtree"), (list(b"xy"), "dflash")]
+p = lambda: SamplingParams(max_tokens=6, ignore_eos=True)
+alone = [[x for ev in eng.generate(ids, p(), mode=m) for x in ev.token_ids] for ids, m in jobs]
+reqs = [eng.make_request(ids, p(), mode=m, rid=str(i)) for i, (ids, m) in enumerate(jobs)]
+for r in reqs:
+    eng.batch.add(r)
+got, sizes = {r.rid: [] for r in reqs}, []
+while eng.batch.busy:
+    for r, ev in eng.batch.step():
+        got[r.rid] += ev.token_ids
+    sizes.append(eng.batch.last.batch)
+from ddtree_server.models.layers import kernels_usable
+print(json.dumps({"alone": alone, "batched": [got[str(i)] for i in range(3)], "max_batch": max(sizes),
+                  "kernels": kernels_usable(16, t.embed_tokens.weight)}))
+"""
+
+
+@pytest.mark.slow
+def test_engine_batched_on_the_kernel_path_equals_alone():
+    """The batch engine with the Triton kernels on (interpreter): batched rounds (the batched
+    attention kernel) give each request the tokens of its solo rounds (the one-request kernel)."""
+    env = dict(os.environ, TRITON_INTERPRET="1", DDTREE_KERNELS="1")
+    run = subprocess.run([sys.executable, "-c", _ENGINE_CHILD], capture_output=True, text=True, env=env, timeout=1200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads(run.stdout.strip().splitlines()[-1])
+    assert doc["kernels"] and doc["max_batch"] == 3 and all(len(a) == 6 for a in doc["alone"])
+    assert doc["batched"] == doc["alone"]
