@@ -211,3 +211,8 @@ def push_wheelhouse(transport, house: Wheelhouse, remote_dir: str, progress_fact
     if stale:
         transport.run(["rm", "-f", "--", *(posixpath.join(remote_dir, n) for n in stale)], timeout=120).check()
     return result
+
+
+def venv_python(host) -> str:
+    """Interpreter a release venv is made from: inventory `python`, else ddtctl's own on local hosts."""
+    return host.service.python or (sys.executable if host.kind == "local" else "python3")

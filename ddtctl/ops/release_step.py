@@ -9,17 +9,11 @@ pointed at it. Reports through the deploy's step log.
 from __future__ import annotations
 
 import posixpath
-import sys
 import time
 
 from ddtctl.errors import DdtctlError, UsageError
-from ddtctl.inventory import Host
 from ddtctl.ops import packages, releases
-
-
-def venv_python(host: Host) -> str:
-    """Interpreter the release venv is made from: inventory `python`, else ddtctl's own on local hosts."""
-    return host.service.python or (sys.executable if host.kind == "local" else "python3")
+from ddtctl.ops.packages import venv_python
 
 
 def release_step(host, transport, layout, bundle, old, run, dry_run, progress_factory, old_previous=None) -> bool:

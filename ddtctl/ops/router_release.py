@@ -20,7 +20,7 @@ import time
 
 from ddtctl.errors import CommandTimeout, RemoteError
 from ddtctl.ops import packages, release_probe, releases
-from ddtctl.ops.release_step import venv_python
+from ddtctl.ops.packages import venv_python
 
 DIST = "sglang-router"
 CHECK = "import sglang_router.launch_router; from sglang_router.version import __version__; print(__version__)"

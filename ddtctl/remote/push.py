@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from ddtctl.errors import RemoteError, TransferError
+from ddtctl.errors import RemoteError, TransferError, UnreachableError
 from ddtctl.remote.result import PutResult, Result
 
 CHUNK = 1024 * 1024  # bytes read and sent at a time
@@ -158,6 +158,9 @@ class ExecFileOps:
             sent(len(chunk))
 
 
+WRITE_ATTEMPTS = 3   # writes of one push: a lost connection resumes from the verified partial file
+
+
 def push_file(ops: ExecFileOps, local: Path | str, remote: str, *, mode: int = 0o644,
               progress: Progress | None = None, chunk_size: int = CHUNK) -> PutResult:
     """Push ``local`` to the absolute path ``remote`` through ``ops`` (see module docstring).
@@ -190,8 +193,21 @@ def push_file(ops: ExecFileOps, local: Path | str, remote: str, *, mode: int = 0
         if progress:
             progress(done, total)
 
-    if offset < total or part_size is None:
-        ops.write(part, offset, read_chunks(local, offset, chunk_size), sent)
+    for attempt in range(WRITE_ATTEMPTS):
+        if not (offset < total or part_size is None):
+            break
+        try:
+            ops.write(part, offset, read_chunks(local, offset, chunk_size), sent)
+            break
+        except UnreachableError:
+            # the node's connection died mid-write (a shared connection under load): resume from
+            # what the partial file verifiably holds, over the next connection
+            if attempt + 1 == WRITE_ATTEMPTS:
+                raise
+            part_size = ops.size(part)
+            offset = resume_offset(part_size, total,
+                                   lambda n=part_size: ops.sha256(part, n) == local_sha256(local, limit=n))
+            done = offset
     got = ops.sha256(part, total)
     if got != digest:
         try:

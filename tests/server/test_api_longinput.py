@@ -101,10 +101,10 @@ def test_a_long_prefill_is_progress_not_a_stall():
 
 
 def test_drain_deadline_gives_queued_requests_503_not_500():
-    """--drain-timeout 5: one stream runs, six clients wait in the queue (three streaming), SIGTERM.
+    """--drain-timeout 5: `--max-running 1`: one stream runs, six clients wait in the queue (three streaming), SIGTERM.
     At the deadline the stream ends with finish_reason "cancelled" and [DONE]; each queued request
     gets 503 + Retry-After (it never started); nothing gets a 500; the process exits 0."""
-    with ServerProcess("--drain-timeout", "5") as server:
+    with ServerProcess("--drain-timeout", "5", "--max-running", "1") as server:
         long = {"prompt": "Count: 1, 2, 3,", "stream": True, "max_tokens": 8000, "ignore_eos": True,
                 "temperature": 0}
         answers: list = [None] * 6
