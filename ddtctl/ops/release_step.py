@@ -56,7 +56,7 @@ def release_step(host, transport, layout, bundle, old, run, dry_run, progress_fa
         if checks[rid].ok:
             run.result.release = rid
             run.step("release", "ok", f"{rid} already installed ({checks[rid].summary()})", t)
-            return _point_current(transport, layout, old, rid, run, dry_run)
+            return releases.point_current(transport, layout, old, rid, run, dry_run)
     check = checks[base]
     rid = base
     if base in (old, old_previous) and check.stage != "missing":   # never touch a linked release
@@ -83,17 +83,7 @@ def release_step(host, transport, layout, bundle, old, run, dry_run, progress_fa
             raise
         run.step("release", "changed", (f"{why}; " if why else "") + f"installed {rid} ({how}; {sent} wheel "
                  f"bytes sent{sent_wh}; {after.summary()})", t)
-    return _point_current(transport, layout, old, rid, run, dry_run)
-
-
-def _point_current(transport, layout, old, rid, run, dry_run) -> bool:
-    if old == rid:
-        return False
-    if not dry_run:
-        releases.switch(transport, layout, rid)
-        run.result.current_release = rid
-    run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {rid}")
-    return True
+    return releases.point_current(transport, layout, old, rid, run, dry_run)
 
 
 def _bounded(text: str, limit: int = 300) -> str:

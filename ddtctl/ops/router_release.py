@@ -19,26 +19,11 @@ import posixpath
 import time
 
 from ddtctl.errors import CommandTimeout, RemoteError
-from ddtctl.ops import packages, release_probe, releases
+from ddtctl.ops import packages, releases
 from ddtctl.ops.packages import venv_python
 
 DIST = "sglang-router"
 CHECK = "import sglang_router.launch_router; from sglang_router.version import __version__; print(__version__)"
-
-
-def probe(transport, python: str, mode: str, *args: str, timeout: float) -> tuple[dict | None, str]:
-    """Run release_probe MODE on the target: (its JSON, "") or (None, why not)."""
-    try:
-        res = transport.run([python, "-c", release_probe.source(), mode, *args], timeout=timeout)
-    except CommandTimeout:
-        return None, f"{python} did not finish the {mode} check within {timeout:.0f} s"
-    if not res.ok:
-        tail = (res.err_text or res.text).strip().splitlines()[-3:]
-        return None, f"{python} exited {res.exit_code} in the {mode} check" + (f": {' | '.join(tail)}" if tail else "")
-    try:
-        return json.loads(res.text.strip().splitlines()[-1]), ""
-    except (ValueError, IndexError):
-        return None, f"the {mode} check printed no JSON"
 
 
 def requirement(host) -> str:
@@ -77,7 +62,7 @@ def verify(transport, layout: releases.Layout, rid: str, python: str, fingerprin
     venv_py = posixpath.join(rel, "venv", "bin", "python")
     if not transport.run(["test", "-d", rel], timeout=60).ok:
         return releases.Verification(False, "missing", ["not installed"])
-    doc, why = probe(transport, python, "check", rel, timeout=releases.PROBE_TIMEOUT_S)
+    doc, why = releases.probe(transport, python, "check", rel, timeout=releases.PROBE_TIMEOUT_S)
     if doc is None:
         return releases.Verification(False, "manifest", [why])
     out = releases.Verification(False, "manifest", doc["problems"], doc["files"], doc["hashed"])
@@ -99,7 +84,7 @@ def verify(transport, layout: releases.Layout, rid: str, python: str, fingerprin
         out.problems = [f"importing sglang_router exited {res.exit_code}: "
                         f"{(res.text + res.err_text).strip()[-300:] or 'no output'} (expected version {version})"]
         return out
-    deps, why = probe(transport, venv_py, "deps", DIST, timeout=releases.ENTRY_POINT_TIMEOUT_S)
+    deps, why = releases.probe(transport, venv_py, "deps", DIST, timeout=releases.ENTRY_POINT_TIMEOUT_S)
     out.stage = "deps"
     if deps is None or not deps["ok"]:
         out.problems = [why] if deps is None else deps["problems"]
@@ -124,7 +109,7 @@ def install(transport, layout: releases.Layout, rid: str, python: str, p: packag
         for argv in [[python, "-m", "venv", *p.venv_args, venv], *[[*pip, *args] for args in p.pip_installs]]:
             transport.run(argv, timeout=releases.INSTALL_TIMEOUT_S).check()
         doc = {"version_id": rid, "fingerprint": p.fingerprint}
-        _, why = probe(transport, python, "write", rel, json.dumps(doc), timeout=releases.PROBE_TIMEOUT_S)
+        _, why = releases.probe(transport, python, "write", rel, json.dumps(doc), timeout=releases.PROBE_TIMEOUT_S)
         if why:
             raise RemoteError(f"{transport.name}: writing the release manifest failed: {why}")
         check = verify(transport, layout, rid, python, p.fingerprint, version)
@@ -167,10 +152,4 @@ def router_release_step(host, transport, layout, old, run, dry_run, progress_fac
         again = "" if check.stage == "missing" else f"re-installed, was {check.summary()}; "
         run.step("release", "changed", f"{again}installed {rid} ({how}{sent}; {after.summary()})", t)
         run.reinstalled = old == rid
-    if old == rid:
-        return False
-    if not dry_run:
-        releases.switch(transport, layout, rid)
-        run.result.current_release = rid
-    run.step("current", "planned" if dry_run else "changed", f"{old or '(none)'} -> {rid}")
-    return True
+    return releases.point_current(transport, layout, old, rid, run, dry_run)
