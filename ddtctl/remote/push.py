@@ -186,10 +186,12 @@ def push_file(ops: ExecFileOps, local: Path | str, remote: str, *, mode: int = 0
         ops.remove(part)
         part_size = None
     done = offset
+    transferred = 0   # bytes written by this call, over every attempt
 
     def sent(n: int) -> None:
-        nonlocal done
+        nonlocal done, transferred
         done += n
+        transferred += n
         if progress:
             progress(done, total)
 
@@ -217,4 +219,4 @@ def push_file(ops: ExecFileOps, local: Path | str, remote: str, *, mode: int = 0
         raise TransferError(f"{ops.name}: sha256 mismatch after pushing {local} to {remote}: "
                             f"expected {digest}, destination has {got}")
     ops.commit(part, remote, mode)
-    return PutResult(total - offset, digest, False)
+    return PutResult(transferred, digest, False)

@@ -74,7 +74,8 @@ class Result:
 class PutResult:
     """Outcome of ``Transport.put``.
 
-    bytes_sent: bytes transferred by this call (0 when skipped; the remainder when resumed), bytes.
+    bytes_sent: bytes written by this call over all its attempts (0 when skipped; from the verified
+        partial file on when resumed), bytes.
     sha256: hex digest of the file, verified on the destination.
     skipped: True when the destination already had exactly this content.
     """
