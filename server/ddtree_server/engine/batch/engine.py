@@ -32,10 +32,11 @@ class StepInfo:
 class BatchEngine:
     """Scheduler + step runner; see the module docstring. Not thread-safe (one worker thread)."""
 
-    def __init__(self, target, drafter, *, max_running: int, max_len: int, device, poison: bool = False):
+    def __init__(self, target, drafter, *, max_running: int, max_len: int, device, poison: bool = False,
+                 graphs: bool | None = None):
         self.scheduler = Scheduler(max_running)
         self.runner = StepRunner(target, drafter, slots=max_running, max_len=max_len, device=device,
-                                 poison=poison)
+                                 poison=poison, graphs=graphs)
         self.block_size = self.runner.block_size
         self.last = StepInfo()
         self.steps = 0
