@@ -145,10 +145,11 @@ class BatchEngine:
         for req, n in chunks:
             t = time.perf_counter()
             tokens = self.runner.prefill(req, n)
-            req.t_decode = time.perf_counter()
-            req.prefill_s += req.t_decode - t
+            now = time.perf_counter()
+            req.prefill_s += now - t   # the prompt's forwards (interleaved rounds not counted)
             ptoks += n
             if tokens is not None:
+                req.t_decode = now
                 made += 1
                 self._feed(req, tokens, out)
         t_prefill = time.perf_counter() - t0
