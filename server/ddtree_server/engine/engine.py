@@ -107,7 +107,6 @@ class Engine:
             raise ValueError(f"prefill_chunk must be >= 0 tokens (0: whole prompts), got {prefill_chunk}")
         if prefill_chunk is None:
             prefill_chunk = CUDA_PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
-        self.slot_bytes = self._slot_bytes()
         slots = self._default_running(max_running, fraction)
         poison = bool(int(os.environ.get(POISON_ENV, "0") or 0)) if poison_freed_slots is None else poison_freed_slots
         self.batch = BatchEngine(target, drafter, max_running=slots, max_len=self.max_model_len,
@@ -168,13 +167,16 @@ class Engine:
 
     def _slot_bytes(self) -> int:
         """Bytes of one slot's caches (the target's KV / GDN state and the drafter's context K/V at
-        max_model_len), measured on one cache built here (0 for targets without slot pools)."""
-        if not self._batched():
-            return 0
+        max_model_len), measured on one cache built here and freed (the CUDA sizing)."""
         per_slot = cache_bytes(self.target.new_cache(self.max_model_len + 1))
         if self.drafter is not None:
             per_slot += cache_bytes(self.drafter.new_cache(self.max_model_len + 1 + self.block_size))
         return per_slot
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one request slot as allocated (``batch.slot_bytes``; /metrics)."""
+        return self.batch.slot_bytes
 
     def _default_running(self, asked: int | None, fraction: float) -> int:
         if not self._batched():
@@ -183,8 +185,9 @@ class Engine:
             return int(asked)
         if self.device.type != "cuda":
             return CPU_MAX_RUNNING
+        per_slot = self._slot_bytes()
         free, _ = torch.cuda.mem_get_info(self.device)
-        return max(1, min(CUDA_MAX_RUNNING, int(fraction * free) // max(self.slot_bytes, 1)))
+        return slots_for(free, per_slot, fraction)
 
     @property
     def max_concurrency(self) -> int:
@@ -256,3 +259,8 @@ class Engine:
             text += ev.text
             stats = ev.stats or stats
         return text, stats
+
+
+def slots_for(free_bytes: int, slot_bytes: int, fraction: float, cap: int = CUDA_MAX_RUNNING) -> int:
+    """Slots that ``fraction`` of ``free_bytes`` holds at ``slot_bytes`` each: at least 1, at most ``cap``."""
+    return max(1, min(cap, int(fraction * free_bytes) // max(slot_bytes, 1)))

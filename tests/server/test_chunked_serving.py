@@ -1,10 +1,12 @@
-"""A long prompt's chunked prefill keeps the worker's stall rule fed: each chunk is its own engine
-step, so the round age the rule reads restarts at every chunk (no layer beacon needed).
+"""Chunked prefill in the server: the stall rule and the slot memory in /metrics.
 
-The real Worker, app and tiny Engine (tests/server/api_tiny.py) with ``prefill_chunk`` 8: every
-prompt chunk is slowed by a sleep so that the whole prefill lasts longer than ``--stall-seconds``
-while no single step does; /health must never report a stall and each chunk must start a new
-round.
+A long prompt's chunked prefill keeps the worker's stall rule fed: each chunk is its own engine
+step, so the round age the rule reads restarts at every chunk (no layer beacon needed). The real
+Worker, app and tiny Engine (tests/server/api_tiny.py) with ``prefill_chunk`` 8: every prompt
+chunk is slowed by a sleep so that the whole prefill lasts longer than ``--stall-seconds`` while
+no single step does; /health must never report a stall and each chunk must start a new round.
+/metrics then shows the slots' memory (``BatchEngine.memory``), and ``--kv-memory-fraction``
+sizes the CUDA default of ``--max-running``.
 """
 
 from __future__ import annotations
@@ -84,3 +86,16 @@ def test_step_metrics_count_mixed_steps_and_prompt_tokens():
     text = m.render().decode()
     assert 'ddtree_step_seconds_count{kind="mixed"} 1.0' in text and "ddtree_prefill_tokens_total 572.0" in text
     assert "ddtree_step_tokens_count 1.0" in text
+
+
+def test_kv_memory_fraction_sizes_the_slots():
+    import pytest
+
+    from ddtree_server.engine.engine import slots_for
+
+    gib = 2**30
+    assert slots_for(80 * gib, gib, 0.5) == 40 and slots_for(80 * gib, gib, 0.9) == 64   # the cap
+    assert slots_for(gib // 2, gib, 0.5) == 1 and slots_for(80 * gib, gib, 0.25, cap=8) == 8
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="kv_memory_fraction"):
+            Engine(tiny_target(), TinyTokenizer(), eos_token_ids=[EOS], max_model_len=32, kv_memory_fraction=bad)
