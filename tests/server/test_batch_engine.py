@@ -145,6 +145,26 @@ def test_32_random_requests_equal_alone_and_ar(request, kind):
     target.capture_layers = []
 
 
+def test_padded_graph_layout_equals_alone_and_ar(dense, monkeypatch):
+    """The padded layout of the batched-round CUDA graphs (engine/batch/graphs.py: blocks padded to
+    a row bucket, the batch to a batch bucket on a scratch slot), run eagerly on the CPU: every
+    request's tokens are still its own alone and ``ar``'s, over many rounds and slot reuses."""
+    from ddtree_server.engine.batch import graphs as batch_graphs
+
+    monkeypatch.setenv("DDTREE_BATCH_GRAPHS", "1")
+    monkeypatch.setattr(batch_graphs, "WASTE", 1e9)   # pad plain rows to trees too: every round padded
+    dense.capture_layers = LAYERS
+    specs = _specs(seed=29, count=12)
+    drafter, ar = _oracle(dense, specs)
+    engine = Engine(dense, ByteTokenizer(), drafter, eos_token_ids=[EOS], max_model_len=MAX_LEN,
+                    max_running=6, poison_freed_slots=True)
+    graphs = engine.batch.runner.graphs
+    assert graphs is not None and graphs.scratch == 6
+    _check(engine, specs, ar)
+    assert graphs.rounds > 15
+    dense.capture_layers = []
+
+
 def _real_drafter(target, block=6):
     from ddtree_server.models.drafter.config import DrafterConfig
     from ddtree_server.models.drafter.model import DFlashDrafter

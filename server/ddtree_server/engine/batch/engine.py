@@ -57,12 +57,12 @@ class BatchEngine:
     """Scheduler + step runner; see the module docstring. Not thread-safe (one worker thread)."""
 
     def __init__(self, target, drafter, *, max_running: int, max_len: int, device, poison: bool = False,
-                 prefill_chunk: int | None = None):
+                 graphs: bool | None = None, prefill_chunk: int | None = None):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 tokens (None: whole prompts), got {prefill_chunk}")
         self.scheduler = Scheduler(max_running)
         self.runner = StepRunner(target, drafter, slots=max_running, max_len=max_len, device=device,
-                                 poison=poison)
+                                 poison=poison, graphs=graphs)
         # targets without our forward (transformers runner) prefill whole prompts
         self.prefill_chunk = prefill_chunk if self.runner.kind is not None else None
         self.block_size = self.runner.block_size

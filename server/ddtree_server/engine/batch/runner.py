@@ -11,6 +11,8 @@ the per-request forward on the slot's cache, which on CUDA is the Triton-kernel 
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -22,13 +24,20 @@ from ddtree_server.engine.batch.forward import (
     dense_forward,
     hybrid_forward,
 )
+from ddtree_server.engine.batch.graphs import BatchGraphs
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.request import Request
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.model import HybridTarget
+from ddtree_server.models.layers import kernels_usable
 from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
 from ddtree_server.speculative.walk import accepted_tokens, walk
+
+
+# "0": batched rounds never take graphs; "1": always the padded layout (graph-replayed on CUDA, run
+# eagerly elsewhere: the CPU tests of the padding); unset: on for dense targets on the kernel path
+GRAPHS_ENV = "DDTREE_BATCH_GRAPHS"
 
 
 def _raw(module, attr: str):
@@ -38,12 +47,22 @@ def _raw(module, attr: str):
 class StepRunner:
     """Slot pools of the target (and drafter) caches and the forwards over them."""
 
-    def __init__(self, target, drafter, *, slots: int, max_len: int, device, poison: bool = False):
+    def __init__(self, target, drafter, *, slots: int, max_len: int, device, poison: bool = False,
+                 graphs: bool | None = None):
         self.target, self.drafter, self.device, self.poison_freed = target, drafter, device, poison
         self.model = _raw(target, "model")
         self.kind = "hybrid" if isinstance(self.model, HybridTarget) else \
             "dense" if isinstance(self.model, TargetModel) else None
-        self.caches = SlotPool(lambda: target.new_cache(max_len + 1), slots, pooled=self.kind is not None)
+        cuda = torch.device(device).type == "cuda"
+        flag = os.environ.get(GRAPHS_ENV, "").strip()
+        if graphs is None and flag in ("0", "1"):
+            graphs = flag == "1"
+        if graphs is None:  # CUDA graphs of batched rounds: dense targets on the kernel path
+            graphs = cuda and self.kind == "dense" and kernels_usable(self.model.head_dim, self.model.embed_tokens.weight)
+        graphs = graphs and self.kind == "dense"
+        # with graphs the pool's last slot is the scratch slot of padding blocks (engine/batch/graphs.py)
+        self.caches = SlotPool(lambda: target.new_cache(max_len + 1), slots + graphs, pooled=self.kind is not None)
+        self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda) if graphs else None
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
         self.dcaches = None
         if drafter is not None:
@@ -51,7 +70,7 @@ class StepRunner:
             self.dcaches = SlotPool(lambda: drafter.new_cache(max_len + 1 + self.block_size), slots,
                                     pooled=isinstance(self.raw_drafter, DFlashDrafter))
         self.batched = self.kind is not None
-        cuda = torch.device(device).type == "cuda"  # pinned buffers for the batch-1 path's small copies
+        # pinned buffers for the batch-1 path's small copies
         self._inputs_buf, self._rows_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
 
     # ---- slots --------------------------------------------------------------------------------
@@ -151,20 +170,26 @@ class StepRunner:
         trees = [self._tree(r, *drafts.get(id(r), (None, None))) for r in reqs]
         blocks = [Block(r.slot, r.s, t.tokens, t.depths, None if t.is_chain else t.ancestors())
                   for r, t in zip(reqs, trees)]
-        lay = Layout(blocks, self.device)
         caches = [self.caches[r.slot] for r in reqs]
         k, v = self._kv()
-        if self.kind == "dense":
-            logits, feats = dense_forward(self.model, k, v, lay)
-            for c, blk, n in zip(caches, blocks, lay.sizes):
-                c.length = blk.s + n
+        shape = self.graphs.shape(blocks) if self.graphs is not None else None
+        if shape is not None:   # padded layout, graph replay: each block's rows start at starts[i]
+            logits, feats, starts = self.graphs.forward(blocks, shape)
         else:
-            logits, feats = hybrid_forward(self.model, caches, k, v, lay)
+            lay = Layout(blocks, self.device)
+            starts = lay.offsets[:-1]
+            if self.kind == "dense":
+                logits, feats = dense_forward(self.model, k, v, lay)
+            else:
+                logits, feats = hybrid_forward(self.model, caches, k, v, lay)
+        if self.kind == "dense":
+            for c, blk in zip(caches, blocks):
+                c.length = blk.s + len(blk.ids)
         plain = all(r.params.greedy and r.processor is None for r in reqs)
         choices = logits.argmax(dim=-1).tolist() if plain else None
         out = []
-        for i, (r, t) in enumerate(zip(reqs, trees)):
-            a, b = lay.offsets[i], lay.offsets[i + 1]
+        for r, t, a in zip(reqs, trees, starts):
+            b = a + t.size
             out.append(self._commit(r, t, logits[a:b], None if feats is None else feats[a:b],
                                     None if choices is None else choices[a:b]))
         return out
