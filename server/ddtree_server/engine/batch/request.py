@@ -33,7 +33,9 @@ class Request:
 
     ``s``: committed target length (prompt + accepted tokens, the bonus excluded); ``bonus``: the
     verified token at position s, not yet in the cache; ``ctx``: target features of the tokens
-    the drafter has not seen. ``processor``: an optional per-request logits processor
+    the drafter has not seen. ``prefilled``: prompt tokens in the slot's cache so far (chunked
+    prefill; the request decodes once it is the whole prompt); ``ctx_parts``: the prompt
+    chunks' features until the last chunk joins them into ``ctx``. ``processor``: an optional per-request logits processor
     (``active``, ``process(logits, parents, tokens)``, ``commit(tokens)``); while active, the
     request's choices go through it (``choose``).
     """
@@ -59,6 +61,13 @@ class Request:
     prefill_s: float = 0.0
     t_decode: float = 0.0
     scored: Tensor | None = None      # the last choice's (processed) rows, until accept
+    prefilled: int = 0
+    ctx_parts: list[Tensor] = field(default_factory=list)
+
+    @property
+    def prefilling(self) -> bool:
+        """True until the whole prompt is in the slot's cache (the first token follows it)."""
+        return self.prefilled < len(self.prompt_ids)
 
     @property
     def cancelled(self) -> bool:

@@ -1,4 +1,4 @@
-"""Step runner: the model I/O of the batch engine (prefill of one request, one decode round of many).
+"""Step runner: the model I/O of the batch engine (a prompt chunk of one request, a decode round of many).
 
 A decode round over requests R: drafts for the speculative ones (one batched drafter forward),
 their trees (DFlash: the chain of draft argmaxes; DDTree: best-first, ``spec/tree.py``), ONE target
@@ -90,17 +90,32 @@ class StepRunner:
         return pool.pool("k"), pool.pool("v")
 
     # ---- prefill ------------------------------------------------------------------------------
-    def prefill(self, req: Request) -> list[int]:
-        """The whole prompt in one forward on the request's slot; returns ``[first token]``."""
-        cache, n = self.caches[req.slot], len(req.prompt_ids)
-        ids = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device)
+    def prefill(self, req: Request, n: int | None = None) -> list[int] | None:
+        """The next ``n`` prompt tokens (None: the rest) in one forward on the request's slot, after
+        the ``req.prefilled`` already there: positions continue, dense KV extends, a hybrid's GDN
+        recurrent / conv states carry over (a causal ``last_only`` block is committed at once).
+        Returns ``[first token]`` after the last chunk, else None (no logits are used before)."""
+        p, total = req.prefilled, len(req.prompt_ids)
+        n = total - p if n is None else n
+        if n <= 0 or p + n > total:
+            raise ValueError(f"prompt chunk [{p}, {p + n}) outside the prompt of {total} tokens")
+        cache = self.caches[req.slot]
+        if cache.length != p:
+            raise RuntimeError(f"slot {req.slot} holds {cache.length} rows, the prompt chunk starts at {p}")
+        ids = torch.tensor(req.prompt_ids[p:p + n], dtype=torch.long, device=self.device)
         # slot 0 may take the CUDA graphs (bound to its storage); other slots run eagerly
         model = self.target if req.slot == 0 else self.model
-        logits, ctx = model.forward(cache, ids, torch.arange(n, device=self.device), last_only=True)
-        token = req.choose(logits, [-1], [req.prompt_ids[-1]], [n])[0]
-        req.s, req.bonus = n, token
-        req.accept([token])  # the prefill row chose it
-        req.ctx = ctx.clone() if ctx is not None and req.mode != "ar" else None
+        logits, ctx = model.forward(cache, ids, torch.arange(p, p + n, device=self.device), last_only=True)
+        req.prefilled = p + n
+        if ctx is not None and req.mode != "ar":
+            req.ctx_parts.append(ctx.clone())   # graphed forwards return views of static buffers
+        if req.prefilled < total:
+            return None
+        token = req.choose(logits, [-1], [req.prompt_ids[-1]], [total])[0]
+        req.s, req.bonus = total, token
+        req.accept([token])  # the last chunk's last row chose it
+        parts, req.ctx_parts = req.ctx_parts, []
+        req.ctx = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
         return [token]
 
     # ---- decode round -------------------------------------------------------------------------
