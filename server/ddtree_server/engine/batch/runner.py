@@ -24,6 +24,7 @@ from ddtree_server.engine.batch.forward import (
     dense_forward,
     hybrid_forward,
 )
+from ddtree_server.engine.batch.draft_graphs import DraftGraphs
 from ddtree_server.engine.batch.graphs import BatchGraphs
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.request import Request
@@ -54,21 +55,23 @@ class StepRunner:
         self.kind = "hybrid" if isinstance(self.model, HybridTarget) else \
             "dense" if isinstance(self.model, TargetModel) else None
         cuda = torch.device(device).type == "cuda"
-        flag = os.environ.get(GRAPHS_ENV, "").strip()
-        if graphs is None and flag in ("0", "1"):
-            graphs = flag == "1"
-        if graphs is None:  # CUDA graphs of batched rounds: dense targets on the kernel path
-            graphs = cuda and self.kind == "dense" and kernels_usable(self.model.head_dim, self.model.embed_tokens.weight)
-        graphs = graphs and self.kind == "dense"
+        want = graphs if graphs is not None else {"0": False, "1": True}.get(os.environ.get(GRAPHS_ENV, "").strip())
+        # CUDA graphs of batched rounds: dense targets on the kernel path; the drafter on CUDA
+        graphs = self.kind == "dense" and (want if want is not None else
+                                           cuda and kernels_usable(self.model.head_dim, self.model.embed_tokens.weight))
         # with graphs the pool's last slot is the scratch slot of padding blocks (engine/batch/graphs.py)
         self.caches = SlotPool(lambda: target.new_cache(max_len + 1), slots + graphs, pooled=self.kind is not None)
         self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda) if graphs else None
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
-        self.dcaches = None
+        self.dcaches = self.draft_graphs = None
         if drafter is not None:
             self.raw_drafter = _raw(drafter, "drafter")
-            self.dcaches = SlotPool(lambda: drafter.new_cache(max_len + 1 + self.block_size), slots,
-                                    pooled=isinstance(self.raw_drafter, DFlashDrafter))
+            pooled = isinstance(self.raw_drafter, DFlashDrafter)
+            dgraphs = pooled and (want if want is not None else cuda)   # + a scratch slot (draft_graphs.py)
+            self.dcaches = SlotPool(lambda: drafter.new_cache(max_len + 1 + self.block_size), slots + dgraphs,
+                                    pooled=pooled)
+            self.draft_graphs = DraftGraphs(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
+                                            capture=cuda) if dgraphs else None
         self.batched = self.kind is not None
         # pinned buffers for the batch-1 path's small copies
         self._inputs_buf, self._rows_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
@@ -158,11 +161,12 @@ class StepRunner:
         spec = [r for r in reqs if r.mode != "ar"]
         drafts: dict[int, tuple] = {}
         if spec:
-            if self.dcaches.pooled:
-                dk, dv = self.dcaches.pool("k"), self.dcaches.pool("v")
-                logits = propose_batch(self.raw_drafter, dk, dv, [self.dcaches[r.slot] for r in spec],
-                                       [r.slot for r in spec], [r.ctx for r in spec], [r.bonus for r in spec],
-                                       [r.s for r in spec])
+            args = ([self.dcaches[r.slot] for r in spec], [r.slot for r in spec], [r.ctx for r in spec],
+                    [r.bonus for r in spec], [r.s for r in spec])
+            if self.draft_graphs is not None:
+                logits = self.draft_graphs.propose(*args)
+            elif self.dcaches.pooled:
+                logits = propose_batch(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"), *args)
             else:
                 logits = torch.stack([self.drafter.propose(self.dcaches[r.slot], r.ctx, r.bonus, r.s) for r in spec])
             chains = logits.argmax(dim=-1).tolist() if any(r.mode == "dflash" for r in spec) else [None] * len(spec)
