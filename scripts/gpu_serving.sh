@@ -35,13 +35,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
 B="python3 -m ddtree_server.bench --commit $COMMIT --no-download --data-dir $WHEELS --device cuda"
 MODES=${DDTREE_MODES:-ar,dflash,ddtree}
-step concurrency 230 $B --gguf "$GGUF" --drafter "$DRAFTER" --concurrency 1,8,32,64 --datasets gsm8k,humaneval \
+step concurrency 200 $B --gguf "$GGUF" --drafter "$DRAFTER" --concurrency 1,8,32,64 --datasets gsm8k,humaneval \
   --max-prompts 64 --max-new-tokens 256 --modes "$MODES" --budgets 16 --out "$OUT/concurrency"
-step batch-smol 45 $B --random-shape smollm2-135m --batch 1,8,32,64 --context-len 512 --iters 20 --out "$OUT/batch"
-step batch-8b 60 $B --random-shape qwen3-8b --batch 1,8,32 --context-len 1024 --iters 10 --out "$OUT/batch"
-step batch-27b 70 $B --random-shape qwen3.6-27b --batch 1,8 --context-len 1024 --iters 5 --out "$OUT/batch"
-step interference-8b 70 $B --random-shape qwen3-8b --interference 16384 --batch 8 --prefill-chunk 512,0 \
+step batch-smol 40 $B --random-shape smollm2-135m --batch 1,8,32,64 --context-len 512 --iters 20 --out "$OUT/batch"
+step batch-8b 55 $B --random-shape qwen3-8b --batch 1,8,32 --context-len 1024 --iters 10 --out "$OUT/batch"
+step batch-27b 60 $B --random-shape qwen3.6-27b --batch 1,8 --context-len 1024 --iters 5 --out "$OUT/batch"
+step interference-8b 60 $B --random-shape qwen3-8b --interference 16384 --batch 8 --prefill-chunk 512,0 \
   --context-len 1024 --iters 20 --out "$OUT/interference"
-step constrained 60 python3 -m ddtree_server.bench.constrained --out "$OUT/constrained" --gguf "$GGUF" \
+step constrained 50 python3 -m ddtree_server.bench.constrained --out "$OUT/constrained" --gguf "$GGUF" \
   --drafter "$DRAFTER" --device cuda --dtype bf16 --budgets 16 --prompts 4 --max-new-tokens 256
 echo "done $(date -u +%T)" | tee -a "$LOG"
