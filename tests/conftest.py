@@ -13,22 +13,25 @@ from __future__ import annotations
 
 import pytest
 
-# session fixture -> group: the tests using it run on one worker, which builds it once
+# session fixture (defining module, name) -> group: the tests using it run on one worker, which
+# builds it once. Keyed by where the fixture is defined, not by its name alone: a module may define
+# its own fixture of the same name (test_router_fleet.py's module-scoped `fleet`), which is that
+# module's own group, not the shared one.
 SHARED_SESSION_FIXTURES = {
-    "api_server": "api-server",          # a real ddtree-server process with SmolLM2 (test_api_*.py)
-    "fleet": "fleet",                    # the two-node test fleet with deployed services (tests/fleet)
+    ("tests.server.api_fixtures", "api_server"): "api-server",  # a real ddtree-server with SmolLM2 (test_api_*.py)
+    ("tests.fleet.fleet_fixtures", "fleet"): "fleet",           # the 3-container test fleet (test_fleet_e2e.py)
 }
 MODULE_SCOPES = {"module", "package", "class"}
 LONG_MARKERS = ("slow", "fleet", "kernels")
 
 
 def _group(item) -> str | None:
-    names = set(getattr(item, "fixturenames", ()))
-    for fixture, group in SHARED_SESSION_FIXTURES.items():
-        if fixture in names:
-            return group
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
+    for chain in defs:                   # chain[-1]: the definition the test gets
+        group = SHARED_SESSION_FIXTURES.get((getattr(chain[-1].func, "__module__", None), chain[-1].argname))
+        if group:
+            return group
     if any(d.scope in MODULE_SCOPES for chain in defs for d in chain):
         return item.nodeid.split("::")[0]
     return None
