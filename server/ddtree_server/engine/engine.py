@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ddtree_server.engine.batch import BatchEngine, GenerationEvent, Request
+from ddtree_server.engine.batch.policy import POLICIES, Profile, SpecPolicy
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.engine.processors import RequestProcessor
 from ddtree_server.engine.stats import DecodeStats
@@ -54,6 +55,11 @@ class Engine:
             from free memory on CUDA; 1 for targets without a batched forward (HFRunner).
         poison_freed_slots: fill a freed slot's caches with NaN (debug; default from the
             DDTREE_POISON_FREED_SLOTS environment variable).
+        spec_policy: ``auto``: the speculation policy (engine/batch/policy.py) chooses every
+            ``ddtree`` request's tree round by round under one global node budget (its tree
+            budget is a cap); ``fixed``: every request runs its mode and budget as given.
+            The server's default is ``auto`` (config.py); built directly, ``fixed``.
+        profile: the policy's time profile (policy.Profile); None: measured at start-up.
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
     """
@@ -62,7 +68,8 @@ class Engine:
                  max_model_len: int | None = None, tree_mode_available: bool = True,
                  default_mode: str | None = None, tree_budget: int | None = None,
                  eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True,
-                 max_running: int | None = None, poison_freed_slots: bool | None = None):
+                 max_running: int | None = None, poison_freed_slots: bool | None = None,
+                 spec_policy: str = "fixed", profile: Profile | None = None):
         device = target.embed_tokens.weight.device
         graphed = families.graphed(target) if cuda_graphs and device.type == "cuda" else None
         if graphed is not None:  # a family of ours: its CUDA-graph wrapper (models/families.py)
@@ -91,8 +98,12 @@ class Engine:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
         slots = self._default_running(max_running)
         poison = bool(int(os.environ.get(POISON_ENV, "0") or 0)) if poison_freed_slots is None else poison_freed_slots
+        if spec_policy not in POLICIES:
+            raise ValueError(f"unknown spec policy {spec_policy!r}; use one of {', '.join(POLICIES)}")
+        policy = SpecPolicy(profile) if spec_policy == "auto" and self.spec_available else None
         self.batch = BatchEngine(target, drafter, max_running=slots, max_len=self.max_model_len,
-                                 device=device, poison=poison)
+                                 device=device, poison=poison, policy=policy)
+        self.spec_policy = "auto" if self.batch.runner.policy is not None else "fixed"
         self._grammars = None
         self._grammars_lock = threading.Lock()
         self.messages: list[str] = []  # start-up lines (set by engine.factory.load_engine)
@@ -190,7 +201,8 @@ class Engine:
             proc = RequestProcessor(params, prompt_ids, self.vocab_size, self.device)
             processor = proc if proc.active or proc.wants_logprobs else None
         return Request(rid=rid, prompt_ids=prompt_ids, params=params, mode=mode, budget=budget,
-                       checker=checker, seed=int(seed), cancel=cancel, processor=processor)
+                       checker=checker, seed=int(seed), cancel=cancel, processor=processor,
+                       governed=mode == "ddtree" and self.spec_policy == "auto")
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, mode: str | None = None,
                  tree_budget: int | None = None, cancel: threading.Event | None = None

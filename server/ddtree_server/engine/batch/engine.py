@@ -21,21 +21,25 @@ from ddtree_server.engine.batch.scheduler import Scheduler
 
 @dataclass
 class StepInfo:
-    """What the last step did: ``kind`` prefill / decode, requests in it, tokens it produced, seconds."""
+    """What the last step did: ``kind`` prefill / decode, requests in it, tokens it produced,
+    seconds; for a decode round also its draft nodes and tree kinds."""
 
     kind: str = "idle"
     batch: int = 0
     tokens: int = 0
     seconds: float = 0.0
+    nodes: int = 0                      # decode: draft nodes verified over all requests (N)
+    kinds: dict | None = None           # decode: requests per tree kind (plain / chain / tree)
 
 
 class BatchEngine:
     """Scheduler + step runner; see the module docstring. Not thread-safe (one worker thread)."""
 
-    def __init__(self, target, drafter, *, max_running: int, max_len: int, device, poison: bool = False):
+    def __init__(self, target, drafter, *, max_running: int, max_len: int, device, poison: bool = False,
+                 policy=None):
         self.scheduler = Scheduler(max_running)
         self.runner = StepRunner(target, drafter, slots=max_running, max_len=max_len, device=device,
-                                 poison=poison)
+                                 poison=poison, policy=policy)
         self.block_size = self.runner.block_size
         self.last = StepInfo()
         self.steps = 0
@@ -117,6 +121,7 @@ class BatchEngine:
                     req.produced += len(tokens)
                     made += len(tokens)
                 self._feed(req, tokens, out)
-            self.last = StepInfo("decode", len(reqs), made, time.perf_counter() - t0)
+            info = self.runner.last
+            self.last = StepInfo("decode", len(reqs), made, time.perf_counter() - t0, info.nodes, dict(info.kinds))
         self.steps += 1
         return out
