@@ -157,3 +157,45 @@ def test_good_drafter_keeps_trees(dense):
         assert st.mean_acceptance_length > 2.0 and st.mean_tree_nodes > 1.0, st
         assert [t for ev in evs for t in ev.token_ids] == got[s["rid"]]
     dense.capture_layers = []
+
+
+def test_bench_runs_the_policy_as_a_method(dense):
+    from ddtree_server.bench.concurrency import closed_loop
+
+    dense.capture_layers = LAYERS
+    specs = _specs(seed=2, count=3)
+    drafter, _ = oracle_drafter(dense, specs)
+    engine = _engine(dense, drafter, max_running=3, profile=GPU_LIKE)
+    prompts = [s["prompt"] for s in specs]
+    row = closed_loop(engine, prompts, mode="policy", budget=8, concurrency=3, max_new_tokens=8)
+    fixed = closed_loop(engine, prompts, mode="ddtree", budget=8, concurrency=3, max_new_tokens=8)
+    assert row["requests"] == fixed["requests"] == 3 and row["tokens"] == fixed["tokens"]
+    dense.capture_layers = []
+
+
+@pytest.mark.slow
+def test_smollm2_with_the_shipped_drafter_keeps_trees_and_equals_ar(smollm2):
+    """The real SmolLM2 and the shipped drafter (CPU fp32): the policy keeps its trees (under a
+    profile where rows are nearly free, as on a GPU) and every request's text equals ``ar``."""
+    from ddtree_server.models import default
+    from ddtree_server.models.drafter.load import load_drafter
+
+    cfg, model = smollm2.config, smollm2.model
+    drafter = load_drafter(default.default_drafter_dir(), embed_tokens=model.embed_tokens, lm_head=model.lm_head,
+                           target_hidden_size=cfg.hidden_size, target_num_layers=cfg.num_hidden_layers,
+                           target_vocab_size=cfg.vocab_size, device="cpu", dtype=model.embed_tokens.weight.dtype)
+    engine = Engine(model, smollm2.tokenizer, drafter, max_model_len=512, eos_token_ids=smollm2.eos_token_ids,
+                    max_running=2, spec_policy="auto", profile=Profile.linear(1.0, 0.002, draft=0.1))
+    questions = ["Write a Python function that returns the n-th Fibonacci number iteratively.",
+                 "How many clips did Natalia sell if she sold 48 in April and half as many in May?"]
+    params = dict(max_tokens=32, ignore_eos=True)
+    specs = [dict(rid=f"q{i}", prompt=engine.encode(q), mode="ddtree", budget=b, arrive=i, cancel_after=None,
+                  params=params) for i, (q, b) in enumerate(zip(questions, [64, 6]))]
+    got, _ = run_batched(engine, specs)
+    for s in specs:
+        ar = [t for ev in engine.generate(s["prompt"], SamplingParams(**params), mode="ar") for t in ev.token_ids]
+        evs = list(engine.generate(s["prompt"], SamplingParams(**params), tree_budget=s["budget"]))
+        assert got[s["rid"]] == ar == [t for ev in evs for t in ev.token_ids]
+        st = evs[-1].stats
+        assert st.tree_rounds + st.chain_rounds >= 0.8 * st.decode_rounds and st.mean_acceptance_length > 1.5, st
+    model.capture_layers = []

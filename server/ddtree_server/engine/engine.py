@@ -176,8 +176,10 @@ class Engine:
 
     def make_request(self, prompt_ids: list[int], params: SamplingParams, *, mode: str | None = None,
                      tree_budget: int | None = None, cancel: threading.Event | None = None,
-                     rid: str = "", processor=None) -> Request:
-        """A validated request for ``self.batch`` (see ``generate`` for the checks)."""
+                     rid: str = "", processor=None, spec_policy: str | None = None) -> Request:
+        """A validated request for ``self.batch`` (see ``generate`` for the checks); ``spec_policy``
+        (``auto`` / ``fixed``; None: the engine's) says whether the policy governs a ddtree request
+        (only an engine built with ``spec_policy="auto"`` has one)."""
         params.validate()
         mode = self._check_mode(mode or self.default_mode)
         prompt_ids = [int(t) for t in prompt_ids]
@@ -202,7 +204,7 @@ class Engine:
             processor = proc if proc.active or proc.wants_logprobs else None
         return Request(rid=rid, prompt_ids=prompt_ids, params=params, mode=mode, budget=budget,
                        checker=checker, seed=int(seed), cancel=cancel, processor=processor,
-                       governed=mode == "ddtree" and self.spec_policy == "auto")
+                       governed=mode == "ddtree" and self.spec_policy == "auto" and spec_policy != "fixed")
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, mode: str | None = None,
                  tree_budget: int | None = None, cancel: threading.Event | None = None

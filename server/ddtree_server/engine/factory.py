@@ -23,7 +23,7 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
                 target_layer_ids: list[int] | None = None, device: str = "cpu", dtype: str = "fp32",
                 mode: str | None = None, tree_budget: int | None = None,
                 max_model_len: int | None = None, model_id: str | None = None,
-                max_running: int | None = None) -> Engine:
+                max_running: int | None = None, spec_policy: str = "fixed") -> Engine:
     """Load models and return a ready Engine; ``engine.messages`` holds the start-up lines.
 
     Raises:
@@ -69,10 +69,11 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
     engine = Engine(loaded.model, loaded.tokenizer, draft_model, model_id=model_id,
                     max_model_len=max_model_len, tree_mode_available=loaded.tree_mode_available,
                     default_mode=mode, tree_budget=tree_budget, eos_token_ids=loaded.eos_token_ids,
-                    max_running=max_running)
+                    max_running=max_running, spec_policy=spec_policy)
     messages.append(f"batching: up to {engine.max_concurrency} running requests per step")
     messages.append(f"default mode {engine.default_mode}" + (
-        f", tree budget {engine.tree_budget}" if engine.default_mode == "ddtree" else ""))
+        f", tree budget {engine.tree_budget}" if engine.default_mode == "ddtree" else "")
+        + f", spec policy {engine.spec_policy}")
     engine.sampling_defaults = sampling_defaults(loaded.folder, embedded=sha is not None)
     if engine.sampling_defaults:
         messages.append("sampling defaults for requests that omit them: " + ", ".join(
@@ -88,4 +89,5 @@ def engine_from_config(cfg) -> Engine:
     return load_engine(target=cfg.target, gguf=cfg.gguf, drafter=cfg.drafter,
                        target_layer_ids=cfg.target_layer_ids, device=cfg.device, dtype=cfg.dtype,
                        mode=cfg.mode, tree_budget=cfg.tree_budget, max_model_len=cfg.max_model_len,
-                       model_id=cfg.served_model_name, max_running=cfg.max_running or cfg.max_concurrency)
+                       model_id=cfg.served_model_name, max_running=cfg.max_running or cfg.max_concurrency,
+                       spec_policy=cfg.spec_policy)
