@@ -83,6 +83,26 @@ def test_plan_spends_nodes_where_they_pay_and_backs_off_otherwise():
     assert sum(drafted[-50:]) <= 3 and req.spec.backoff == MAX_BACKOFF, drafted
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_plan_stops_early_but_finds_the_best_node_total(seed):
+    """The plan's early stop (bound at the profile's bends) gives the N of an exhaustive search."""
+    from ddtree_server.speculative.budget import rank
+
+    rng = random.Random(seed)
+    b = rng.choice([1, 3, 8])
+    tables = []
+    for _ in range(b):
+        tops = sorted((rng.random() ** 2 for _ in range(4)), reverse=True)
+        tables.append(([[math.log(t / 4) for t in tops]] * 6, [[1, 2, 3, 4]] * 6))
+    prof = Profile([1, 16, 64, 256], [1.0, 1.0 + rng.random() * 0.05, 1.3 + rng.random(), 4.0], draft=0.2)
+    caps = [rng.choice([3, 16, 24]) for _ in range(b)]
+    plan = SpecPolicy(prof).plan(b, 2, b, tables, caps, [0] * b, [SimpleNamespace(spec=None) for _ in range(b)])
+    gains = rank(tables, caps).gains
+    speeds = [(b + sum(gains[:n])) / (prof.target(b, b + 2 + n) + prof.drafter(b)) for n in range(len(gains) + 1)]
+    assert plan.nodes == max(range(len(speeds)), key=lambda n: (speeds[n], -n))
+    assert plan.speed == pytest.approx(speeds[plan.nodes])
+
+
 # ---------------------------------------------------------------------------- exactness
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 def test_policy_batched_equals_alone_and_ar_oracle(request, kind):

@@ -18,7 +18,7 @@ import heapq
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ddtree_server.speculative.tree import DraftTree, best_first, topk_rows, tree_of
 
@@ -32,6 +32,11 @@ class Ranked:
     gains: list[float]
     owner: list[int]
     nodes: list[list[tuple[float, int, int, int]]]
+
+    def add(self, gain: float, r: int, item: tuple) -> None:
+        self.gains.append(gain)
+        self.owner.append(r)
+        self.nodes[r].append(item)
 
     def counts(self, total: int) -> list[int]:
         """Draft nodes per request when the round spends ``total`` nodes (the first ``total`` candidates)."""
@@ -49,24 +54,25 @@ class Ranked:
         return [sum(math.exp(x[0]) for x in nodes[:n]) for nodes, n in zip(self.nodes, counts)]
 
 
+def merged(tables: Sequence[tuple], caps: Sequence[int], weights: Sequence[float] | None = None
+           ) -> Iterator[tuple[float, int, tuple]]:
+    """The requests' best-first streams merged: ``(gain, request, item)`` in decreasing gain
+    (``w_r * p``), ``item`` a ``best_first`` tuple of request r. ``tables[r]``: ``(topk_logp [L, K],
+    topk_ids [L, K])`` as for ``build_ddtree``; ``caps[r]``: its most nodes; ``weights[r] >= 0``
+    (default 1; 0 drops the request). Ties keep request order."""
+    weights = [1.0] * len(tables) if weights is None else list(weights)
+    streams = [_stream(r, topk_rows(logp, ids), cap, math.log(weights[r])) if cap > 0 and weights[r] > 0
+               else iter(()) for r, ((logp, ids), cap) in enumerate(zip(tables, caps))]
+    for score, r, item in heapq.merge(*streams, key=lambda e: -e[0]):
+        yield math.exp(score), r, item
+
+
 def rank(tables: Sequence[tuple], caps: Sequence[int], weights: Sequence[float] | None = None,
          limit: int | None = None) -> Ranked:
-    """Merge the requests' best-first streams. ``tables[r]``: ``(topk_logp [L, K], topk_ids [L, K])``
-    as for ``build_ddtree``; ``caps[r]``: its most nodes; ``weights[r] > 0`` (default 1); ``limit``:
-    stop after that many candidates (default: all, ``sum(caps)``). Ties keep request order."""
-    weights = [1.0] * len(tables) if weights is None else list(weights)
-    streams = []
-    for r, ((logp, ids), cap) in enumerate(zip(tables, caps)):
-        if cap <= 0 or weights[r] <= 0:
-            streams.append(iter(()))
-            continue
-        streams.append(_stream(r, topk_rows(logp, ids), cap, math.log(weights[r])))
-    merged = heapq.merge(*streams, key=lambda e: -e[0])
+    """The first ``limit`` (default: all, ``sum(caps)``) candidates of ``merged``."""
     out = Ranked([], [], [[] for _ in tables])
-    for score, r, item in itertools.islice(merged, limit):
-        out.gains.append(math.exp(score))
-        out.owner.append(r)
-        out.nodes[r].append(item)
+    for gain, r, item in itertools.islice(merged(tables, caps, weights), limit):
+        out.add(gain, r, item)
     return out
 
 

@@ -29,7 +29,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ddtree_server.speculative.budget import Ranked, rank
+from ddtree_server.speculative.budget import Ranked, merged
 from ddtree_server.speculative.tree import DraftTree
 
 POLICIES = ("auto", "fixed")
@@ -134,17 +134,26 @@ class SpecPolicy:
         """Trees for the governed requests ``reqs`` (their top-K tables, caps and roots) in a round
         of ``b`` requests that also verifies ``fixed_rows`` draft rows of ungoverned requests and
         runs the drafter for ``drafting`` requests."""
-        prof = self.profile
-        states = [self.state(r) for r in reqs]
+        prof, states = self.profile, [self.state(r) for r in reqs]
         limit = max(2 * prof.max_rows - b - fixed_rows, 0)   # rows past twice the measured ones: never
-        ranked: Ranked = rank(tables, caps, [s.weight for s in states], limit=limit)
         draft_s = prof.drafter(drafting)
-        best_n, best, best_gain, gain = 0, b / (prof.target(b, b + fixed_rows) + draft_s), 0.0, 0.0
-        for n, g in enumerate(ranked.gains, start=1):
+        cost = lambda n: prof.target(b, b + fixed_rows + n) + draft_s   # noqa: E731 - seconds of n nodes
+        ranked = Ranked([], [], [[] for _ in reqs])
+        best_n, best, best_gain, gain = 0, b / cost(0), 0.0, 0.0
+        bends = [x - b - fixed_rows for x in prof.rows if x - b - fixed_rows > 0] + [limit]
+        for g, r, item in merged(tables, caps, [s.weight for s in states]):
+            n = len(ranked.gains)
+            if n >= limit:
+                break
+            ranked.add(g, r, item)
             gain += g
-            speed = (b + gain) / (prof.target(b, b + fixed_rows + n) + draft_s)
+            speed = (b + gain) / cost(n + 1)
             if speed > best:
-                best_n, best, best_gain = n, speed, gain
+                best_n, best, best_gain = n + 1, speed, gain
+            # later gains are at most g each and T is piecewise linear: the best any larger n can
+            # do is reached at a bend of T or at the limit; stop when that cannot beat the best
+            if n % 8 == 7 and all((b + gain + (m - n - 1) * g) / cost(m) <= best for m in bends if m > n + 1):
+                break
         plain = b / prof.target(b, b + fixed_rows)
         counts = ranked.counts(best_n)
         for st, n, mass in zip(states, counts, ranked.mass(counts)):

@@ -160,7 +160,7 @@ class StepRunner:
             idx = [row[id(r)] for r in gov]
             logp, ids = decode.topk_tables(logits[idx] if len(idx) < len(drafted) else logits, max(max(caps), 1))
             plan = self.policy.plan(len(reqs), sum(t.size - 1 for t in out.values()), len(drafted),
-                                    list(zip(logp, ids)), caps, [r.bonus for r in gov], gov)
+                                    list(zip(logp.tolist(), ids.tolist())), caps, [r.bonus for r in gov], gov)
             out.update(zip(map(id, gov), plan.trees))
             self.last.expected = plan.expected
         trees = [out[id(r)] if id(r) in out else root_only(r.bonus) for r in reqs]
