@@ -74,6 +74,11 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
     messages.append(f"default mode {engine.default_mode}" + (
         f", tree budget {engine.tree_budget}" if engine.default_mode == "ddtree" else "")
         + f", spec policy {engine.spec_policy}")
+    if engine.spec_policy == "auto":
+        prof = engine.batch.runner.policy.profile
+        messages.append("spec policy profile: target forward " + ", ".join(
+            f"{r} rows {1e3 * t:.2f} ms" for r, t in zip(prof.rows, prof.seconds))
+            + f"; +{1e3 * prof.per_request:.3f} ms per request; drafter {1e3 * prof.draft:.2f} ms")
     engine.sampling_defaults = sampling_defaults(loaded.folder, embedded=sha is not None)
     if engine.sampling_defaults:
         messages.append("sampling defaults for requests that omit them: " + ", ".join(

@@ -3,12 +3,14 @@
 Before any request runs, the runner's own batched forward is timed on its free slots: ``rows``
 rows (split into blocks of at most ``BLOCK_ROWS`` rows, one slot each, causal chains) at a few row
 counts, 16 one-row requests against one 16-row request (the extra cost of a request in the batch),
-and one drafter proposal (one request's block). The slots are reset afterwards. A few forwards:
+and one drafter proposal (one request's block), each the fastest of ``REPEATS`` calls after a
+warm-up; the row curve is made non-decreasing. The slots are reset afterwards. A few forwards:
 about a second on the CPU with the SmolLM2 default, well under on CUDA.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
@@ -37,7 +39,7 @@ def _time(fn, device) -> float:
         fn()
         _sync(device)
         times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
+    return min(times)   # the least disturbed call (other work on the machine only adds time)
 
 
 @torch.inference_mode()
@@ -63,7 +65,7 @@ def measure(runner, rows=None) -> Profile:
         parts = math.ceil(n / BLOCK_ROWS)
         return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
 
-    seconds = [_time(lambda n=n: forward(split(n)), dev) for n in rows]
+    seconds = list(itertools.accumulate((_time(lambda n=n: forward(split(n)), dev) for n in rows), max))
     many = min(slots, 16)
     per_request = 0.0
     if many > 1:
