@@ -6,6 +6,8 @@ PYTEST_ARGS ?=
 # workers than cores pay off; tests/conftest.py keeps each module (and shared servers) on one worker
 TEST_WORKERS ?= 3
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
+# every run ends with its slowest tests (what to look at when the suite's time grows)
+DURATIONS = --durations=25
 # the fresh-container tests serve these wheels on loopback (tests/fleet/wheel_cache.py); a CPU torch
 TEST_WHEELS ?= .cache/test-wheels
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
@@ -42,7 +44,7 @@ lint:               ## ruff (configured in pyproject.toml): undefined names, unu
 
 test: install-test  ## lint, then the whole suite (CPU; what CI runs); GPU tests skip without CUDA
 	$(MAKE) lint
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(DURATIONS) $(PYTEST_ARGS)
 
 test-fast:          ## the inner loop: no real SmolLM2 / servers, no test fleet, no Triton-interpreter kernels
-	$(PY) -m pytest $(XDIST) -m "not slow and not fleet and not kernels" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(DURATIONS) -m "not slow and not fleet and not kernels" $(PYTEST_ARGS)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Serving benchmarks on the GPU machine in one run (<= ~9.5 minutes): constrained json_schema
-# decoding, closed-loop concurrency through the batch engine, batched random-shape steps, and the
-# batch-1 random-shape stages (regression check). Every step has its own time limit; a step that
+# Serving benchmarks on the GPU machine in one run (<= ~9.5 minutes): closed-loop concurrency through
+# the batch engine (DDTREE_MODES, default ar,dflash,ddtree), batched random-shape steps (batch 1 is the
+# regression check), a 16k-token prompt arriving during decoding (chunked vs whole prefill), and
+# constrained json_schema decoding. Every step has its own time limit; a step that
 # fails or runs out of time is reported in the log and the next one starts.
 #
 # Usage: scripts/gpu_serving.sh GGUF WHEELS OUT_DIR
@@ -33,11 +34,14 @@ step() {   # step NAME SECONDS COMMAND...
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
 B="python3 -m ddtree_server.bench --commit $COMMIT --no-download --data-dir $WHEELS --device cuda"
-step constrained 150 python3 -m ddtree_server.bench.constrained --out "$OUT/constrained" --gguf "$GGUF" \
-  --drafter "$DRAFTER" --device cuda --dtype bf16 --budgets 16,64 --prompts 4 --max-new-tokens 256
-step concurrency 200 $B --gguf "$GGUF" --drafter "$DRAFTER" --concurrency 1,8,32 --datasets gsm8k,humaneval \
-  --max-prompts 16 --max-new-tokens 256 --modes ar,dflash,ddtree --budgets 16,64 --out "$OUT/concurrency"
-step batch-8b 75 $B --random-shape qwen3-8b --batch 1,8,32 --context-len 1024 --iters 20 --out "$OUT/batch"
-step batch-27b 75 $B --random-shape qwen3.6-27b --batch 1,8,32 --context-len 1024 --iters 10 --out "$OUT/batch"
-step stages-8b 60 $B --random-shape qwen3-8b --context-len 1024 --iters 20 --budgets 16,64 --out "$OUT/stages"
+MODES=${DDTREE_MODES:-ar,dflash,ddtree}
+step concurrency 200 $B --gguf "$GGUF" --drafter "$DRAFTER" --concurrency 1,8,32,64 --datasets gsm8k,humaneval \
+  --max-prompts 64 --max-new-tokens 256 --modes "$MODES" --budgets 16 --out "$OUT/concurrency"
+step batch-smol 40 $B --random-shape smollm2-135m --batch 1,8,32,64 --context-len 512 --iters 20 --out "$OUT/batch"
+step batch-8b 55 $B --random-shape qwen3-8b --batch 1,8,32 --context-len 1024 --iters 10 --out "$OUT/batch"
+step batch-27b 60 $B --random-shape qwen3.6-27b --batch 1,8 --context-len 1024 --iters 5 --out "$OUT/batch"
+step interference-8b 60 $B --random-shape qwen3-8b --interference 16384 --batch 8 --prefill-chunk 512,0 \
+  --context-len 1024 --iters 20 --out "$OUT/interference"
+step constrained 50 python3 -m ddtree_server.bench.constrained --out "$OUT/constrained" --gguf "$GGUF" \
+  --drafter "$DRAFTER" --device cuda --dtype bf16 --budgets 16 --prompts 4 --max-new-tokens 256
 echo "done $(date -u +%T)" | tee -a "$LOG"

@@ -4,34 +4,55 @@
 A test that uses a module-scoped fixture (a child process computing a module's results once, a
 jump host, an SSH transport) runs on the worker that runs the rest of its module, so that fixture
 is built once, as in a plain `pytest` run. Modules that share an expensive session fixture form
-one group, so it is built on one worker only. All other tests are spread one by one. Under
-xdist the long tests (`slow`, `fleet`, `kernels`) are handed out first, so none of them starts
-last while the other workers idle. Without xdist (`pytest` alone, `-n 0`) nothing changes.
+one group, so it is built on one worker only. All other tests are spread one by one.
+
+Order: xdist hands out groups in the order the workers collected them (xdist's own reordering by
+the number of tests per group is turned off: a group of 291 quick tests is not the longest). The
+workers sort the groups (and ungrouped tests) longest first by their estimated seconds
+(tests/xdist_costs.py: measured seconds of the slow ones, else an estimate by marker), so the
+longest start first and the short ones fill in at the end. The tests of one group keep their
+file order. Without xdist (`pytest` alone, `-n 0`) nothing changes.
 """
 
 from __future__ import annotations
 
 import pytest
 
-# session fixture -> group: the tests using it run on one worker, which builds it once
+from tests.xdist_costs import estimate
+
+# session fixture (defining module, name) -> group: the tests using it run on one worker, which
+# builds it once. Keyed by where the fixture is defined, not by its name alone: a module may define
+# its own fixture of the same name (test_router_fleet.py's module-scoped `fleet`), which is that
+# module's own group, not the shared one.
 SHARED_SESSION_FIXTURES = {
-    "api_server": "api-server",          # a real ddtree-server process with SmolLM2 (test_api_*.py)
-    "fleet": "fleet",                    # the two-node test fleet with deployed services (tests/fleet)
+    ("tests.server.api_fixtures", "api_server"): "api-server",  # a real ddtree-server with SmolLM2 (test_api_*.py)
+    ("tests.fleet.fleet_fixtures", "fleet"): "fleet",           # the 3-container test fleet (test_fleet_e2e.py)
 }
 MODULE_SCOPES = {"module", "package", "class"}
-LONG_MARKERS = ("slow", "fleet", "kernels")
 
 
 def _group(item) -> str | None:
-    names = set(getattr(item, "fixturenames", ()))
-    for fixture, group in SHARED_SESSION_FIXTURES.items():
-        if fixture in names:
-            return group
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
+    for chain in defs:                   # chain[-1]: the definition the test gets
+        group = SHARED_SESSION_FIXTURES.get((getattr(chain[-1].func, "__module__", None), chain[-1].argname))
+        if group:
+            return group
     if any(d.scope in MODULE_SCOPES for chain in defs for d in chain):
         return item.nodeid.split("::")[0]
     return None
+
+
+def pytest_configure(config):
+    if getattr(config.option, "dist", "no") == "loadgroup" and hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False   # our order (longest first), not xdist's by test count
+
+
+def _group_of(item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
 @pytest.hookimpl(tryfirst=True)          # before xdist's own hook turns the marks into scopes
@@ -43,4 +64,10 @@ def pytest_collection_modifyitems(config, items):
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike (stable)
-        items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in LONG_MARKERS))
+        seconds = {item.nodeid: estimate(item) for item in items}
+        per_group: dict[str, float] = {}
+        for item in items:
+            group = _group_of(item)
+            if group is not None:
+                per_group[group] = per_group.get(group, 0.0) + seconds[item.nodeid]
+        items.sort(key=lambda item: -per_group.get(_group_of(item), seconds[item.nodeid]))

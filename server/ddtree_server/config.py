@@ -120,6 +120,13 @@ class ServerConfig(BaseModel):
         "Requests decoded together in one batched step (requests; default: 4 on cpu, sized from free "
         "GPU memory on cuda, at most 64)."))
     max_concurrency: int | None = Field(None, ge=1, description="Deprecated alias of max_running.")
+    kv_memory_fraction: float = Field(
+        0.5, gt=0, le=1, allow_inf_nan=False,
+        description="Share of the free GPU memory after loading that the request slots may take when "
+                    "max_running is not given (cuda): max_running = this x free / bytes per slot, at most 64.")
+    prefill_chunk: int | None = Field(None, ge=0, description=(
+        "Prompt tokens per engine step (chunked prefill, interleaved with decode rounds; tokens; "
+        "default 512 on cuda, 128 on cpu; 0: every prompt whole in one step)."))
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Default keyword arguments for the chat template (requests may add)."
     )

@@ -79,8 +79,9 @@ def test_body_over_the_limit_is_a_413_json_error(api_server):
 def test_a_long_prefill_is_progress_not_a_stall():
     """--stall-seconds 8 and a 6000-token prompt whose one prefill round runs longer: /health stays
     200 while the round's age passes 8 s (its layers and their modules keep starting: several
-    times per layer, 30 layers), and the request completes."""
-    with ServerProcess("--stall-seconds", "8") as server:
+    times per layer, 30 layers), and the request completes. ``--prefill-chunk 0``: the whole prompt
+    in one round (chunked, each chunk is its own short round: tests/server/test_chunked_serving.py)."""
+    with ServerProcess("--stall-seconds", "8", "--prefill-chunk", "0") as server:
         ids = [1000 + i % 3000 for i in range(6000)]
         result: dict = {}
         worker = threading.Thread(target=lambda: result.update(resp=httpx.post(

@@ -400,8 +400,8 @@ def test_metrics_of_the_speculation_policy():
     from ddtree_server.engine.batch import StepInfo
 
     m = Metrics()
-    m.observe_step(StepInfo("decode", 3, 9, 0.01, 40, {"plain": 1, "chain": 0, "tree": 2}))
-    m.observe_step(StepInfo("decode", 3, 3, 0.01, 0, {"plain": 3, "chain": 0, "tree": 0}))
+    m.observe_step(StepInfo("decode", 3, 9, 0.01, nodes=40, kinds={"plain": 1, "chain": 0, "tree": 2}))
+    m.observe_step(StepInfo("decode", 3, 3, 0.01, nodes=0, kinds={"plain": 3, "chain": 0, "tree": 0}))
     m.observe_finished(prompt_tokens=3, stats={"generated_tokens": 9, "decode_rounds": 4, "decode_tokens": 10,
                                                "decode_seconds": 0.1, "mean_tree_nodes": 12.5})
     text = m.render().decode()

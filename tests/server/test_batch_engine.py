@@ -16,7 +16,7 @@ import pytest
 import torch
 from ddtree_server.engine.engine import Engine
 
-from tests.server.batch_fixtures import (LAYERS, MAX_LEN, check_alone_batched_ar, oracle_drafter, prompt_features,
+from tests.server.batch_fixtures import (HIDDEN, LAYERS, MAX_LEN, check_alone_batched_ar, oracle_drafter, prompt_features,
                                          random_specs, real_drafter, run_alone, run_batched)
 from tests.server.hybrid_fixtures import tiny_hybrid
 from tests.server.tiny import EOS, ByteTokenizer, tiny_target
@@ -46,6 +46,26 @@ def test_32_random_requests_equal_alone_and_ar(request, kind):
     target.capture_layers = []
 
 
+def test_padded_graph_layout_equals_alone_and_ar(dense, monkeypatch):
+    """The padded layout of the batched-round CUDA graphs (engine/batch/graphs.py: blocks padded to
+    a row bucket, the batch to a batch bucket on a scratch slot), run eagerly on the CPU: every
+    request's tokens are still its own alone and ``ar``'s, over many rounds and slot reuses."""
+    from ddtree_server.engine.batch import graphs as batch_graphs
+
+    monkeypatch.setenv("DDTREE_BATCH_GRAPHS", "1")
+    monkeypatch.setattr(batch_graphs, "WASTE", 1e9)   # pad plain rows to trees too: every round padded
+    dense.capture_layers = LAYERS
+    specs = random_specs(seed=29, count=12)
+    drafter, ar = oracle_drafter(dense, specs)
+    engine = Engine(dense, ByteTokenizer(), drafter, eos_token_ids=[EOS], max_model_len=MAX_LEN,
+                    max_running=6, poison_freed_slots=True)
+    graphs = engine.batch.runner.graphs
+    assert graphs is not None and graphs.scratch == 6
+    check_alone_batched_ar(engine, specs, ar)
+    assert graphs.rounds > 15
+    dense.capture_layers = []
+
+
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
 def test_real_drafter_batched_equals_alone_and_ar(request, kind):
     target = request.getfixturevalue(kind)
@@ -54,6 +74,18 @@ def test_real_drafter_batched_equals_alone_and_ar(request, kind):
     ar = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=1)
     check_alone_batched_ar(engine, random_specs(seed=3, count=12), ar)
     target.capture_layers = []
+
+
+def test_padded_layouts_with_the_real_drafter_equal_alone_and_ar(dense, monkeypatch):
+    """Both padded layouts (target rounds and drafter rounds, DDTREE_BATCH_GRAPHS=1, eager on the
+    CPU) over many rounds with slot reuse: each request's tokens are its own alone and ``ar``'s."""
+    monkeypatch.setenv("DDTREE_BATCH_GRAPHS", "1")
+    engine = Engine(dense, ByteTokenizer(), real_drafter(dense), eos_token_ids=[EOS], max_model_len=MAX_LEN,
+                    max_running=4, poison_freed_slots=True)
+    ar = Engine(dense, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=1)
+    check_alone_batched_ar(engine, random_specs(seed=11, count=8), ar)
+    assert engine.batch.runner.draft_graphs.rounds > 5
+    dense.capture_layers = []
 
 
 def test_batched_drafter_forward_equals_per_request(dense):
@@ -76,6 +108,37 @@ def test_batched_drafter_forward_equals_per_request(dense):
         want = drafter.propose(drafter.new_cache(64), ctx, [5, 6, 7][i], len(p))
         torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5)
     dense.capture_layers = []
+
+
+def test_padded_drafter_layout_equals_propose_batch(dense):
+    """The padded layout of the batched drafter graphs (engine/batch/draft_graphs.py: context rows
+    padded to the block size, the batch to a bucket on a scratch slot, a fixed key window), run
+    eagerly: the same draft logits as ``propose_batch`` over two rounds, and the same K/V rows."""
+    from ddtree_server.engine.batch.draft import propose_batch
+    from ddtree_server.engine.batch.draft_graphs import DraftGraphs
+    from ddtree_server.engine.batch.pools import SlotPool
+
+    drafter = real_drafter(dense, block=8)
+    torch.manual_seed(0)
+    pools = [SlotPool(lambda: drafter.new_cache(300), 5) for _ in range(2)]
+    padded = DraftGraphs(drafter, pools[1].pool("k"), pools[1].pool("v"), capture=False)
+    slots, lens = [3, 0, 1], [5, 40, 9]
+    ctx0 = [torch.randn(n, 2 * HIDDEN) for n in lens]
+    for pool in pools:   # the prompts' first proposals (eager in both)
+        for i in range(5):
+            pool.poison(i)
+            pool[i].crop(0)
+        propose_batch(drafter, pool.pool("k"), pool.pool("v"), [pool[s] for s in slots], slots, ctx0, [1, 2, 3], lens)
+    for rnd, accepted in enumerate(([1, 8, 3], [2, 1, 7])):
+        ctxs = [torch.randn(n, 2 * HIDDEN) for n in accepted]
+        starts = [pools[0][s].length + n for s, n in zip(slots, accepted)]
+        want = propose_batch(drafter, pools[0].pool("k"), pools[0].pool("v"), [pools[0][s] for s in slots], slots,
+                             ctxs, [4, 5, 6], starts)
+        got = padded.propose([pools[1][s] for s in slots], slots, ctxs, [4, 5, 6], starts)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert [pools[1][s].length for s in slots] == starts and padded.rounds == rnd + 1
+        for s, n in zip(slots, starts):
+            torch.testing.assert_close(pools[1].pool("k")[s, :, :, :n], pools[0].pool("k")[s, :, :, :n])
 
 
 def test_seeded_sampling_same_alone_batched_and_in_every_mode(dense):

@@ -59,3 +59,14 @@ def test_concurrency_cli_on_the_default_model(tmp_path):
     assert [(r["mode"], r["concurrency"]) for r in rows] == [("ar", 1), ("ar", 3), ("dflash", 1), ("dflash", 3)]
     assert all(r["requests"] == 3 and r["tokens"] > 0 for r in rows)
     assert [r["x_plain"] for r in rows[:2]] == [1.0, 1.0]
+
+
+def test_interference_cli_writes_a_row_per_chunk_setting(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "--random-shape", "tiny-hybrid", "--interference", "60", "--batch", "2",
+                                      "--prefill-chunk", "16,0", "--context-len", "24", "--iters", "2",
+                                      "--device", "cpu", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "interference-tiny-hybrid.json").read_text())
+    assert [(r["prefill_chunk"], r["prefill_steps"]) for r in doc["rows"]] == [(16, 4), (0, 1)]
+    assert all(r["worst_step_ms"] > 0 and r["long_ttft_s"] > 0 for r in doc["rows"])
+    assert "| whole |" in (tmp_path / "interference-tiny-hybrid.md").read_text()

@@ -61,6 +61,7 @@ def test_exactness_missing_drafter_is_a_clean_failure(tmp_path):
     (["--modes", "foo"], "--modes"),
     (["--budgets", "0"], "budgets >= 1"),
     (["--max-prompts", "-1"], "--max-prompts"),
+    (["--random-shape", "tiny", "--interference", "64", "--prefill-chunk", "-8"], "--prefill-chunk"),
 ])
 def test_bench_usage_errors(tmp_path, args, text):
     code, out = _run(app, ["bench", "--device", "cpu", "--out", str(tmp_path), *args])
@@ -83,6 +84,9 @@ def test_bench_merge_refuses_bad_inputs(tmp_path):
 @pytest.mark.parametrize("args,text", [
     (["--drain-timeout", "-1"], "error: --drain-timeout: "),
     (["--drain-timeout", "nan"], "error: --drain-timeout: "),
+    (["--kv-memory-fraction", "0"], "error: --kv-memory-fraction: "),
+    (["--kv-memory-fraction", "1.5"], "error: --kv-memory-fraction: "),
+    (["--prefill-chunk", "-1"], "error: --prefill-chunk: "),
 ])
 def test_serve_usage_errors_name_the_flag_as_typed(args, text):
     """The message names the flag the operator typed (was `--drain-timeout-s`, the config field)."""

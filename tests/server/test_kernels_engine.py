@@ -22,7 +22,7 @@ from ddtree_server.kernels import runtime
 REPO = Path(__file__).resolve().parents[2]
 
 _CHILD = r"""
-import json, os, torch
+import json, os, sys, torch
 torch.set_num_threads(1)
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
@@ -35,75 +35,86 @@ from tests.server.tiny import EOS, VOCAB, ByteTokenizer, OracleDrafter, tiny_tar
 def kernels(flag):
     os.environ["DDTREE_KERNELS"] = flag
 
-out = {"target": []}
-model = tiny_target()
-model.capture_layers = [0, 2]
-graphed = GraphedTarget(model, capture=False)
-ref_c, graph_c, eager_c = model.new_cache(200), graphed.new_cache(200), model.new_cache(200)
-s = 12
-steps = [(s, None), (1, None), (5, 1), (10, 2), (3, None)]
-for step, (n, tree) in enumerate(steps):
-    pos0 = 0 if step == 0 else s
-    ids = (torch.arange(n) * 7 + step) % VOCAB
-    mask = _tree_mask(n, tree) if tree is not None else None
-    pos = (mask.sum(-1) - 1 if mask is not None else torch.arange(n)) + pos0
+def target():
+    out = {"target": []}
+    model = tiny_target()
+    model.capture_layers = [0, 2]
+    graphed = GraphedTarget(model, capture=False)
+    ref_c, graph_c, eager_c = model.new_cache(200), graphed.new_cache(200), model.new_cache(200)
+    s = 12
+    steps = [(s, None), (1, None), (5, 1), (10, 2), (3, None)]
+    for step, (n, tree) in enumerate(steps):
+        pos0 = 0 if step == 0 else s
+        ids = (torch.arange(n) * 7 + step) % VOCAB
+        mask = _tree_mask(n, tree) if tree is not None else None
+        pos = (mask.sum(-1) - 1 if mask is not None else torch.arange(n)) + pos0
+        kernels("0")
+        want, fwant = model.forward(ref_c, ids, pos, mask)
+        kernels("1")
+        got, fgot = graphed.forward(graph_c, ids, pos, mask)
+        eag, feag = model.forward(eager_c, ids, pos, mask)
+        if step:
+            keep = [0] + [i for i in range(1, n) if i % 3 == 0]
+            for c in (ref_c, graph_c, eager_c):
+                c.keep(s, keep)
+            s += len(keep)
+        out["target"].append({"n": n, "graphed": (got - want).abs().max().item(), "eager": (eag - want).abs().max().item(),
+                              "feats": max((fgot - fwant).abs().max().item(), (feag - fwant).abs().max().item()),
+                              "cache": max((c.k[:, :, :s] - ref_c.k[:, :, :s]).abs().max().item() for c in (graph_c, eager_c))})
+    out["graph_keys"] = sorted({k[:2] for k in graphed._static})
+    return out
+
+def tokens(modes):
+    model = tiny_target()
+    tok, prompt, sp = ByteTokenizer(), list(b"kernel path"), SamplingParams(max_tokens=16, ignore_eos=True)
+    model.capture_layers = []
     kernels("0")
-    want, fwant = model.forward(ref_c, ids, pos, mask)
+    ref = [t for ev in Engine(model, tok, max_model_len=120, eos_token_ids=[EOS]).generate(prompt, sp) for t in ev.token_ids]
     kernels("1")
-    got, fgot = graphed.forward(graph_c, ids, pos, mask)
-    eag, feag = model.forward(eager_c, ids, pos, mask)
-    if step:
-        keep = [0] + [i for i in range(1, n) if i % 3 == 0]
-        for c in (ref_c, graph_c, eager_c):
-            c.keep(s, keep)
-        s += len(keep)
-    out["target"].append({"n": n, "graphed": (got - want).abs().max().item(), "eager": (eag - want).abs().max().item(),
-                          "feats": max((fgot - fwant).abs().max().item(), (feag - fwant).abs().max().item()),
-                          "cache": max((c.k[:, :, :s] - ref_c.k[:, :, :s]).abs().max().item() for c in (graph_c, eager_c))})
-out["graph_keys"] = sorted({k[:2] for k in graphed._static})
+    out = {"tokens": {}}
+    for mode, budget in modes:
+        drafter = OracleDrafter(len(prompt), ref, vocab=VOCAB, hidden=64, layer_ids=[1, 2], block_size=8)
+        eng = Engine(GraphedTarget(model, capture=False), tok, drafter, max_model_len=120, eos_token_ids=[EOS])
+        got = [t for ev in eng.generate(prompt, sp, mode=mode, tree_budget=budget) for t in ev.token_ids]
+        out["tokens"][f"{mode}/{budget}"] = got == ref
+    return out
 
-tok, prompt, sp = ByteTokenizer(), list(b"kernel path"), SamplingParams(max_tokens=16, ignore_eos=True)
-model.capture_layers = []
-kernels("0")
-ref = [t for ev in Engine(model, tok, max_model_len=120, eos_token_ids=[EOS]).generate(prompt, sp) for t in ev.token_ids]
-kernels("1")
-out["tokens"] = {}
-for mode, budget in (("ar", None), ("dflash", None), ("ddtree", 3), ("ddtree", 12)):
-    drafter = OracleDrafter(len(prompt), ref, vocab=VOCAB, hidden=64, layer_ids=[1, 2], block_size=8)
-    eng = Engine(GraphedTarget(model, capture=False), tok, drafter, max_model_len=120, eos_token_ids=[EOS])
-    got = [t for ev in eng.generate(prompt, sp, mode=mode, tree_budget=budget) for t in ev.token_ids]
-    out["tokens"][f"{mode}/{budget}"] = got == ref
+def drafter():
+    kernels("1")
+    d = _drafter()
+    before = {k: v.clone() for k, v in d.state_dict().items()}
+    graphed_d = GraphedDrafter(d, capture=False)
+    _compare(graphed_d, d, "cpu", 1e-5, 96)  # raises on a mismatch
+    after = d.state_dict()
+    q0 = d.layers[0].self_attn.q_proj.weight
+    out = {"drafter": {"enabled": graphed_d.enabled, "keys": sorted(graphed_d._static),
+                       "fused": [f is not None for f in graphed_d._fused],
+                       "weights_kept": all(torch.equal(before[k], after[k]) for k in before),
+                       "shared_storage": q0.data_ptr() == graphed_d._fused[0][0].data_ptr()}}
+    slide = _drafter(**SLIDING)  # a sliding-window (causal) layer, then a full one
+    graphed_s = GraphedDrafter(slide, capture=False)
+    _compare(graphed_s, slide, "cpu", 1e-5, 96)
+    out["drafter"]["sliding"] = {"enabled": graphed_s.enabled, "kinds": slide.kinds, "keys": sorted(graphed_s._static)}
+    return out
 
-d = _drafter()
-before = {k: v.clone() for k, v in d.state_dict().items()}
-graphed_d = GraphedDrafter(d, capture=False)
-_compare(graphed_d, d, "cpu", 1e-5, 96)  # raises on a mismatch
-after = d.state_dict()
-q0 = d.layers[0].self_attn.q_proj.weight
-out["drafter"] = {"enabled": graphed_d.enabled, "keys": sorted(graphed_d._static),
-                  "fused": [f is not None for f in graphed_d._fused],
-                  "weights_kept": all(torch.equal(before[k], after[k]) for k in before),
-                  "shared_storage": q0.data_ptr() == graphed_d._fused[0][0].data_ptr()}
-slide = _drafter(**SLIDING)  # a sliding-window (causal) layer, then a full one
-graphed_s = GraphedDrafter(slide, capture=False)
-_compare(graphed_s, slide, "cpu", 1e-5, 96)
-out["drafter"]["sliding"] = {"enabled": graphed_s.enabled, "kinds": slide.kinds, "keys": sorted(graphed_s._static)}
-print(json.dumps(out))
+part = json.loads(sys.argv[1])  # "target" | "drafter" | [[mode, tree budget], ...]
+print(json.dumps(target() if part == "target" else drafter() if part == "drafter" else tokens(part)))
 """
 
 
-@pytest.fixture(scope="module")
-def report():
+def run_part(part) -> dict:
+    """Run one part of the checks in a child under the Triton interpreter; its JSON report."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO / "server"), str(REPO)]))
-    run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=900,
-                         cwd=REPO)
+    run = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(part)], capture_output=True, text=True, env=env,
+                         timeout=900, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.kernels
-def test_target_kernel_path_equals_sdpa(report):
+def test_target_kernel_path_equals_sdpa():
+    report = run_part("target")
     rows = report["target"]
     assert [r["n"] for r in rows] == [12, 1, 5, 10, 3]
     for r in rows:
@@ -113,13 +124,17 @@ def test_target_kernel_path_equals_sdpa(report):
 
 
 @pytest.mark.kernels
-def test_kernel_path_is_exact(report):
-    assert report["tokens"] == {"ar/None": True, "dflash/None": True, "ddtree/3": True, "ddtree/12": True}
+@pytest.mark.parametrize("modes", [[["ar", None], ["dflash", None]], [["ddtree", 3], ["ddtree", 12]]],
+                         ids=["ar+dflash", "ddtree"])
+def test_kernel_path_is_exact(modes):
+    """ar, dflash, ddtree at budgets 3 and 12 on kernels == the SDPA path's ar (two children)."""
+    assert run_part(modes)["tokens"] == {f"{mode}/{budget}": True for mode, budget in modes}
 
 
 @pytest.mark.kernels
-def test_drafter_kernel_path_equals_eager(report):
+def test_drafter_kernel_path_equals_eager():
     """GraphedDrafter on kernels (fused projections, split-K non-causal attention) == eager SDPA."""
+    report = run_part("drafter")
     assert report["drafter"]["enabled"]
     assert [n for n, kv in report["drafter"]["keys"]] == [1, 2, 4, 8, 16]
     assert {kv for _, kv in report["drafter"]["keys"]} == {0}

@@ -182,6 +182,7 @@ def create_app(config: ServerConfig, worker: Worker, metrics: Metrics) -> FastAP
         metrics.round_age.set(worker.round_age() or 0.0)
         metrics.oldest_queued_age.set(worker.oldest_queued_age() or 0.0)
         metrics.stalled.set(1 if worker.stalled() else 0)
+        metrics.observe_memory(getattr(getattr(worker.engine, "batch", None), "memory", None))
         return Response(metrics.render(), media_type=metrics.content_type)
 
     def card(engine: Any) -> dict[str, Any]:

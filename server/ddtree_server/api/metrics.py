@@ -20,9 +20,16 @@ Names (all prefixed `ddtree_`):
 * `oldest_queued_age_seconds` — how long the oldest queued request has waited (0 when none) (s);
 * `worker_stalled` — 1 while the round in progress is older than `--stall-seconds`, else 0;
 * `requests_cancelled_total` — generations stopped because the client went away or the drain deadline passed;
-* `batch_size` — requests in the last engine step (the running batch; a prefill step: the prompts it ran);
-* `step_seconds{kind}` — histogram of engine step times, kind prefill | decode (s);
-* `step_tokens` — histogram of tokens one decode step produced over all its requests (tokens);
+* `batch_size` — requests in the last engine step (its decode round's batch plus the prompts it prefilled);
+* `step_seconds{kind}` — histogram of engine step times, kind prefill (prompt chunks only) | decode
+  (a decode round only) | mixed (prompt chunks, then a decode round) (s);
+* `step_tokens` — histogram of tokens one step with a decode round produced over all its requests (tokens);
+* `prefill_tokens_total` — prompt tokens run by prefill chunks (tokens);
+* `prefilling_requests` — running requests whose prompt is not yet wholly prefilled;
+* `slot_bytes` — memory of one request slot: the target's KV (and GDN state) plus the drafter's
+  context K/V at max_model_len, allocated once per slot (bytes);
+* `slots{state}` — request slots used | free (`--max-running` in all);
+* `kv_rows_used` / `kv_rows_capacity` — cached tokens of the running requests / slots x max_model_len (tokens);
 * `round_draft_nodes` — histogram of the draft nodes one decode round verified over all its
   requests (N: the speculation policy's choice plus fixed-mode requests' nodes; roots excluded);
   `last_round_draft_nodes` — the same for the last round (gauge);
@@ -92,6 +99,15 @@ class Metrics:
                                       "Draft nodes verified by the last decode round (N).", registry=r)
         self.request_rounds = Counter("ddtree_request_rounds", "Request-rounds by tree kind (plain | chain | tree).",
                                       ["kind"], registry=r)
+        self.prefill_tokens = Counter("ddtree_prefill_tokens", "Prompt tokens run by prefill chunks.", registry=r)
+        self.prefilling = Gauge("ddtree_prefilling_requests", "Running requests still prefilling their prompt.",
+                                registry=r)
+        self.slot_bytes = Gauge("ddtree_slot_bytes", "Memory of one request slot (target + drafter caches) (bytes).",
+                                registry=r)
+        self.slots = Gauge("ddtree_slots", "Request slots by state (used | free).", ["state"], registry=r)
+        self.kv_rows_used = Gauge("ddtree_kv_rows_used", "Cached tokens of the running requests (tokens).",
+                                  registry=r)
+        self.kv_rows_capacity = Gauge("ddtree_kv_rows_capacity", "Slots x max_model_len (tokens).", registry=r)
         self.state = Enum("ddtree_server_state", "Server lifecycle state.", states=STATES, registry=r)
         self.state.state("loading")
 
@@ -127,9 +143,9 @@ class Metrics:
     def observe_step(self, info) -> None:
         """Record one engine step (``engine.batch.StepInfo``: kind, batch, tokens, seconds)."""
         self.batch_size.set(info.batch)
-        if info.kind in ("prefill", "decode"):
+        if info.kind in ("prefill", "decode", "mixed"):
             self.step_seconds.labels(kind=info.kind).observe(info.seconds)
-        if info.kind == "decode":
+        if info.kind in ("decode", "mixed"):
             self.step_tokens.observe(info.tokens)
             nodes = getattr(info, "nodes", 0) or 0
             self.round_nodes.observe(nodes)
@@ -137,6 +153,18 @@ class Metrics:
             for kind, count in (getattr(info, "kinds", None) or {}).items():
                 if count:
                     self.request_rounds.labels(kind=kind).inc(count)
+        self.prefill_tokens.inc(getattr(info, "prefill_tokens", 0) or 0)
+
+    def observe_memory(self, mem) -> None:
+        """Set the slot gauges from ``engine.batch.SlotMemory`` (None: nothing loaded yet)."""
+        if mem is None:
+            return
+        self.slot_bytes.set(mem.slot_bytes)
+        self.slots.labels(state="used").set(mem.used)
+        self.slots.labels(state="free").set(mem.slots - mem.used)
+        self.kv_rows_used.set(mem.kv_rows_used)
+        self.kv_rows_capacity.set(mem.kv_rows_capacity)
+        self.prefilling.set(mem.prefilling)
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

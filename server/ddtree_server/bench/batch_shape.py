@@ -24,7 +24,7 @@ from ddtree_server.bench.random_shape import build_engine, resolve_device
 from ddtree_server.bench.shapes import Shape
 
 
-class _NoText:
+class NoText:
     """Random-weight shapes have no tokenizer: the stop rules then see empty text."""
 
     eos_token_id = None
@@ -69,7 +69,7 @@ def measure_batches(shape: Shape, batches: list[int], *, context: int, iters: in
     max_len = context + steps * bs + 2
     engine = build_engine(shape, device=device, dtype=dtype, max_len=max_len, max_running=max(batches))
     dev = engine.device
-    engine.tokenizer = engine.tokenizer or _NoText()
+    engine.tokenizer = engine.tokenizer or NoText()
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     modes = ["ar"] + (["dflash"] if engine.spec_available else [])
     rows = []
@@ -78,7 +78,8 @@ def measure_batches(shape: Shape, batches: list[int], *, context: int, iters: in
             reqs = _requests(engine, b, mode, context, steps * bs, seed=b)
             for r in reqs:
                 engine.batch.add(r)
-            engine.batch.step()   # the prefill step of all b prompts
+            while any(r.prefilling for r in reqs):   # the prefill steps of all b prompts (chunked)
+                engine.batch.step()
             sec = _time_steps(engine, reqs, iters, warmup, sync)
             for r in reqs:
                 engine.batch.abort(r)

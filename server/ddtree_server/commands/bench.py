@@ -10,6 +10,9 @@ docs/benchmarks unless asked for with --out).
 instead (no download, no tokenizer; bench/random_shape.py):
     ddtree-server bench --random-shape qwen3-8b --context-len 1024 --tau ddtree=3.3,dflash=2.1 --out OUT
 writes random-<shape>.json / .md / .png under --out.
+`--random-shape qwen3-8b --interference 16384 --batch 4 --prefill-chunk 512,0` times the running
+requests' steps while a 16,384-token prompt arrives, chunked and whole (bench/interference.py):
+writes interference-<shape>.json / .md.
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ def bench(
                                                    "concurrencies, e.g. 1,8,64 (aggregate tokens/s, TPOT p50/p99 per "
                                                    "method) instead of the per-request table."),
     iters: int = typer.Option(50, min=1, help="--random-shape: timed calls per stage (median)."),
+    interference: Optional[int] = typer.Option(
+        None, "--interference", min=1,
+        help="--random-shape: a prompt of this many tokens arrives while --batch (first value, default 4) "
+             "requests decode; times their steps (TPOT) per --prefill-chunk setting."),
+    prefill_chunk: str = typer.Option("512,0", "--prefill-chunk",
+                                      help="--interference: prefill chunk settings in tokens (0: whole prompt)."),
     tau: Optional[str] = typer.Option(None, help="--random-shape: acceptance lengths for the projected speedup, "
                                                  "e.g. ddtree=3.3,dflash=2.1 (or ddtree-64=3.3)."),
 ) -> None:
@@ -79,6 +88,10 @@ def bench(
     console = Console(stderr=True)
     out = out if out is not None else default_out_dir()
     console.print(f"report folder: {out}")
+    if random_shape is not None and interference is not None:
+        _interference(console, random_shape, out, interference, prefill_chunk, batch, context_len, iters, modes,
+                      device, dtype, stem)
+        return
     if random_shape is not None and batch is not None:
         _batch_shape(console, random_shape, out, batch, context_len, iters, tau, device, dtype, stem)
         return
@@ -184,6 +197,33 @@ def _batch_shape(console, name: str, out: Path, batch: str, context_len: int, it
         console.print(f"[red]bench --random-shape --batch failed:[/red] {exc}")
         raise typer.Exit(1) from None
     paths = batch_shape.write(doc, out, f"batch-{name}" if stem == "bench" else stem)
+    console.print(paths["md"].read_text())
+    console.print("written: " + ", ".join(str(p) for p in paths.values()))
+
+
+def _interference(console, name: str, out: Path, tokens: int, chunks: str, batch: Optional[str], context_len: int,
+                  iters: int, modes: str, device: str, dtype: Optional[str], stem: str) -> None:
+    """--random-shape NAME --interference N: running requests' steps while N prompt tokens arrive."""
+    from ddtree_server.bench import interference as itf
+    from ddtree_server.bench.shapes import SHAPE_NAMES, get_shape
+
+    if name not in SHAPE_NAMES:
+        raise typer.BadParameter(f"--random-shape {name!r}: use one of {', '.join(SHAPE_NAMES)}")
+    try:
+        settings, sizes = int_list(chunks), int_list(batch) if batch else [4]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if not settings or min(settings) < 0 or not sizes or min(sizes) < 1:
+        raise typer.BadParameter("--prefill-chunk: tokens >= 0 (0: whole), e.g. 512,0; --batch: a size >= 1")
+    mode = "dflash" if modes.strip() == "dflash" else "ar"
+    try:
+        doc = itf.measure_interference(get_shape(name), tokens, settings, batch=sizes[0], context=context_len,
+                                       iters=min(iters, 50), mode=mode, device=check_device(device), dtype=dtype,
+                                       log=console.log)
+    except (ValueError, RuntimeError) as exc:
+        console.print(f"[red]bench --interference failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    paths = itf.write(doc, out, f"interference-{name}" if stem == "bench" else stem)
     console.print(paths["md"].read_text())
     console.print("written: " + ", ".join(str(p) for p in paths.values()))
 

@@ -236,6 +236,15 @@ def register(app: typer.Typer) -> None:
             None, "--max-running",
             help="Requests decoded together in one batched step (default: 4 on cpu, sized from free GPU "
                  "memory on cuda, at most 64)."),
+        kv_memory_fraction: float = typer.Option(
+            0.5, "--kv-memory-fraction",
+            help="Without --max-running on cuda: the request slots may take this share of the free GPU "
+                 "memory after loading (max running = share x free / bytes per slot, at most 64)."),
+        prefill_chunk: Optional[int] = typer.Option(
+            None, "--prefill-chunk",
+            help="Prompt tokens per engine step, interleaved with decode rounds so that a long prompt "
+                 "never stalls running streams for more than one chunk (default 512 on cuda, 128 on cpu; "
+                 "0: whole prompts)."),
         max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", hidden=True,
                                                       help="Deprecated alias of --max-running."),
         chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
@@ -256,6 +265,7 @@ def register(app: typer.Typer) -> None:
                       tree_budget=tree_budget, spec_policy=spec_policy, max_tree_budget=max_tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
                       served_model_name=served_model_name, max_model_len=max_model_len, max_queue=max_queue,
                       max_running=max_running if max_running is not None else max_concurrency,
+                      kv_memory_fraction=kv_memory_fraction, prefill_chunk=prefill_chunk,
                       chat_template_kwargs=chat_template_kwargs,
                       drain_timeout_s=drain_timeout, stall_seconds=stall_seconds, log_level=log_level)
         try:

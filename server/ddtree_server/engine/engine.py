@@ -18,6 +18,7 @@ import torch
 
 from ddtree_server.engine.batch import BatchEngine, GenerationEvent, Request
 from ddtree_server.engine.batch.policy import POLICIES, Profile, SpecPolicy
+from ddtree_server.engine.batch.pools import cache_bytes
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.engine.processors import RequestProcessor
 from ddtree_server.engine.stats import DecodeStats
@@ -32,6 +33,9 @@ MODES = ("ar", "dflash", "ddtree")
 CUDA_TREE_BUDGET = 64  # default DDTree budget on CUDA (nodes)
 CPU_MAX_RUNNING = 4    # default requests in one batch on the CPU
 CUDA_MAX_RUNNING = 64  # upper bound of the CUDA default (sized from free memory below it)
+KV_MEMORY_FRACTION = 0.5  # share of the free GPU memory the slots' caches may take (CUDA default)
+CUDA_PREFILL_CHUNK = 512  # prompt tokens per engine step on CUDA (docs/architecture.md)
+CPU_PREFILL_CHUNK = 128   # ... on the CPU (a 128-token forward of SmolLM2 takes ~0.1-0.3 s there)
 POISON_ENV = "DDTREE_POISON_FREED_SLOTS"  # debug: fill freed slots with NaN
 
 
@@ -51,8 +55,14 @@ class Engine:
         eos_token_ids: stop tokens always added (unless ignore_eos).
         cuda_graphs: on CUDA, replay the target's forwards and the drafter's proposals from CUDA
             graphs (models/dense/graphs.py, models/drafter/graphs.py).
-        max_running: requests decoded together (slots); None: CPU_MAX_RUNNING on the CPU, sized
-            from free memory on CUDA; 1 for targets without a batched forward (HFRunner).
+        max_running: requests decoded together (slots); None: CPU_MAX_RUNNING on the CPU, on CUDA
+            as many slots as ``kv_memory_fraction`` of the free GPU memory holds (at most
+            CUDA_MAX_RUNNING); 1 for targets without a batched forward (HFRunner).
+        kv_memory_fraction: share of the free GPU memory (after loading) the slots may take when
+            max_running is None (CUDA); default KV_MEMORY_FRACTION.
+        prefill_chunk: prompt tokens per engine step over all prefilling requests (chunked
+            prefill, interleaved with decode rounds); None: CUDA_PREFILL_CHUNK on CUDA,
+            CPU_PREFILL_CHUNK on the CPU; 0: whole prompts in one step.
         poison_freed_slots: fill a freed slot's caches with NaN (debug; default from the
             DDTREE_POISON_FREED_SLOTS environment variable).
         spec_policy: ``auto``: the speculation policy (engine/batch/policy.py) chooses every
@@ -69,6 +79,7 @@ class Engine:
                  default_mode: str | None = None, tree_budget: int | None = None,
                  eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True,
                  max_running: int | None = None, poison_freed_slots: bool | None = None,
+                 kv_memory_fraction: float | None = None, prefill_chunk: int | None = None,
                  spec_policy: str = "fixed", profile: Profile | None = None):
         device = target.embed_tokens.weight.device
         graphed = families.graphed(target) if cuda_graphs and device.type == "cuda" else None
@@ -96,13 +107,21 @@ class Engine:
         self._check_mode(self.default_mode)
         if max_running is not None and int(max_running) < 1:
             raise ValueError(f"max_running must be >= 1, got {max_running}")
-        slots = self._default_running(max_running)
+        fraction = KV_MEMORY_FRACTION if kv_memory_fraction is None else float(kv_memory_fraction)
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"kv_memory_fraction must be in (0, 1], got {kv_memory_fraction}")
+        if prefill_chunk is not None and int(prefill_chunk) < 0:
+            raise ValueError(f"prefill_chunk must be >= 0 tokens (0: whole prompts), got {prefill_chunk}")
+        if prefill_chunk is None:
+            prefill_chunk = CUDA_PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
+        slots = self._default_running(max_running, fraction)
         poison = bool(int(os.environ.get(POISON_ENV, "0") or 0)) if poison_freed_slots is None else poison_freed_slots
         if spec_policy not in POLICIES:
             raise ValueError(f"unknown spec policy {spec_policy!r}; use one of {', '.join(POLICIES)}")
         policy = SpecPolicy(profile) if spec_policy == "auto" and self.spec_available else None
         self.batch = BatchEngine(target, drafter, max_running=slots, max_len=self.max_model_len,
-                                 device=device, poison=poison, policy=policy)
+                                 device=device, poison=poison, prefill_chunk=int(prefill_chunk) or None,
+                                 policy=policy)
         self.spec_policy = "auto" if self.batch.runner.policy is not None else "fixed"
         self._grammars = None
         self._grammars_lock = threading.Lock()
@@ -155,19 +174,32 @@ class Engine:
             out = out["input_ids"]
         return [int(t) for t in out]
 
-    def _default_running(self, asked: int | None) -> int:
-        model = getattr(self.target, "model", self.target)
-        if not isinstance(model, (TargetModel, HybridTarget)):
+    def _batched(self) -> bool:
+        return isinstance(getattr(self.target, "model", self.target), (TargetModel, HybridTarget))
+
+    def _slot_bytes(self) -> int:
+        """Bytes of one slot's caches (the target's KV / GDN state and the drafter's context K/V at
+        max_model_len), measured on one cache built here and freed (the CUDA sizing)."""
+        per_slot = cache_bytes(self.target.new_cache(self.max_model_len + 1))
+        if self.drafter is not None:
+            per_slot += cache_bytes(self.drafter.new_cache(self.max_model_len + 1 + self.block_size))
+        return per_slot
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one request slot as allocated (``batch.slot_bytes``; /metrics)."""
+        return self.batch.slot_bytes
+
+    def _default_running(self, asked: int | None, fraction: float) -> int:
+        if not self._batched():
             return 1  # no batched forward (transformers runner)
         if asked is not None:
             return int(asked)
         if self.device.type != "cuda":
             return CPU_MAX_RUNNING
-        per_slot = _cache_bytes(self.target.new_cache(self.max_model_len + 1))
-        if self.drafter is not None:
-            per_slot += _cache_bytes(self.drafter.new_cache(self.max_model_len + 1 + self.block_size))
+        per_slot = self._slot_bytes()
         free, _ = torch.cuda.mem_get_info(self.device)
-        return max(1, min(CUDA_MAX_RUNNING, int(0.5 * free) // max(per_slot, 1)))
+        return slots_for(free, per_slot, fraction)
 
     @property
     def max_concurrency(self) -> int:
@@ -244,7 +276,6 @@ class Engine:
         return text, stats
 
 
-def _cache_bytes(cache) -> int:
-    """Bytes of the tensors of a cache object (nested objects included)."""
-    from ddtree_server.engine.batch.pools import _tensor_fields
-    return sum(t.numel() * t.element_size() for _, _, t in _tensor_fields(cache))
+def slots_for(free_bytes: int, slot_bytes: int, fraction: float, cap: int = CUDA_MAX_RUNNING) -> int:
+    """Slots that ``fraction`` of ``free_bytes`` holds at ``slot_bytes`` each: at least 1, at most ``cap``."""
+    return max(1, min(cap, int(fraction * free_bytes) // max(slot_bytes, 1)))

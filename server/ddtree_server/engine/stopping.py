@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from ddtree_server.engine import detok
+
 _CONTEXT_TOKENS = 5  # prompt tokens used as detokenisation context (leading-space handling)
 
 
@@ -26,11 +28,14 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer, context_ids: Sequence[int] = ()):
         self.tokenizer = tokenizer
+        self.fast = detok.byte_decoder(tokenizer)   # engine/detok.py: the same text without the tokenizer
         self.ids: list[int] = list(context_ids)
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
 
     def _decode(self, ids: list[int]) -> str:
+        if self.fast is not None:
+            return self.fast(ids)
         return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def add(self, token_id: int) -> str:

@@ -25,22 +25,35 @@ def propose_batch(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: li
     for (c0, s), ctx in zip(rows, ctxs):
         if c0 + ctx.shape[0] != s:
             raise ValueError(f"context of {ctx.shape[0]} rows does not fill positions [{c0}, {s})")
-    slot_t = torch.tensor(slots, device=dev)
     feats = [c for c in ctxs if c.shape[0]]
     if feats:
         pos = torch.tensor([p for c0, s in rows for p in range(c0, s)], device=dev)
         slot_c = torch.tensor([sl for (c0, s), sl in zip(rows, slots) for _ in range(c0, s)], device=dev)
-        h = drafter.project_context(torch.cat(feats))[None]
-        cos, sin = drafter.rope(pos[None], h.dtype)
-        for i, layer in enumerate(drafter.layers):
-            k, v = layer.self_attn.kv(h, cos, sin)                       # [1, hkv, C, d]
-            kpool[:, i][slot_c, :, pos] = k[0].transpose(0, 1)
-            vpool[:, i][slot_c, :, pos] = v[0].transpose(0, 1)
+        append_context(drafter, kpool, vpool, torch.cat(feats), pos, slot_c)
     for c, s in zip(caches, starts):
         c.length = s
-    b = len(slots)
-    qpos = torch.tensor(starts, device=dev)[:, None] + torch.arange(bs, device=dev)[None]   # [b, bs]
-    kv_max = max(starts) + bs
+    return draft_blocks(drafter, kpool, vpool, torch.tensor(slots, device=dev), torch.tensor(starts, device=dev),
+                        torch.tensor(bonus, device=dev), max(starts) + bs)
+
+
+def append_context(drafter, kpool: Tensor, vpool: Tensor, ctx: Tensor, pos: Tensor, slot_c: Tensor) -> None:
+    """Project context features ``[C, F]`` and write their K/V at positions ``pos`` of slots ``slot_c``."""
+    h = drafter.project_context(ctx)[None]
+    cos, sin = drafter.rope(pos[None], h.dtype)
+    for i, layer in enumerate(drafter.layers):
+        k, v = layer.self_attn.kv(h, cos, sin)                       # [1, hkv, C, d]
+        kpool[:, i][slot_c, :, pos] = k[0].transpose(0, 1)
+        vpool[:, i][slot_c, :, pos] = v[0].transpose(0, 1)
+
+
+def draft_blocks(drafter, kpool: Tensor, vpool: Tensor, slot_t: Tensor, starts: Tensor, bonus: Tensor,
+                 kv_max: int) -> Tensor:
+    """The blocks ``[bonus_r, MASK ...]`` at positions ``starts[r] ..`` of every request in one
+    ``[b, bs]`` forward over key rows ``[0, kv_max)`` of their slots (rows at or past a request's
+    ``starts[r] + bs`` are zeroed and hidden); shapes depend on ``b`` and ``kv_max`` only (graph-safe)."""
+    dev, bs = kpool.device, drafter.config.block_size
+    b = slot_t.shape[0]
+    qpos = starts[:, None] + torch.arange(bs, device=dev)[None]                            # [b, bs]
     kpos = torch.arange(kv_max, device=dev)
     valid = kpos[None, :] < (qpos[:, -1:] + 1)                                             # [b, kv_max]
     masks = {}
@@ -48,7 +61,7 @@ def propose_batch(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: li
         see = visibility(qpos, kpos.expand(b, kv_max), kind)
         see = valid[:, None, :].expand(b, bs, kv_max) if see is None else see & valid[:, None, :]
         masks[kind] = see[:, None]
-    x = drafter.embed_tokens(drafter.block_ids(torch.tensor(bonus, device=dev))).to(drafter.dtype)
+    x = drafter.embed_tokens(drafter.block_ids(bonus)).to(drafter.dtype)
     cos, sin = drafter.rope(qpos, x.dtype)
     keep = valid[:, None, :, None]
     with sdpa_backends(dev):

@@ -1,10 +1,14 @@
 """BatchEngine: one ``step()`` advances every running request by one round.
 
-A step is either a prefill step (requests admitted since the last step: each whole prompt in one
-forward on its slot, giving its first token) or a decode round over every running request (plain,
-DFlash and DDTree requests in the same target forward: ``runner.py``). The host admits, streams
-and stops: stop rules per request (``StopChecker``), a cancelled request ends at the next step
-boundary, a finished one frees its slot for the next waiting request.
+A step runs (1) at most ``prefill_chunk`` prompt tokens of the requests still prefilling (oldest
+first; each request's chunk is one forward on its slot; a request's first token comes with its
+last chunk) and then (2) one decode round over every request that was decoding when the step
+began (plain, DFlash and DDTree requests in the same target forward: ``runner.py``). So a long
+prompt arriving never holds running streams for more than one chunk: the time between two
+tokens of a running request is at most one decode round plus one chunk's forward(s)
+(docs/architecture.md, "Chunked prefill"). ``prefill_chunk`` None: every prompt whole in one
+step. The host admits, streams and stops: stop rules per request (``StopChecker``), a cancelled
+request ends at the next step boundary, a finished one frees its slot for the next waiting request.
 """
 
 from __future__ import annotations
@@ -21,28 +25,63 @@ from ddtree_server.engine.batch.scheduler import Scheduler
 
 @dataclass
 class StepInfo:
-    """What the last step did: ``kind`` prefill / decode, requests in it, tokens it produced,
-    seconds; for a decode round also its draft nodes and tree kinds."""
+    """What the last step did: ``kind`` prefill (prompt chunks only) / decode (a round only) /
+    mixed (both) / idle, requests in it, tokens it produced (first tokens included), seconds;
+    ``prefill_tokens`` prompt tokens it ran in ``prefill_seconds``; for a decode round also its
+    draft nodes over all requests (``nodes``, N) and requests per tree kind (``kinds``: plain /
+    chain / tree)."""
 
     kind: str = "idle"
     batch: int = 0
     tokens: int = 0
     seconds: float = 0.0
-    nodes: int = 0                      # decode: draft nodes verified over all requests (N)
-    kinds: dict | None = None           # decode: requests per tree kind (plain / chain / tree)
+    prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    nodes: int = 0
+    kinds: dict | None = None
+
+
+@dataclass(frozen=True)
+class SlotMemory:
+    """The slots' memory after the last step (a snapshot other threads may read): ``slots``
+    (max_running) of which ``used`` hold a request, ``slot_bytes`` per slot (the target's KV and
+    GDN state, the drafter's context K/V, allocated once at max_model_len), KV rows (cached
+    tokens) of the running requests of ``kv_rows_capacity`` (slots x rows per slot), requests
+    still ``prefilling``."""
+
+    slots: int
+    used: int
+    slot_bytes: int
+    kv_rows_used: int
+    kv_rows_capacity: int
+    prefilling: int = 0
 
 
 class BatchEngine:
     """Scheduler + step runner; see the module docstring. Not thread-safe (one worker thread)."""
 
     def __init__(self, target, drafter, *, max_running: int, max_len: int, device, poison: bool = False,
-                 policy=None):
+                 graphs: bool | None = None, prefill_chunk: int | None = None, policy=None):
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 tokens (None: whole prompts), got {prefill_chunk}")
         self.scheduler = Scheduler(max_running)
         self.runner = StepRunner(target, drafter, slots=max_running, max_len=max_len, device=device,
-                                 poison=poison, policy=policy)
+                                 poison=poison, graphs=graphs, policy=policy)
+        # targets without our forward (transformers runner) prefill whole prompts
+        self.prefill_chunk = prefill_chunk if self.runner.kind is not None else None
         self.block_size = self.runner.block_size
+        self.max_len = max_len
+        self.slot_bytes = self.runner.caches.slot_bytes + (
+            self.runner.dcaches.slot_bytes if self.runner.dcaches is not None else 0)
         self.last = StepInfo()
         self.steps = 0
+        self.memory = self._memory()
+
+    def _memory(self) -> SlotMemory:
+        running = self.scheduler.running
+        return SlotMemory(self.max_running, len(running), self.slot_bytes,
+                          sum(max(r.s, r.prefilled) for r in running), self.max_running * self.max_len,
+                          self.scheduler.prefilling)
 
     @property
     def max_running(self) -> int:
@@ -65,12 +104,13 @@ class BatchEngine:
         if not req.finished:
             req.finished = True
             self._release(req)
+            self.memory = self._memory()
 
     def _release(self, req: Request) -> None:
         slot = self.scheduler.release(req)
         if slot is not None:
             self.runner.free(slot)
-        req.ctx = None
+        req.ctx, req.ctx_parts = None, []
 
     def _emit(self, req: Request, out: list, ids: list[int], text: str, finish: str | None) -> None:
         logprobs = req.take_logprobs(len(ids), finish is not None)
@@ -101,27 +141,34 @@ class BatchEngine:
         for req in [*self.scheduler.waiting, *self.scheduler.running]:
             if req.cancelled:
                 self._emit(req, out, [], req.checker.finish("cancelled"), "cancelled")
-        admitted = self.scheduler.admit()
-        if admitted:
-            for req in admitted:
-                t = time.perf_counter()
-                self.runner.reset(req.slot)
-                tokens = self.runner.prefill(req)
-                req.t_decode = time.perf_counter()
-                req.prefill_s = req.t_decode - t
+        for req in self.scheduler.admit():
+            self.runner.reset(req.slot)
+        decoding = self.scheduler.decoding()   # before this step's chunks: new requests join next step
+        made = ptoks = 0
+        chunks = self.scheduler.chunks(self.prefill_chunk)
+        for req, n in chunks:
+            t = time.perf_counter()
+            tokens = self.runner.prefill(req, n)
+            now = time.perf_counter()
+            req.prefill_s += now - t   # the prompt's forwards (interleaved rounds not counted)
+            ptoks += n
+            if tokens is not None:
+                req.t_decode = now
+                made += 1
                 self._feed(req, tokens, out)
-            self.last = StepInfo("prefill", len(admitted), len(admitted), time.perf_counter() - t0)
-        elif self.scheduler.running:
-            reqs = list(self.scheduler.running)
-            results = self.runner.round(reqs)
-            made = 0
-            for req, tokens in zip(reqs, results):
+        t_prefill = time.perf_counter() - t0
+        if decoding:
+            results = self.runner.round(decoding)
+            for req, tokens in zip(decoding, results):
                 if tokens is not None:
                     req.rounds += 1
                     req.produced += len(tokens)
                     made += len(tokens)
                 self._feed(req, tokens, out)
-            info = self.runner.last
-            self.last = StepInfo("decode", len(reqs), made, time.perf_counter() - t0, info.nodes, dict(info.kinds))
+        kind = ("mixed" if decoding else "prefill") if chunks else "decode" if decoding else "idle"
+        info = self.runner.last if decoding else None
+        self.last = StepInfo(kind, len(decoding) + len(chunks), made, time.perf_counter() - t0, ptoks, t_prefill,
+                             info.nodes if info else 0, dict(info.kinds) if info else None)
         self.steps += 1
+        self.memory = self._memory()
         return out

@@ -54,34 +54,36 @@ class Layout:
 
     def __init__(self, blocks: list[Block], device):
         self.blocks, self.device = blocks, device
-        self.sizes = [len(b.ids) for b in blocks]
-        self.offsets = [0, *np.cumsum(self.sizes).tolist()]
-        self.b, self.rmax = len(blocks), max(self.sizes)
-        self.kv_max = max(b.s + n for b, n in zip(blocks, self.sizes))
-        n_tot = self.offsets[-1]
-        rows = np.empty((5, n_tot), dtype=np.int64)   # request, row in request, id, position, cache row
-        for i, (blk, a, n) in enumerate(zip(blocks, self.offsets, self.sizes)):
-            rows[0, a:a + n] = i
-            rows[1, a:a + n] = np.arange(n)
-            rows[2, a:a + n] = blk.ids
-            rows[3, a:a + n] = np.asarray(blk.depths) + blk.s
-            rows[4, a:a + n] = np.arange(blk.s, blk.s + n)
+        sizes = np.fromiter((len(b.ids) for b in blocks), dtype=np.int64, count=len(blocks))
+        starts = np.fromiter((b.s for b in blocks), dtype=np.int64, count=len(blocks))
+        offsets = np.zeros(len(blocks) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        self.sizes, self.offsets = sizes.tolist(), offsets.tolist()
+        self.b, self.rmax = len(blocks), int(sizes.max())
+        self.kv_max = int((starts + sizes).max())
+        req = np.repeat(np.arange(self.b), sizes)
+        row = np.arange(offsets[-1]) - offsets[req]
+        rows = np.stack((req, row, np.fromiter((t for b in blocks for t in b.ids), dtype=np.int64, count=offsets[-1]),
+                         np.fromiter((d for b in blocks for d in b.depths), dtype=np.int64, count=offsets[-1])
+                         + starts[req], starts[req] + row))   # request, row in request, id, position, cache row
         self.req, self.row, self.ids, self.pos, self.dest = torch.from_numpy(rows).to(device)
-        per = np.zeros((4, self.b + 1), dtype=np.int64)   # slot, start, length, row offset
-        per[0, :-1] = [b.slot for b in blocks]
-        per[1, :-1] = [b.s for b in blocks]
-        per[2, :-1] = [b.s + n for b, n in zip(blocks, self.sizes)]
-        per[3] = self.offsets
-        per_dev = torch.from_numpy(per).to(device)
+        slots = np.fromiter((b.slot for b in blocks), dtype=np.int64, count=self.b)
+        per = np.stack((np.append(slots, 0), np.append(starts, 0), np.append(starts + sizes, 0), offsets))
+        per_dev = torch.from_numpy(per).to(device)   # slot, start, length, row offset
         self.slots, self.lens = per_dev[0, :-1], per_dev[2, :-1]
         self.starts, self.qo = per_dev[1, :-1].to(torch.int32), per_dev[3].to(torch.int32)
         self.slot_of_row = self.slots[self.req]
         self.tree = any(b.mask is not None for b in blocks)
+        self.inner = torch.from_numpy(self.inner_host).to(device) if self.tree else None
+
+    @property
+    def inner_host(self) -> np.ndarray:
+        """Bool ``[b, rmax, rmax]``: each block's own mask (a tree's, else causal) in its corner."""
         inner = np.zeros((self.b, self.rmax, self.rmax), dtype=bool)
-        for i, (blk, n) in enumerate(zip(blocks, self.sizes)):
-            inner[i, :n, :n] = blk.mask if blk.mask is not None else np.tri(n, dtype=bool)
-        self.inner_host = inner
-        self.inner = torch.from_numpy(inner).to(device) if self.tree else None
+        tri = np.tri(self.rmax, dtype=bool)
+        for i, (blk, n) in enumerate(zip(self.blocks, self.sizes)):
+            inner[i, :n, :n] = blk.mask if blk.mask is not None else tri[:n, :n]
+        return inner
 
     @property
     def valid(self) -> Tensor:
@@ -92,9 +94,10 @@ class Layout:
         """Additive mask ``[b, 1, rep*rmax, kv_max]`` of the padded SDPA (GQA rows: rep query heads
         per KV head): the committed prefix, the block's own mask; padding rows see column 0."""
         see = np.zeros((self.b, self.rmax, self.kv_max), dtype=bool)
+        inner = self.inner_host
         for i, (blk, n) in enumerate(zip(self.blocks, self.sizes)):
             see[i, :n, : blk.s] = True
-            see[i, :n, blk.s: blk.s + n] = self.inner_host[i, :n, :n]
+            see[i, :n, blk.s: blk.s + n] = inner[i, :n, :n]
             see[i, n:, 0] = True
         m = torch.from_numpy(see).to(self.device)[:, None, None].expand(self.b, 1, rep, self.rmax, self.kv_max)
         m = m.reshape(self.b, 1, rep * self.rmax, self.kv_max)

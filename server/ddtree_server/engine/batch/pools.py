@@ -29,6 +29,11 @@ def _tensor_fields(obj) -> list[tuple[object, str, Tensor]]:
     return out
 
 
+def cache_bytes(cache) -> int:
+    """Bytes of the tensors of a cache object (nested objects included)."""
+    return sum(t.numel() * t.element_size() for _, _, t in _tensor_fields(cache))
+
+
 def _clone(obj, memo: dict):
     """Shallow copy of ``obj`` and of its nested tensor-holding objects (memo: id -> copy)."""
     out = copy.copy(obj)
@@ -68,6 +73,13 @@ class SlotPool:
 
     def __getitem__(self, slot: int):
         return self.caches[slot]
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one slot's cache (every tensor of it)."""
+        if self.pooled:
+            return sum(t[0].numel() * t.element_size() for t in self.tensors.values())
+        return cache_bytes(self.caches[0])
 
     def pool(self, name: str) -> Tensor:
         """The pooled tensor of a cache attribute (``k``, ``v``, ``state`` ...; the first match)."""

@@ -33,7 +33,9 @@ class Request:
 
     ``s``: committed target length (prompt + accepted tokens, the bonus excluded); ``bonus``: the
     verified token at position s, not yet in the cache; ``ctx``: target features of the tokens
-    the drafter has not seen. ``processor``: an optional per-request logits processor
+    the drafter has not seen. ``prefilled``: prompt tokens in the slot's cache so far (chunked
+    prefill; the request decodes once it is the whole prompt); ``ctx_parts``: the prompt
+    chunks' features until the last chunk joins them into ``ctx``. ``processor``: an optional per-request logits processor
     (``active``, ``process(logits, parents, tokens)``, ``commit(tokens)``); while active, the
     request's choices go through it (``choose``).
     """
@@ -64,6 +66,13 @@ class Request:
     nodes: int = 0                    # draft nodes verified over its rounds
     round_nodes: int = 0              # draft nodes of the whole batch over its rounds (sum of N)
     kinds: dict = field(default_factory=lambda: {"plain": 0, "chain": 0, "tree": 0})   # rounds per tree kind
+    prefilled: int = 0
+    ctx_parts: list[Tensor] = field(default_factory=list)
+
+    @property
+    def prefilling(self) -> bool:
+        """True until the whole prompt is in the slot's cache (the first token follows it)."""
+        return self.prefilled < len(self.prompt_ids)
 
     @property
     def cancelled(self) -> bool:

@@ -1,4 +1,4 @@
-"""Step runner: the model I/O of the batch engine (prefill of one request, one decode round of many).
+"""Step runner: the model I/O of the batch engine (a prompt chunk of one request, a decode round of many).
 
 A decode round over requests R: drafts for the speculative ones (one batched drafter forward),
 their trees (DFlash: the chain of draft argmaxes; DDTree: best-first, ``spec/tree.py``), ONE target
@@ -11,6 +11,7 @@ the per-request forward on the slot's cache, which on CUDA is the Triton-kernel 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +25,8 @@ from ddtree_server.engine.batch.forward import (
     dense_forward,
     hybrid_forward,
 )
+from ddtree_server.engine.batch.draft_graphs import DraftGraphs
+from ddtree_server.engine.batch.graphs import BatchGraphs
 from ddtree_server.engine.batch.policy import SpecPolicy
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.profile import measure
@@ -31,8 +34,14 @@ from ddtree_server.engine.batch.request import Request
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.model import HybridTarget
+from ddtree_server.models.layers import kernels_usable
 from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
 from ddtree_server.speculative.walk import accepted_tokens, walk
+
+
+# "0": batched rounds never take graphs; "1": always the padded layout (graph-replayed on CUDA, run
+# eagerly elsewhere: the CPU tests of the padding); unset: on for dense targets on the kernel path
+GRAPHS_ENV = "DDTREE_BATCH_GRAPHS"
 
 
 def _raw(module, attr: str):
@@ -60,20 +69,31 @@ class StepRunner:
     """Slot pools of the target (and drafter) caches and the forwards over them."""
 
     def __init__(self, target, drafter, *, slots: int, max_len: int, device, poison: bool = False,
-                 policy: SpecPolicy | None = None):
+                 graphs: bool | None = None, policy: SpecPolicy | None = None):
         self.target, self.drafter, self.device, self.poison_freed = target, drafter, device, poison
         self.model = _raw(target, "model")
         self.kind = "hybrid" if isinstance(self.model, HybridTarget) else \
             "dense" if isinstance(self.model, TargetModel) else None
-        self.caches = SlotPool(lambda: target.new_cache(max_len + 1), slots, pooled=self.kind is not None)
+        cuda = torch.device(device).type == "cuda"
+        want = graphs if graphs is not None else {"0": False, "1": True}.get(os.environ.get(GRAPHS_ENV, "").strip())
+        # CUDA graphs of batched rounds: dense targets on the kernel path; the drafter on CUDA
+        graphs = self.kind == "dense" and (want if want is not None else
+                                           cuda and kernels_usable(self.model.head_dim, self.model.embed_tokens.weight))
+        # with graphs the pool's last slot is the scratch slot of padding blocks (engine/batch/graphs.py)
+        self.caches = SlotPool(lambda: target.new_cache(max_len + 1), slots + graphs, pooled=self.kind is not None)
+        self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda) if graphs else None
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
-        self.dcaches = None
+        self.dcaches = self.draft_graphs = None
         if drafter is not None:
             self.raw_drafter = _raw(drafter, "drafter")
-            self.dcaches = SlotPool(lambda: drafter.new_cache(max_len + 1 + self.block_size), slots,
-                                    pooled=isinstance(self.raw_drafter, DFlashDrafter))
+            pooled = isinstance(self.raw_drafter, DFlashDrafter)
+            dgraphs = pooled and (want if want is not None else cuda)   # + a scratch slot (draft_graphs.py)
+            self.dcaches = SlotPool(lambda: drafter.new_cache(max_len + 1 + self.block_size), slots + dgraphs,
+                                    pooled=pooled)
+            self.draft_graphs = DraftGraphs(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
+                                            capture=cuda) if dgraphs else None
         self.batched = self.kind is not None
-        cuda = torch.device(device).type == "cuda"  # pinned buffers for the batch-1 path's small copies
+        # pinned buffers for the batch-1 path's small copies
         self._inputs_buf, self._rows_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
         # the speculation policy governs ddtree requests (policy.py); it needs the batched forward
         self.policy = policy if drafter is not None and self.batched else None
@@ -98,17 +118,32 @@ class StepRunner:
         return pool.pool("k"), pool.pool("v")
 
     # ---- prefill ------------------------------------------------------------------------------
-    def prefill(self, req: Request) -> list[int]:
-        """The whole prompt in one forward on the request's slot; returns ``[first token]``."""
-        cache, n = self.caches[req.slot], len(req.prompt_ids)
-        ids = torch.tensor(req.prompt_ids, dtype=torch.long, device=self.device)
+    def prefill(self, req: Request, n: int | None = None) -> list[int] | None:
+        """The next ``n`` prompt tokens (None: the rest) in one forward on the request's slot, after
+        the ``req.prefilled`` already there: positions continue, dense KV extends, a hybrid's GDN
+        recurrent / conv states carry over (a causal ``last_only`` block is committed at once).
+        Returns ``[first token]`` after the last chunk, else None (no logits are used before)."""
+        p, total = req.prefilled, len(req.prompt_ids)
+        n = total - p if n is None else n
+        if n <= 0 or p + n > total:
+            raise ValueError(f"prompt chunk [{p}, {p + n}) outside the prompt of {total} tokens")
+        cache = self.caches[req.slot]
+        if cache.length != p:
+            raise RuntimeError(f"slot {req.slot} holds {cache.length} rows, the prompt chunk starts at {p}")
+        ids = torch.tensor(req.prompt_ids[p:p + n], dtype=torch.long, device=self.device)
         # slot 0 may take the CUDA graphs (bound to its storage); other slots run eagerly
         model = self.target if req.slot == 0 else self.model
-        logits, ctx = model.forward(cache, ids, torch.arange(n, device=self.device), last_only=True)
-        token = req.choose(logits, [-1], [req.prompt_ids[-1]], [n])[0]
-        req.s, req.bonus = n, token
-        req.accept([token])  # the prefill row chose it
-        req.ctx = ctx.clone() if ctx is not None and req.mode != "ar" else None
+        logits, ctx = model.forward(cache, ids, torch.arange(p, p + n, device=self.device), last_only=True)
+        req.prefilled = p + n
+        if ctx is not None and req.mode != "ar":
+            req.ctx_parts.append(ctx.clone())   # graphed forwards return views of static buffers
+        if req.prefilled < total:
+            return None
+        token = req.choose(logits, [-1], [req.prompt_ids[-1]], [total])[0]
+        req.s, req.bonus = total, token
+        req.accept([token])  # the last chunk's last row chose it
+        parts, req.ctx_parts = req.ctx_parts, []
+        req.ctx = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
         return [token]
 
     # ---- decode round -------------------------------------------------------------------------
@@ -183,11 +218,12 @@ class StepRunner:
     def _batched(self, reqs: list[Request], spec: list[Request]) -> list[list[int]]:
         logits = chains = None
         if spec:
-            if self.dcaches.pooled:
-                dk, dv = self.dcaches.pool("k"), self.dcaches.pool("v")
-                logits = propose_batch(self.raw_drafter, dk, dv, [self.dcaches[r.slot] for r in spec],
-                                       [r.slot for r in spec], [r.ctx for r in spec], [r.bonus for r in spec],
-                                       [r.s for r in spec])
+            args = ([self.dcaches[r.slot] for r in spec], [r.slot for r in spec], [r.ctx for r in spec],
+                    [r.bonus for r in spec], [r.s for r in spec])
+            if self.draft_graphs is not None:
+                logits = self.draft_graphs.propose(*args)
+            elif self.dcaches.pooled:
+                logits = propose_batch(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"), *args)
             else:
                 logits = torch.stack([self.drafter.propose(self.dcaches[r.slot], r.ctx, r.bonus, r.s) for r in spec])
             chains = logits.argmax(dim=-1).tolist() if any(r.mode == "dflash" for r in spec) else None
@@ -196,20 +232,26 @@ class StepRunner:
         trees = self._trees(reqs, spec, logits, chains)
         blocks = [Block(r.slot, r.s, t.tokens, t.depths, None if t.is_chain else t.ancestors())
                   for r, t in zip(reqs, trees)]
-        lay = Layout(blocks, self.device)
         caches = [self.caches[r.slot] for r in reqs]
         k, v = self._kv()
-        if self.kind == "dense":
-            logits, feats = dense_forward(self.model, k, v, lay)
-            for c, blk, n in zip(caches, blocks, lay.sizes):
-                c.length = blk.s + n
+        shape = self.graphs.shape(blocks) if self.graphs is not None else None
+        if shape is not None:   # padded layout, graph replay: each block's rows start at starts[i]
+            logits, feats, starts = self.graphs.forward(blocks, shape)
         else:
-            logits, feats = hybrid_forward(self.model, caches, k, v, lay)
+            lay = Layout(blocks, self.device)
+            starts = lay.offsets[:-1]
+            if self.kind == "dense":
+                logits, feats = dense_forward(self.model, k, v, lay)
+            else:
+                logits, feats = hybrid_forward(self.model, caches, k, v, lay)
+        if self.kind == "dense":
+            for c, blk in zip(caches, blocks):
+                c.length = blk.s + len(blk.ids)
         plain = all(r.params.greedy and r.processor is None for r in reqs)
         choices = logits.argmax(dim=-1).tolist() if plain else None
         out = []
-        for i, (r, t) in enumerate(zip(reqs, trees)):
-            a, b = lay.offsets[i], lay.offsets[i + 1]
+        for r, t, a in zip(reqs, trees, starts):
+            b = a + t.size
             out.append(self._commit(r, t, logits[a:b], None if feats is None else feats[a:b],
                                     None if choices is None else choices[a:b]))
         return out

@@ -1,7 +1,8 @@
 """Scheduler: admission and slots of the batch engine (pure bookkeeping, no tensors).
 
-FCFS: waiting requests take the lowest free slot while fewer than ``max_running`` run; a step is a
-prefill step when requests were admitted, else a decode round over every running request.
+FCFS: waiting requests take the lowest free slot while fewer than ``max_running`` run. A running
+request first prefills its prompt (``chunks``: at most a token budget per step over all prefilling
+requests, oldest first), then decodes (``decoding``: one round per step).
 """
 
 from __future__ import annotations
@@ -47,6 +48,32 @@ class Scheduler:
         if slot is not None:
             heapq.heappush(self._free, slot)
         return slot
+
+    def chunks(self, budget: int | None) -> list[tuple[Request, int]]:
+        """This step's prompt chunks: ``(request, tokens)`` for the prefilling requests in admission
+        order, at most ``budget`` tokens in all (None: every prompt whole). The oldest request's
+        prompt is finished first, so its first token comes as early as the budget allows."""
+        out, left = [], budget
+        for req in self.running:
+            if not req.prefilling:
+                continue
+            n = len(req.prompt_ids) - req.prefilled
+            if left is not None:
+                if left <= 0:
+                    break
+                n = min(n, left)
+                left -= n
+            out.append((req, n))
+        return out
+
+    def decoding(self) -> list[Request]:
+        """Running requests whose prompt is prefilled (the next decode round's batch)."""
+        return [r for r in self.running if not r.prefilling]
+
+    @property
+    def prefilling(self) -> int:
+        """Running requests whose prompt is not yet wholly in their slot's cache."""
+        return sum(1 for r in self.running if r.prefilling)
 
     @property
     def busy(self) -> bool:

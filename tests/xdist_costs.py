@@ -1,0 +1,53 @@
+"""Estimated seconds of each test, for the order in which pytest-xdist hands out the test groups
+(tests/conftest.py: longest first).
+
+MEASURED: seconds per test of the slowest ones, from full runs on 3 workers of a busy 2-core machine
+(setup + call + teardown; a module fixture's cost spread over its module's tests), keyed by test
+module or `module::function` (every parameter of the function alike). Others: by marker. Only the
+order of the groups depends on these numbers: a stale entry can make the suite slower, never wrong.
+Refresh them from the `--durations` table `make test` prints when the slowest tests change.
+"""
+
+from __future__ import annotations
+
+MEASURED = {
+    # the test fleet: real servers deployed over SSH into emulated containers
+    "tests/fleet/test_fresh_container.py": 200.0,        # pip installs torch into two fresh venvs
+    "tests/fleet/test_immutable_releases.py": 105.0,     # 4 failed deploys, each + a restart of SmolLM2
+    "tests/fleet/test_recovery.py": 50.0,
+    "tests/fleet/test_fleet_e2e.py": 50.0,
+    "tests/fleet/test_router_fleet.py": 50.0,
+    # the Triton interpreter (test_kernels_engine: one child per test)
+    "tests/server/test_kernels_engine.py::test_kernel_path_is_exact": 80.0,
+    "tests/server/test_kernels_engine.py::test_target_kernel_path_equals_sdpa": 75.0,
+    "tests/server/test_kernels_engine.py::test_drafter_kernel_path_equals_eager": 40.0,
+    "tests/server/test_kernels_batch.py::test_engine_batched_on_the_kernel_path_equals_alone": 75.0,
+    # real servers and SmolLM2
+    "tests/ctl/test_local_deploy.py::test_deploy_local_end_to_end": 280.0,
+    "tests/server/test_api_longinput.py::test_a_long_prefill_is_progress_not_a_stall": 250.0,
+    "tests/server/test_api_longinput.py::test_drain_deadline_gives_queued_requests_503_not_500": 45.0,
+    "tests/server/test_api_tool_grammar.py": 120.0,
+    "tests/server/test_api_batching.py": 150.0,          # 64 concurrent streams, then 5 alone
+    "tests/server/test_api_lifecycle.py::test_second_sigterm_exits_at_once_without_aborting": 100.0,
+    "tests/server/test_api_lifecycle.py::test_drain_deadline_passed_exits_without_aborting": 80.0,
+    "tests/server/test_api_lifecycle.py::test_model_load_failure_exits_1": 30.0,
+    "tests/server/test_api_lifecycle.py::test_unusable_drafter_for_spec_mode_is_one_error_line": 30.0,
+    "tests/server/test_api_health.py::test_real_server_caps_the_budget_and_reports_its_load": 50.0,
+    "tests/server/test_hybrid_serve.py": 30.0,
+    "tests/server/test_api_auth.py::test_empty_key_logs_that_authentication_is_off": 15.0,
+    "tests/server/test_api_auth.py::test_a_key_logs_that_authentication_is_on_without_the_key": 15.0,
+}
+BY_MARKER = (("kernels", 20.0), ("slow", 5.0), ("fleet", 2.0))
+DEFAULT = 0.3
+
+
+def estimate(item) -> float:
+    """Estimated seconds of a collected test item."""
+    path, _, rest = item.nodeid.split("@")[0].partition("::")
+    for key in (f"{path}::{rest.split('[')[0]}", path):
+        if key in MEASURED:
+            return MEASURED[key]
+    for marker, seconds in BY_MARKER:
+        if item.get_closest_marker(marker):
+            return seconds
+    return DEFAULT
