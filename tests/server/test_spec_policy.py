@@ -126,6 +126,23 @@ def test_policy_batched_equals_alone_and_ar_random_drafter(request, kind):
     target.capture_layers = []
 
 
+def test_policy_with_padded_graph_layouts_and_prompt_chunks(dense, monkeypatch):
+    """The policy's trees through the padded layouts of the batched-round and drafter CUDA graphs
+    (run eagerly on the CPU), with whole prompts (oracle drafter: it knows prompts by their whole
+    features) and with prompts prefilled in chunks (real drafter): alone == batched == ``ar``."""
+    monkeypatch.setenv("DDTREE_BATCH_GRAPHS", "1")
+    dense.capture_layers = LAYERS
+    specs = _specs(seed=41, count=8)
+    drafter, ar = oracle_drafter(dense, specs)
+    engine = _engine(dense, drafter, max_running=4, poison_freed_slots=True, profile=GPU_LIKE, prefill_chunk=0)
+    check_alone_batched_ar(engine, specs, ar)
+    assert engine.batch.runner.graphs is not None
+    engine = _engine(dense, real_drafter(dense), max_running=4, poison_freed_slots=True, prefill_chunk=8,
+                     profile=Profile.linear(1.0, 0.0005, draft=0.01, block=6))
+    check_alone_batched_ar(engine, _specs(seed=43, count=6), ar)
+    dense.capture_layers = []
+
+
 def test_measured_profile_on_the_cpu(dense):
     engine = _engine(dense, real_drafter(dense), max_running=3)
     prof = engine.batch.runner.policy.profile
