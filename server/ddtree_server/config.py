@@ -10,6 +10,8 @@ Model files are only *named* here; `ddtree_server.models` locates and verifies t
 * `mode` `None` -> the engine picks ddtree when a drafter is loaded and the target supports tree
   attention, else ar (targets that cannot verify trees, e.g. hybrids, are served with plain decoding).
 * `device` / `dtype` are resolved here: cuda when available, else cpu; bf16 on cuda, fp32 on cpu.
+* `spec_policy` `auto` -> the speculation policy chooses every ddtree request's tree round by round
+  (one global node budget; the request's tree budget is its cap); `fixed` -> modes and budgets as given.
 * `max_tree_budget` `None` -> `DEFAULT_MAX_TREE_BUDGET[device]`, raised to `tree_budget` when that
   is larger (`tree_budget_limit`).
 """
@@ -94,6 +96,10 @@ class ServerConfig(BaseModel):
     )
     mode: Mode | None = Field(None, description="Default decoding mode; requests may override it.")
     tree_budget: int | None = Field(None, ge=1, le=4096, description="Default DDTree node budget (nodes).")
+    spec_policy: Literal["auto", "fixed"] = Field(
+        "auto", description="auto: the speculation policy chooses each round's draft nodes (plain / chain / tree "
+                            "per ddtree request, one global node budget); fixed: every request's mode and tree "
+                            "budget as given.")
     max_tree_budget: int | None = Field(
         None, ge=1, le=4096,
         description="Largest decoding.tree_budget a request may ask for (nodes; larger: 400). "

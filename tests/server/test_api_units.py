@@ -394,3 +394,19 @@ def test_missing_or_non_object_body_says_so(raw, headers, expected):
     error = _error(response)
     assert error["type"] == "invalid_request_error" and error["param"] is None, error
     assert expected in error["message"] and "None" not in error["message"], error
+
+
+def test_metrics_of_the_speculation_policy():
+    from ddtree_server.engine.batch import StepInfo
+
+    m = Metrics()
+    m.observe_step(StepInfo("decode", 3, 9, 0.01, nodes=40, kinds={"plain": 1, "chain": 0, "tree": 2}))
+    m.observe_step(StepInfo("decode", 3, 3, 0.01, nodes=0, kinds={"plain": 3, "chain": 0, "tree": 0}))
+    m.observe_finished(prompt_tokens=3, stats={"generated_tokens": 9, "decode_rounds": 4, "decode_tokens": 10,
+                                               "decode_seconds": 0.1, "mean_tree_nodes": 12.5})
+    text = m.render().decode()
+    assert "ddtree_round_draft_nodes_count 2.0" in text and "ddtree_round_draft_nodes_sum 40.0" in text
+    assert "ddtree_last_round_draft_nodes 0.0" in text
+    assert 'ddtree_request_rounds_total{kind="plain"} 4.0' in text
+    assert 'ddtree_request_rounds_total{kind="tree"} 2.0' in text
+    assert "ddtree_verified_draft_nodes_total 50.0" in text and "ddtree_accepted_draft_tokens_total 6.0" in text

@@ -11,6 +11,9 @@ Names (all prefixed `ddtree_`):
   finished requests of target forwards after prefill, the tokens they produced and their time:
   mean tau = decode_tokens_total / decode_rounds_total, decode tokens/s =
   decode_tokens_total / decode_seconds_total (rates over any window: ratio of `rate()`s);
+* `verified_draft_nodes_total`, `accepted_draft_tokens_total` — over finished requests, the draft
+  nodes their rounds verified and the draft tokens accepted (decode tokens minus bonus tokens):
+  acceptance per verified node = accepted / verified;
 * `time_to_first_token_seconds` — queue wait + prefill + first round, per request (s);
 * `queue_depth` / `running_requests` — requests waiting for / running on the worker;
 * `round_age_seconds` — how long the engine round in progress has run (0 when none runs) (s);
@@ -27,6 +30,11 @@ Names (all prefixed `ddtree_`):
   context K/V at max_model_len, allocated once per slot (bytes);
 * `slots{state}` — request slots used | free (`--max-running` in all);
 * `kv_rows_used` / `kv_rows_capacity` — cached tokens of the running requests / slots x max_model_len (tokens);
+* `round_draft_nodes` — histogram of the draft nodes one decode round verified over all its
+  requests (N: the speculation policy's choice plus fixed-mode requests' nodes; roots excluded);
+  `last_round_draft_nodes` — the same for the last round (gauge);
+* `request_rounds_total{kind}` — request-rounds by the shape of the request's tree, kind
+  plain (the root alone) | chain (one path) | tree (branched);
 * `server_state` — loading | warming | ready | draining | stopped | failed.
 """
 
@@ -56,6 +64,10 @@ class Metrics:
         self.decode_tokens = Counter("ddtree_decode_tokens", "Tokens produced by decode rounds (after prefill).",
                                      registry=r)
         self.decode_seconds = Counter("ddtree_decode_seconds", "Time spent in decode rounds (s).", registry=r)
+        self.draft_nodes = Counter("ddtree_verified_draft_nodes", "Draft nodes verified for finished requests.",
+                                   registry=r)
+        self.accepted_drafts = Counter("ddtree_accepted_draft_tokens",
+                                       "Draft tokens accepted for finished requests (bonus tokens excluded).", registry=r)
         self.acceptance_length = Histogram(
             "ddtree_acceptance_length", "Mean accepted tokens per target forward (tau), per request.",
             buckets=(1, 1.25, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 16), registry=r)
@@ -80,6 +92,13 @@ class Metrics:
         self.step_tokens = Histogram(
             "ddtree_step_tokens", "Tokens produced by one decode step, all requests together.",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
+        self.round_nodes = Histogram(
+            "ddtree_round_draft_nodes", "Draft nodes verified by one decode round, all requests together (N).",
+            buckets=(0, 1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048), registry=r)
+        self.last_round_nodes = Gauge("ddtree_last_round_draft_nodes",
+                                      "Draft nodes verified by the last decode round (N).", registry=r)
+        self.request_rounds = Counter("ddtree_request_rounds", "Request-rounds by tree kind (plain | chain | tree).",
+                                      ["kind"], registry=r)
         self.prefill_tokens = Counter("ddtree_prefill_tokens", "Prompt tokens run by prefill chunks.", registry=r)
         self.prefilling = Gauge("ddtree_prefilling_requests", "Running requests still prefilling their prompt.",
                                 registry=r)
@@ -111,6 +130,9 @@ class Metrics:
         self.decode_rounds.inc(rounds)
         self.decode_tokens.inc(stats.get("decode_tokens") or 0)
         self.decode_seconds.inc(max(stats.get("decode_seconds") or 0.0, 0.0))
+        if stats.get("mean_tree_nodes") is not None:
+            self.draft_nodes.inc(round(stats["mean_tree_nodes"] * rounds))
+            self.accepted_drafts.inc(max((stats.get("decode_tokens") or 0) - rounds, 0))
         tau = stats.get("mean_acceptance_length")
         if tau:
             self.acceptance_length.observe(tau)
@@ -125,6 +147,12 @@ class Metrics:
             self.step_seconds.labels(kind=info.kind).observe(info.seconds)
         if info.kind in ("decode", "mixed"):
             self.step_tokens.observe(info.tokens)
+            nodes = getattr(info, "nodes", 0) or 0
+            self.round_nodes.observe(nodes)
+            self.last_round_nodes.set(nodes)
+            for kind, count in (getattr(info, "kinds", None) or {}).items():
+                if count:
+                    self.request_rounds.labels(kind=kind).inc(count)
         self.prefill_tokens.inc(getattr(info, "prefill_tokens", 0) or 0)
 
     def observe_memory(self, mem) -> None:

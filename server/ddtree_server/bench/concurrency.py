@@ -37,7 +37,9 @@ def closed_loop(engine, prompts: list[list[int]], *, mode: str, budget: int | No
         while todo and len(live) < concurrency:
             i, ids = todo.pop(0)
             req = engine.make_request(ids, SamplingParams(max_tokens=max_new_tokens, temperature=temperature,
-                                                          seed=i), mode=mode, tree_budget=budget, rid=str(i))
+                                                          seed=i), mode="ddtree" if mode == "policy" else mode,
+                                      tree_budget=budget, rid=str(i),
+                                      spec_policy="auto" if mode == "policy" else "fixed")
             batch.add(req)
             live[req.rid] = {"start": time.perf_counter(), "first": None, "tokens": 0}
         for req, ev in batch.step():

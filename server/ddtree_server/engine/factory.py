@@ -24,7 +24,7 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
                 mode: str | None = None, tree_budget: int | None = None,
                 max_model_len: int | None = None, model_id: str | None = None,
                 max_running: int | None = None, kv_memory_fraction: float | None = None,
-                prefill_chunk: int | None = None) -> Engine:
+                prefill_chunk: int | None = None, spec_policy: str = "fixed") -> Engine:
     """Load models and return a ready Engine; ``engine.messages`` holds the start-up lines.
 
     Raises:
@@ -70,13 +70,20 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
     engine = Engine(loaded.model, loaded.tokenizer, draft_model, model_id=model_id,
                     max_model_len=max_model_len, tree_mode_available=loaded.tree_mode_available,
                     default_mode=mode, tree_budget=tree_budget, eos_token_ids=loaded.eos_token_ids,
-                    max_running=max_running, kv_memory_fraction=kv_memory_fraction, prefill_chunk=prefill_chunk)
+                    max_running=max_running, kv_memory_fraction=kv_memory_fraction, prefill_chunk=prefill_chunk,
+                    spec_policy=spec_policy)
     chunk = engine.batch.prefill_chunk
     messages.append(f"batching: up to {engine.max_concurrency} running requests per step, "
                     f"{engine.batch.slot_bytes / 2**20:.1f} MiB per slot; prefill "
                     + (f"chunks of {chunk} tokens per step" if chunk else "of whole prompts"))
     messages.append(f"default mode {engine.default_mode}" + (
-        f", tree budget {engine.tree_budget}" if engine.default_mode == "ddtree" else ""))
+        f", tree budget {engine.tree_budget}" if engine.default_mode == "ddtree" else "")
+        + f", spec policy {engine.spec_policy}")
+    if engine.spec_policy == "auto":
+        prof = engine.batch.runner.policy.profile
+        messages.append("spec policy profile: target forward " + ", ".join(
+            f"{r} rows {1e3 * t:.2f} ms" for r, t in zip(prof.rows, prof.seconds))
+            + f"; +{1e3 * prof.per_request:.3f} ms per request; drafter {1e3 * prof.draft:.2f} ms")
     engine.sampling_defaults = sampling_defaults(loaded.folder, embedded=sha is not None)
     if engine.sampling_defaults:
         messages.append("sampling defaults for requests that omit them: " + ", ".join(
@@ -93,4 +100,5 @@ def engine_from_config(cfg) -> Engine:
                        target_layer_ids=cfg.target_layer_ids, device=cfg.device, dtype=cfg.dtype,
                        mode=cfg.mode, tree_budget=cfg.tree_budget, max_model_len=cfg.max_model_len,
                        model_id=cfg.served_model_name, max_running=cfg.max_running or cfg.max_concurrency,
-                       kv_memory_fraction=cfg.kv_memory_fraction, prefill_chunk=cfg.prefill_chunk)
+                       kv_memory_fraction=cfg.kv_memory_fraction, prefill_chunk=cfg.prefill_chunk,
+                       spec_policy=cfg.spec_policy)

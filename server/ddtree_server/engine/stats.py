@@ -24,6 +24,13 @@ class DecodeStats:
     * ``prefill_seconds``: prompt forward(s) up to the first token; ``decode_seconds``: from then on.
     * ``tokens_per_second``: decode speed ``decode_tokens / decode_seconds``; ``None`` when there
       was no decode round (the prefill token is never counted against decode time).
+    * ``spec_policy``: ``auto`` when the speculation policy chose the request's trees round by round
+      (``engine/batch/policy.py``), ``fixed`` when its mode and tree budget were used as given.
+    * ``mean_tree_nodes``: draft nodes the request verified per decode round (root excluded);
+      ``mean_round_nodes``: draft nodes of the whole batch per round it ran in (the policy's N plus
+      the fixed-mode requests' nodes); ``None`` without rounds.
+    * ``plain_rounds`` / ``chain_rounds`` / ``tree_rounds``: its rounds whose tree was the root alone,
+      one path, or branched.
     """
 
     mode: str
@@ -36,6 +43,12 @@ class DecodeStats:
     decode_seconds: float
     tokens_per_second: float | None
     decode_tokens: int = 0
+    spec_policy: str | None = None
+    mean_tree_nodes: float | None = None
+    mean_round_nodes: float | None = None
+    plain_rounds: int = 0
+    chain_rounds: int = 0
+    tree_rounds: int = 0
 
     def to_dict(self) -> dict:
         """Plain JSON-ready dict."""

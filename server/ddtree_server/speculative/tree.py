@@ -15,8 +15,9 @@ node's index is always larger than its parent's.
 from __future__ import annotations
 
 import heapq
+import itertools
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -85,6 +86,40 @@ def _rows(table, kind) -> list:
     return [[kind(x) for x in row] for row in table]
 
 
+def best_first(topk_logp: list[list[float]], topk_ids: list[list[int]], k: int
+               ) -> Iterator[tuple[float, int, int, int]]:
+    """Draft nodes in decreasing cumulative log-probability (ties: the rank tuple), without end:
+    ``(score, parent, depth, token)``; the i-th item is node i (1-based; the root is node 0), so a
+    parent always comes before its children. Only ranks ``< k`` of each row are used. Every
+    prefix-closed consumer (one tree, or the global budget over several trees) pops from here."""
+    depth_max = len(topk_logp)
+    if depth_max == 0 or k <= 0 or not topk_logp[0]:
+        return
+    k = min(k, len(topk_logp[0]))
+    # entry: (-score, rank tuple, parent index, depth, rank, score)
+    heap = [(-topk_logp[0][0], (0,), 0, 1, 0, topk_logp[0][0])]
+    node = 0
+    while heap:
+        _, ranks, parent, depth, rank, score = heapq.heappop(heap)
+        node += 1
+        yield score, parent, depth, topk_ids[depth - 1][rank]
+        row = topk_logp[depth - 1]
+        if rank + 1 < k:
+            sib = score - row[rank] + row[rank + 1]
+            heapq.heappush(heap, (-sib, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, sib))
+        if depth < depth_max:
+            child = score + topk_logp[depth][0]
+            heapq.heappush(heap, (-child, ranks + (0,), node, depth + 1, 0, child))
+
+
+def topk_rows(topk_logp, topk_ids) -> tuple[list[list[float]], list[list[int]]]:
+    """The two top-K tables as nested Python lists (float / int). Raises ValueError on a shape mismatch."""
+    logp, ids = _rows(topk_logp, float), _rows(topk_ids, int)
+    if [len(r) for r in logp] != [len(r) for r in ids]:
+        raise ValueError("topk_logp and topk_ids must have the same shape")
+    return logp, ids
+
+
 def build_ddtree(root_token: int, topk_logp: Sequence[Sequence[float]],
                  topk_ids: Sequence[Sequence[int]], budget: int) -> DraftTree:
     """Best-first DDTree (Algorithm 1) with at most ``budget`` draft nodes.
@@ -97,32 +132,21 @@ def build_ddtree(root_token: int, topk_logp: Sequence[Sequence[float]],
         topk_ids: ``[L, K]`` the matching token ids (unique within a row).
         budget: maximum number of draft nodes (root excluded); <= 0 gives the root only.
     Returns:
-        DraftTree with ``min(budget, L*K)`` draft nodes; depth <= L.
+        DraftTree with ``min(budget, L*K)`` draft nodes (the first ``budget`` of ``best_first``); depth <= L.
     Raises:
         ValueError: the two tables differ in shape.
     """
-    logp, ids = _rows(topk_logp, float), _rows(topk_ids, int)
-    if [len(r) for r in logp] != [len(r) for r in ids]:
-        raise ValueError("topk_logp and topk_ids must have the same shape")
-    depth_max = len(logp)
-    if budget <= 0 or depth_max == 0 or not logp[0]:
+    logp, ids = topk_rows(topk_logp, topk_ids)
+    if budget <= 0:
         return root_only(root_token)
-    k = min(budget, len(logp[0]))
-    if budget == 1:
-        return chain_tree(root_token, [ids[0][0]])
+    return tree_of(root_token, itertools.islice(best_first(logp, ids, budget), budget))
+
+
+def tree_of(root_token: int, nodes: Iterable[tuple[float, int, int, int]]) -> DraftTree:
+    """The tree of a prefix of ``best_first``'s items (``(score, parent, depth, token)``, in order)."""
     tokens, depths, parents = [int(root_token)], [0], [-1]
-    # entry: (-score, rank tuple, parent index, depth, rank, score)
-    heap = [(-logp[0][0], (0,), 0, 1, 0, logp[0][0])]
-    while heap and len(tokens) <= budget:
-        _, ranks, parent, depth, rank, score = heapq.heappop(heap)
-        node = len(tokens)
-        tokens.append(ids[depth - 1][rank])
+    for _, parent, depth, token in nodes:
+        tokens.append(int(token))
         depths.append(depth)
         parents.append(parent)
-        if rank + 1 < k:
-            sib = score - logp[depth - 1][rank] + logp[depth - 1][rank + 1]
-            heapq.heappush(heap, (-sib, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, sib))
-        if depth < depth_max:
-            child = score + logp[depth][0]
-            heapq.heappush(heap, (-child, ranks + (0,), node, depth + 1, 0, child))
     return _make(tokens, depths, parents)

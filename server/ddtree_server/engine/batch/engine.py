@@ -27,7 +27,9 @@ from ddtree_server.engine.batch.scheduler import Scheduler
 class StepInfo:
     """What the last step did: ``kind`` prefill (prompt chunks only) / decode (a round only) /
     mixed (both) / idle, requests in it, tokens it produced (first tokens included), seconds;
-    ``prefill_tokens`` prompt tokens it ran in ``prefill_seconds``."""
+    ``prefill_tokens`` prompt tokens it ran in ``prefill_seconds``; for a decode round also its
+    draft nodes over all requests (``nodes``, N) and requests per tree kind (``kinds``: plain /
+    chain / tree)."""
 
     kind: str = "idle"
     batch: int = 0
@@ -35,6 +37,8 @@ class StepInfo:
     seconds: float = 0.0
     prefill_tokens: int = 0
     prefill_seconds: float = 0.0
+    nodes: int = 0
+    kinds: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -57,12 +61,12 @@ class BatchEngine:
     """Scheduler + step runner; see the module docstring. Not thread-safe (one worker thread)."""
 
     def __init__(self, target, drafter, *, max_running: int, max_len: int, device, poison: bool = False,
-                 graphs: bool | None = None, prefill_chunk: int | None = None):
+                 graphs: bool | None = None, prefill_chunk: int | None = None, policy=None):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 tokens (None: whole prompts), got {prefill_chunk}")
         self.scheduler = Scheduler(max_running)
         self.runner = StepRunner(target, drafter, slots=max_running, max_len=max_len, device=device,
-                                 poison=poison, graphs=graphs)
+                                 poison=poison, graphs=graphs, policy=policy)
         # targets without our forward (transformers runner) prefill whole prompts
         self.prefill_chunk = prefill_chunk if self.runner.kind is not None else None
         self.block_size = self.runner.block_size
@@ -162,7 +166,9 @@ class BatchEngine:
                     made += len(tokens)
                 self._feed(req, tokens, out)
         kind = ("mixed" if decoding else "prefill") if chunks else "decode" if decoding else "idle"
-        self.last = StepInfo(kind, len(decoding) + len(chunks), made, time.perf_counter() - t0, ptoks, t_prefill)
+        info = self.runner.last if decoding else None
+        self.last = StepInfo(kind, len(decoding) + len(chunks), made, time.perf_counter() - t0, ptoks, t_prefill,
+                             info.nodes if info else 0, dict(info.kinds) if info else None)
         self.steps += 1
         self.memory = self._memory()
         return out

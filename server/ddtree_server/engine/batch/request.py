@@ -61,6 +61,11 @@ class Request:
     prefill_s: float = 0.0
     t_decode: float = 0.0
     scored: Tensor | None = None      # the last choice's (processed) rows, until accept
+    spec: Any = None                  # the speculation policy's state of a governed request (policy.py)
+    governed: bool = False            # decoded under the speculation policy (--spec-policy auto)
+    nodes: int = 0                    # draft nodes verified over its rounds
+    round_nodes: int = 0              # draft nodes of the whole batch over its rounds (sum of N)
+    kinds: dict = field(default_factory=lambda: {"plain": 0, "chain": 0, "tree": 0})   # rounds per tree kind
     prefilled: int = 0
     ctx_parts: list[Tensor] = field(default_factory=list)
 
@@ -112,4 +117,7 @@ class Request:
             mean_acceptance_length=(self.produced / self.rounds) if self.rounds else None,
             prefill_seconds=self.prefill_s, decode_seconds=decode_s,
             tokens_per_second=(self.produced / decode_s) if self.rounds and decode_s > 0 else None,
-            decode_tokens=self.produced)
+            decode_tokens=self.produced, spec_policy="auto" if self.governed else "fixed",
+            mean_tree_nodes=(self.nodes / self.rounds) if self.rounds else None,
+            mean_round_nodes=(self.round_nodes / self.rounds) if self.rounds else None,
+            plain_rounds=self.kinds["plain"], chain_rounds=self.kinds["chain"], tree_rounds=self.kinds["tree"])

@@ -12,6 +12,7 @@ the per-request forward on the slot's cache, which on CUDA is the Triton-kernel 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -26,7 +27,9 @@ from ddtree_server.engine.batch.forward import (
 )
 from ddtree_server.engine.batch.draft_graphs import DraftGraphs
 from ddtree_server.engine.batch.graphs import BatchGraphs
+from ddtree_server.engine.batch.policy import SpecPolicy
 from ddtree_server.engine.batch.pools import SlotPool
+from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
@@ -45,11 +48,28 @@ def _raw(module, attr: str):
     return getattr(module, attr, module)
 
 
+@dataclass
+class RoundInfo:
+    """The last decode round: draft nodes verified over all requests (N), requests per tree kind
+    (plain = the root alone, chain, tree) and the policy's expected accepted draft tokens."""
+
+    nodes: int = 0
+    kinds: dict = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    expected: float | None = None
+
+
+KINDS = ("plain", "chain", "tree")
+
+
+def kind_of(tree: DraftTree) -> str:
+    return "plain" if tree.size == 1 else "chain" if tree.is_chain else "tree"
+
+
 class StepRunner:
     """Slot pools of the target (and drafter) caches and the forwards over them."""
 
     def __init__(self, target, drafter, *, slots: int, max_len: int, device, poison: bool = False,
-                 graphs: bool | None = None):
+                 graphs: bool | None = None, policy: SpecPolicy | None = None):
         self.target, self.drafter, self.device, self.poison_freed = target, drafter, device, poison
         self.model = _raw(target, "model")
         self.kind = "hybrid" if isinstance(self.model, HybridTarget) else \
@@ -75,6 +95,11 @@ class StepRunner:
         self.batched = self.kind is not None
         # pinned buffers for the batch-1 path's small copies
         self._inputs_buf, self._rows_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
+        # the speculation policy governs ddtree requests (policy.py); it needs the batched forward
+        self.policy = policy if drafter is not None and self.batched else None
+        if self.policy is not None and self.policy.profile is None:
+            self.policy.profile = measure(self)
+        self.last = RoundInfo()
 
     # ---- slots --------------------------------------------------------------------------------
     def reset(self, slot: int) -> None:
@@ -132,11 +157,21 @@ class StepRunner:
         # slot 0; a lone request in another slot takes the batched path (no graph re-capture)
         if not live:
             return [None] * len(reqs)
+        self.last = RoundInfo()
+        drafting = [r for r in live if self._drafting(r)]   # decided before any forward of the round
         if not self.batched or (len(live) == 1 and live[0].slot == 0):
-            got = {id(r): self._solo(r) for r in live}
+            got = {id(r): self._solo(r, drafting) for r in live}
         else:
-            got = dict(zip(map(id, live), self._batched(live)))
+            got = dict(zip(map(id, live), self._batched(live, drafting)))
+        for r in live:
+            r.round_nodes += self.last.nodes
         return [got.get(id(r)) for r in reqs]
+
+    def _governed(self, req: Request) -> bool:
+        return self.policy is not None and req.governed
+
+    def _drafting(self, req: Request) -> bool:
+        return req.mode != "ar" and (not self._governed(req) or self.policy.drafts(req))
 
     def _tree(self, req: Request, draft: Tensor | None, chain: list[int] | None) -> DraftTree:
         cap = min(req.budget, self._room(req))
@@ -147,19 +182,41 @@ class StepRunner:
                 decode.dflash_builder(draft, req.bonus, cap)
         return decode.ddtree_builder(draft, req.bonus, cap)
 
-    def _solo(self, req: Request) -> list[int]:
+    def _trees(self, reqs: list[Request], drafted: list[Request], logits: Tensor | None,
+               chains: list | None = None) -> list[DraftTree]:
+        """Every request's tree: the policy's plan for the governed drafted ones (one global node
+        budget), the request's own mode for the others, the root alone for those without a draft."""
+        row = {id(r): i for i, r in enumerate(drafted)}
+        out = {id(r): self._tree(r, logits[i], None if chains is None else chains[i])
+               for i, r in enumerate(drafted) if not self._governed(r)}
+        gov = [r for r in drafted if self._governed(r)]
+        if gov:
+            caps = [max(min(r.budget, self._room(r)), 0) for r in gov]
+            idx = [row[id(r)] for r in gov]
+            logp, ids = decode.topk_tables(logits[idx] if len(idx) < len(drafted) else logits, max(max(caps), 1))
+            plan = self.policy.plan(len(reqs), sum(t.size - 1 for t in out.values()), len(drafted),
+                                    list(zip(logp.tolist(), ids.tolist())), caps, [r.bonus for r in gov], gov)
+            out.update(zip(map(id, gov), plan.trees))
+            self.last.expected = plan.expected
+        trees = [out[id(r)] if id(r) in out else root_only(r.bonus) for r in reqs]
+        for t in trees:
+            self.last.nodes += t.size - 1
+            self.last.kinds[kind_of(t)] += 1
+        return trees
+
+    def _solo(self, req: Request, drafting: list[Request]) -> list[int]:
         cache, s = self.caches[req.slot], req.s
         draft = None
-        if req.mode != "ar":
-            draft = self.drafter.propose(self.dcaches[req.slot], req.ctx, req.bonus, s)
-        tree = self._tree(req, draft, None)
+        if any(r is req for r in drafting):
+            draft = self.drafter.propose(self.dcaches[req.slot], req.ctx, req.bonus, s)[None]
+            req.ctx = None
+        tree = self._trees([req], [req] if draft is not None else [], draft)[0]
         ids, pos, mask = decode.tree_inputs(tree, s, self.device, self._inputs_buf)
         logits, feats = self.target.forward(cache, ids, pos, tree_mask=mask)
         return self._commit(req, tree, logits, feats, None, self._rows_buf)
 
-    def _batched(self, reqs: list[Request]) -> list[list[int]]:
-        spec = [r for r in reqs if r.mode != "ar"]
-        drafts: dict[int, tuple] = {}
+    def _batched(self, reqs: list[Request], spec: list[Request]) -> list[list[int]]:
+        logits = chains = None
         if spec:
             args = ([self.dcaches[r.slot] for r in spec], [r.slot for r in spec], [r.ctx for r in spec],
                     [r.bonus for r in spec], [r.s for r in spec])
@@ -169,9 +226,10 @@ class StepRunner:
                 logits = propose_batch(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"), *args)
             else:
                 logits = torch.stack([self.drafter.propose(self.dcaches[r.slot], r.ctx, r.bonus, r.s) for r in spec])
-            chains = logits.argmax(dim=-1).tolist() if any(r.mode == "dflash" for r in spec) else [None] * len(spec)
-            drafts = {id(r): (logits[i], chains[i]) for i, r in enumerate(spec)}
-        trees = [self._tree(r, *drafts.get(id(r), (None, None))) for r in reqs]
+            chains = logits.argmax(dim=-1).tolist() if any(r.mode == "dflash" for r in spec) else None
+            for r in spec:
+                r.ctx = None   # consumed by the drafter
+        trees = self._trees(reqs, spec, logits, chains)
         blocks = [Block(r.slot, r.s, t.tokens, t.depths, None if t.is_chain else t.ancestors())
                   for r, t in zip(reqs, trees)]
         caches = [self.caches[r.slot] for r in reqs]
@@ -218,9 +276,13 @@ class StepRunner:
             rows = decode.path_rows(path, self.device, staging)
             cache.keep(s, path, rows)
             ctx = None if feats is None else feats.index_select(0, rows)
-        if req.mode != "ar" and ctx is not None:
-            req.ctx = ctx.clone()
+        if req.mode != "ar" and ctx is not None:   # a request that skipped the drafter keeps its rows
+            req.ctx = ctx.clone() if req.ctx is None else torch.cat((req.ctx, ctx))
         req.s, req.bonus = s + k, bonus
         out = accepted_tokens(tree, path, bonus)
         req.accept(out, path)
+        req.nodes += tree.size - 1
+        req.kinds[kind_of(tree)] += 1
+        if self._governed(req):
+            self.policy.observe(req, k - 1)
         return out
