@@ -47,13 +47,11 @@ def test_32_random_requests_equal_alone_and_ar(request, kind):
 
 
 def test_padded_graph_layout_equals_alone_and_ar(dense, monkeypatch):
-    """The padded layout of the batched-round CUDA graphs (engine/batch/graphs.py: blocks padded to
-    a row bucket, the batch to a batch bucket on a scratch slot), run eagerly on the CPU: every
-    request's tokens are still its own alone and ``ar``'s, over many rounds and slot reuses."""
-    from ddtree_server.engine.batch import graphs as batch_graphs
-
+    """The padded layout of the batched-round CUDA graphs (engine/batch/graphs.py: the rows padded
+    to a total bucket and the batch to a batch bucket by padding blocks on a scratch slot), run
+    eagerly on the CPU: every request's tokens are still its own alone and ``ar``'s, over many
+    rounds and slot reuses."""
     monkeypatch.setenv("DDTREE_BATCH_GRAPHS", "1")
-    monkeypatch.setattr(batch_graphs, "WASTE", 1e9)   # pad plain rows to trees too: every round padded
     dense.capture_layers = LAYERS
     specs = random_specs(seed=29, count=12)
     drafter, ar = oracle_drafter(dense, specs)
@@ -74,6 +72,25 @@ def test_real_drafter_batched_equals_alone_and_ar(request, kind):
     ar = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=1)
     check_alone_batched_ar(engine, random_specs(seed=3, count=12), ar)
     target.capture_layers = []
+
+
+def test_padded_shapes_fill_every_bucket():
+    """(B, N_pad, r): padding rows fill the padding blocks with 1 .. r rows each, all buckets."""
+    import random as _random
+
+    from ddtree_server.engine.batch.graphs import BATCH_BUCKETS, ROW_BUCKETS, TOTAL_BUCKETS, padded_shape
+
+    rng = _random.Random(4)
+    for _ in range(3000):
+        sizes = [rng.choice([1, 1, 1, 16, 17, rng.randint(1, 80)]) for _ in range(rng.randint(1, 64))]
+        got = padded_shape(sizes)
+        if got is None:
+            assert sum(sizes) > TOTAL_BUCKETS[-1] // 2   # only near the largest graph
+            continue
+        b_pad, n_pad, r = got
+        k, extra = b_pad - len(sizes), n_pad - sum(sizes)
+        assert b_pad in BATCH_BUCKETS and n_pad in TOTAL_BUCKETS and r in ROW_BUCKETS and r >= max(sizes)
+        assert (k == 0 and extra == 0) or (k >= 1 and k <= extra <= k * r)
 
 
 def test_padded_layouts_with_the_real_drafter_equal_alone_and_ar(dense, monkeypatch):

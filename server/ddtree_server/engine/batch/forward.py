@@ -52,14 +52,16 @@ class Layout:
     """Flattened rows of a batch of blocks and the attention geometry, built on the host and sent
     in two copies (row indices; per-request lengths / offsets / slots) plus the tree masks."""
 
-    def __init__(self, blocks: list[Block], device):
+    def __init__(self, blocks: list[Block], device, rmax: int = 0, tree: bool = False):
+        """``rmax`` / ``tree``: at least this many rows per block and tree masks even for chains
+        (the fixed shapes of a CUDA graph, engine/batch/graphs.py)."""
         self.blocks, self.device = blocks, device
         sizes = np.fromiter((len(b.ids) for b in blocks), dtype=np.int64, count=len(blocks))
         starts = np.fromiter((b.s for b in blocks), dtype=np.int64, count=len(blocks))
         offsets = np.zeros(len(blocks) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         self.sizes, self.offsets = sizes.tolist(), offsets.tolist()
-        self.b, self.rmax = len(blocks), int(sizes.max())
+        self.b, self.rmax = len(blocks), max(int(sizes.max()), rmax)
         self.kv_max = int((starts + sizes).max())
         req = np.repeat(np.arange(self.b), sizes)
         row = np.arange(offsets[-1]) - offsets[req]
@@ -73,7 +75,7 @@ class Layout:
         self.slots, self.lens = per_dev[0, :-1], per_dev[2, :-1]
         self.starts, self.qo = per_dev[1, :-1].to(torch.int32), per_dev[3].to(torch.int32)
         self.slot_of_row = self.slots[self.req]
-        self.tree = any(b.mask is not None for b in blocks)
+        self.tree = tree or any(b.mask is not None for b in blocks)
         self.inner = torch.from_numpy(self.inner_host).to(device) if self.tree else None
 
     @property

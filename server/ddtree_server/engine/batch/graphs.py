@@ -1,63 +1,69 @@
-"""CUDA graphs of the batched dense target forward, keyed by (batch bucket, rows per request, mode).
+"""CUDA graphs of the batched dense target forward, keyed by (batch bucket, row bucket, block bucket, mode).
 
 Eager, a batched forward of a small target is bound by kernel launches and Python (~600 launches for
 SmolLM2), as the batch-1 forward was before its graphs (``models/dense/graphs.py``). Here a round's
-blocks are padded to a fixed layout and the forward replays a graph captured for it:
+rows are padded to a fixed ragged layout and the forward replays a graph captured for it:
 
-* every request's block is padded to ``r`` rows (r = the largest block, rounded up to a bucket);
-  padding rows follow the real ones in the request's own slot (rows ``s + n .. s + r - 1``, past
-  its live length: the next round overwrites them) and see only themselves (tree mode) or the
-  prefix (causal mode, after every real row), so a real row's attention is the one it gets
-  unpadded;
-* the batch is padded to a bucket of B requests with blocks on a scratch slot (the pool's last
-  slot, never handed to a request);
-* the graph reads the layout from static buffers (token ids, positions, cache rows, slots, starts,
-  row offsets, tree masks), written by a few device copies before each replay; the kernel path
-  reads each request's live length from them on the device, so one graph serves every length.
+* the requests' blocks stay as they are (ragged: 1 row for plain decoding, a chain, a tree), one
+  after the other; the total N rows is padded to a bucket ``N_pad`` and the request count b to a
+  bucket ``B`` by padding blocks of 1 .. r rows on a scratch slot (the pool's last slot, never
+  handed to a request), r = the largest block rounded up to a bucket (it sizes the attention grid);
+* the graph reads the layout (token ids, positions, cache rows, slots, starts, row offsets, tree
+  masks ``[B, r, r]``) from static buffers, written by a few device copies before each replay; the
+  kernel path reads each request's live length and row offsets from them on the device, so one graph
+  serves every length and every way of splitting N_pad rows among B blocks of at most r rows.
 
-Padding costs rows, so a round takes a graph only while the padded rows stay within ``WASTE`` x its
-real rows (a tree among plain requests runs eagerly). Graphs exist on the Triton-kernel path only
-(CUDA); ``capture=False`` runs the same padded layout eagerly (the CPU tests of the padding).
+A request's rows are computed as unpadded: its attention sees only its own slot and block, and the
+projections are row-wise. Graphs exist on the Triton-kernel path only (CUDA); ``capture=False`` runs
+the same padded layout eagerly (the CPU tests of the padding).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from ddtree_server.engine.batch.forward import Block, Layout, dense_forward
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-ROW_BUCKETS = (1, 2, 4, 8, 16, 17, 24, 32, 33, 48, 65, 80)
-WASTE = 2.0
-MAX_ROWS = 1024   # padded rows of one graph (its logits are [B * r, vocab])
+ROW_BUCKETS = (1, 2, 4, 8, 16, 17, 24, 33, 48, 65, 80)
+TOTAL_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024)
+MAX_ROWS = TOTAL_BUCKETS[-1]   # rows of one graph (its logits are [N_pad, vocab])
 
 
 def bucket(n: int, buckets: tuple[int, ...]) -> int | None:
     return next((b for b in buckets if b >= n), None)
 
 
-def pad_blocks(blocks: list[Block], b_pad: int, r: int, tree: bool, scratch: int) -> list[Block]:
-    """The blocks padded to ``r`` rows each and to ``b_pad`` blocks (see the module docstring)."""
-    out = []
-    for blk in blocks:
-        n = len(blk.ids)
-        extra = r - n
-        mask = None
-        if tree:
-            mask = np.eye(r, dtype=bool)
-            mask[:n, :n] = blk.mask if blk.mask is not None else np.tri(n, dtype=bool)
-        depth = max(blk.depths) + 1
-        out.append(Block(blk.slot, blk.s, [*blk.ids, *([0] * extra)],
-                         [*blk.depths, *range(depth, depth + extra)], mask))
-    pad_mask = np.eye(r, dtype=bool) if tree else None
-    out.extend(Block(scratch, 0, [0] * r, list(range(r)), pad_mask) for _ in range(b_pad - len(blocks)))
-    return out
+def padded_shape(sizes: list[int]) -> tuple[int, int, int] | None:
+    """(B, N_pad, r) for blocks of these sizes: the smallest buckets whose padding rows
+    ``N_pad - N`` fill the ``B - b`` padding blocks with 1 .. r rows each; None past the buckets."""
+    b, n = len(sizes), sum(sizes)
+    r = bucket(max(sizes), ROW_BUCKETS)
+    b_pad, n_pad = bucket(b, BATCH_BUCKETS), bucket(n, TOTAL_BUCKETS)
+    while b_pad is not None and n_pad is not None and r is not None:
+        k, extra = b_pad - b, n_pad - n
+        if k == 0 and extra > 0:
+            b_pad = bucket(b + 1, BATCH_BUCKETS)
+        elif extra < k:
+            n_pad = bucket(n + k, TOTAL_BUCKETS)
+        elif extra > k * r:
+            b_pad = bucket(b + -(-extra // r), BATCH_BUCKETS)
+        else:
+            return b_pad, n_pad, r
+    return None
+
+
+def pad_blocks(blocks: list[Block], b_pad: int, n_pad: int, scratch: int) -> list[Block]:
+    """The blocks followed by ``b_pad - b`` padding blocks on the scratch slot holding the
+    ``n_pad - N`` padding rows (see the module docstring)."""
+    k, extra = b_pad - len(blocks), n_pad - sum(len(b.ids) for b in blocks)
+    sizes = [extra // k + (i < extra % k) for i in range(k)] if k else []
+    return [*blocks, *(Block(scratch, 0, [0] * m, list(range(m)), None) for m in sizes)]
 
 
 class _Static:
-    """Static layout buffers of one (B, r, mode) and its graph; duck-types the ``Layout`` fields the
+    """Static layout buffers of one (B, N_pad, r, mode) and its graph; duck-types the ``Layout`` fields the
     kernel path of ``dense_forward`` reads."""
 
     FIELDS = ("ids", "pos", "dest", "slot_of_row", "starts", "qo", "slots")
@@ -89,27 +95,24 @@ class BatchGraphs:
         self._pool = None
         self.rounds = 0    # forwards through the padded layout (replayed or, without capture, eager)
 
-    def shape(self, blocks: list[Block]) -> tuple[int, int, bool] | None:
-        """(B, r, tree) of the padded layout, or None when the round should run eagerly."""
-        sizes = [len(b.ids) for b in blocks]
-        b_pad, r = bucket(len(blocks), BATCH_BUCKETS), bucket(max(sizes), ROW_BUCKETS)
-        if b_pad is None or r is None or b_pad * r > min(WASTE * sum(sizes) + 8, MAX_ROWS):
+    def shape(self, blocks: list[Block]) -> tuple[int, int, int, bool] | None:
+        """(B, N_pad, r, tree) of the padded layout, or None when the round runs eagerly."""
+        got = padded_shape([len(b.ids) for b in blocks])
+        if got is None:
             return None
-        if max(b.s for b in blocks) + r > self.kpool.shape[3]:   # padding rows must fit the slot
-            return None
-        return b_pad, r, any(b.mask is not None for b in blocks)
+        return (*got, any(b.mask is not None for b in blocks))
 
-    def forward(self, blocks: list[Block], shape: tuple[int, int, bool]) -> tuple[Tensor, Tensor | None, list[int]]:
-        """Logits ``[B * r, vocab]`` and features of the padded layout (views of static buffers,
+    def forward(self, blocks: list[Block], shape: tuple[int, int, int, bool]) -> tuple[Tensor, Tensor | None, list[int]]:
+        """Logits ``[N_pad, vocab]`` and features of the padded layout (views of static buffers,
         valid until the next forward), and each block's first row in them."""
-        b_pad, r, tree = shape
-        lay = Layout(pad_blocks(blocks, b_pad, r, tree, self.scratch), self.kpool.device)
-        starts = [i * r for i in range(len(blocks))]
+        b_pad, n_pad, r, tree = shape
+        lay = Layout(pad_blocks(blocks, b_pad, n_pad, self.scratch), self.kpool.device, rmax=r, tree=tree)
+        starts = lay.offsets[: len(blocks)]
         self.rounds += 1
         if not self.capture:
             logits, feats = dense_forward(self.model, self.kpool, self.vpool, lay)
             return logits, feats, starts
-        key = (b_pad, r, tree, tuple(self.model.capture_layers))
+        key = (b_pad, n_pad, r, tree, tuple(self.model.capture_layers))
         st = self._static.get(key)
         if st is None:
             st = self._static[key] = self._capture(lay)
@@ -125,7 +128,7 @@ class BatchGraphs:
         for name in ("dest", "slot_of_row", "slots"):   # warm-up and capture write the scratch slot only
             saved[name] = getattr(st, name).clone()
             getattr(st, name).fill_(self.scratch if name != "dest" else 0)
-        st.dest.copy_(torch.arange(st.dest.numel(), device=st.dest.device) % st.rmax)
+        st.dest.copy_(torch.arange(st.dest.numel(), device=st.dest.device) % st.rmax)   # rows [0, r) of scratch
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):

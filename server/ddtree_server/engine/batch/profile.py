@@ -1,6 +1,7 @@
 """The start-up time profile of the speculation policy (``policy.Profile``), measured on the runner.
 
-Before any request runs, the runner's own batched forward is timed on its free slots: ``rows``
+Before any request runs, the runner's own batched forward (through its CUDA graphs where rounds
+take them) is timed on its free slots: ``rows``
 rows (split into blocks of at most ``BLOCK_ROWS`` rows, one slot each, causal chains) at a few row
 counts, 16 one-row requests against one 16-row request (the extra cost of a request in the batch),
 and one drafter proposal (one request's block), each the fastest of ``REPEATS`` calls after a
@@ -45,19 +46,21 @@ def _time(fn, device) -> float:
 @torch.inference_mode()
 def measure(runner, rows=None) -> Profile:
     """Time the runner's batched target forward (and the drafter) and return the profile."""
-    dev, slots = runner.device, len(runner.caches.caches)
+    dev, slots = runner.device, len(runner.caches.caches) - (runner.graphs is not None)   # not the scratch slot
     cuda = torch.device(dev).type == "cuda"
     rows = [r for r in (rows or (CUDA_ROWS if cuda else CPU_ROWS)) if r <= slots * BLOCK_ROWS] or [1]
 
     def forward(sizes: list[int]) -> None:
         blocks = [Block(i, 0, [0] * n, list(range(n)), None) for i, n in enumerate(sizes)]
-        lay = Layout(blocks, dev)
         k, v = runner.caches.pool("k"), runner.caches.pool("v")
         caches = [runner.caches[i] for i in range(len(sizes))]
-        if runner.kind == "dense":
-            dense_forward(runner.model, k, v, lay)
+        shape = runner.graphs.shape(blocks) if runner.graphs is not None else None
+        if shape is not None:   # the rounds' own path: the graph of this padded layout
+            runner.graphs.forward(blocks, shape)
+        elif runner.kind == "dense":
+            dense_forward(runner.model, k, v, Layout(blocks, dev))
         else:
-            hybrid_forward(runner.model, caches, k, v, lay)
+            hybrid_forward(runner.model, caches, k, v, Layout(blocks, dev))
         for i in range(len(sizes)):
             runner.reset(i)
 
