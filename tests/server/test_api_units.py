@@ -273,6 +273,8 @@ _U = [{"role": "user", "content": "x"}]
     ("/v1/chat/completions", {"stream": "true"}, "stream", False),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]}, "messages.0.content", False),
     ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages.0.content", False),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, "messages.0.content.0.type", False),
 ])
 def test_unsupported_openai_params_are_400(path, extra, param, unsupported):
     body = {"messages": _U} if path.endswith("chat/completions") else {"prompt": "x"}

@@ -73,7 +73,14 @@ _BRANCH_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0] if exc.errors() else {}
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    # a union field (a message's content: string or text parts): a part of the wrong kind fails
+    # deeper than the string branch's type mismatch, and says more ("...content.0.type: Input should be 'text'")
+    deeper = [e for e in errors if e.get("type") == "literal_error"
+              and len(e.get("loc", ())) > len(first.get("loc", ()))]
+    if str(first.get("type", "")).endswith("_type") and deeper:
+        first = deeper[0]
     # drop pydantic's union-branch tags ("str", "list[int]", "function-after[...]") from the path
     loc = [str(p) for p in first.get("loc", ()) if p != "body" and str(p) not in _BRANCH_TAGS
            and "[" not in str(p)]

@@ -24,7 +24,7 @@ class SamplingParams:
     max_tokens: >= 1 new tokens; temperature: finite, >= 0; below GREEDY_TEMPERATURE (1e-5,
     0 included) -> greedy (exact); top_p in (0, 1]: a top_p so small that it rounds to 0 in fp32
     keeps only the most probable token (the nucleus is never empty);
-    seed: seeds the request's torch.Generator (None: random); stop: stop strings;
+    seed: keys the sampling draws (engine/batch/rng.py; None: random); stop: stop strings;
     stop_token_ids: extra stop tokens (EOS is always added by the engine unless ignore_eos).
     Logits processing (engine/processors.py, applied per tree node, exact under speculation):
     presence_penalty / frequency_penalty in [-2, 2] (0 = off), repetition_penalty in [0.01, 100] (1 = off),
