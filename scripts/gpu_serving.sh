@@ -36,7 +36,7 @@ python3 -c "import torch, transformers, triton; print('torch', torch.__version__
 B="python3 -m ddtree_server.bench --commit $COMMIT --no-download --data-dir $WHEELS --device cuda"
 MODES=${DDTREE_MODES:-ar,dflash,ddtree}
 step concurrency 200 $B --gguf "$GGUF" --drafter "$DRAFTER" --concurrency 1,8,32,64 --datasets gsm8k,humaneval \
-  --max-prompts 64 --max-new-tokens 256 --modes "$MODES" --budgets 16 --out "$OUT/concurrency"
+  --max-prompts 32 --max-new-tokens 256 --modes "$MODES" --budgets 16 --out "$OUT/concurrency"
 step batch-smol 40 $B --random-shape smollm2-135m --batch 1,8,32,64 --context-len 512 --iters 20 --out "$OUT/batch"
 step batch-8b 55 $B --random-shape qwen3-8b --batch 1,8,32 --context-len 1024 --iters 10 --out "$OUT/batch"
 step batch-27b 60 $B --random-shape qwen3.6-27b --batch 1,8 --context-len 1024 --iters 5 --out "$OUT/batch"
