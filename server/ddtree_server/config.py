@@ -10,8 +10,10 @@ Model files are only *named* here; `ddtree_server.models` locates and verifies t
 * `mode` `None` -> the engine picks ddtree when a drafter is loaded and the target supports tree
   attention, else ar (targets that cannot verify trees, e.g. hybrids, are served with plain decoding).
 * `device` / `dtype` are resolved here: cuda when available, else cpu; bf16 on cuda, fp32 on cpu.
-* `spec_policy` `auto` -> the speculation policy chooses every ddtree request's tree round by round
-  (one global node budget; the request's tree budget is its cap); `fixed` -> modes and budgets as given.
+* `spec_policy` `fixed` -> modes and budgets as given; `auto` -> the speculation policy chooses every
+  ddtree request's tree round by round (one global node budget; the request's tree budget is its cap).
+  `fixed` is the default because `auto` measured slower than fixed DDTree and plain decoding
+  (docs/benchmarks/h200-2026-12-02-batched-serving/).
 * `max_tree_budget` `None` -> `DEFAULT_MAX_TREE_BUDGET[device]`, raised to `tree_budget` when that
   is larger (`tree_budget_limit`).
 """
@@ -97,7 +99,7 @@ class ServerConfig(BaseModel):
     mode: Mode | None = Field(None, description="Default decoding mode; requests may override it.")
     tree_budget: int | None = Field(None, ge=1, le=4096, description="Default DDTree node budget (nodes).")
     spec_policy: Literal["auto", "fixed"] = Field(
-        "auto", description="auto: the speculation policy chooses each round's draft nodes (plain / chain / tree "
+        "fixed", description="auto: the speculation policy chooses each round's draft nodes (plain / chain / tree "
                             "per ddtree request, one global node budget); fixed: every request's mode and tree "
                             "budget as given.")
     max_tree_budget: int | None = Field(

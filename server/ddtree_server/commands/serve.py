@@ -215,7 +215,7 @@ def register(app: typer.Typer) -> None:
         mode: Optional[str] = typer.Option(None, "--mode", help="ar | dflash | ddtree (default: best available)."),
         tree_budget: Optional[int] = typer.Option(None, "--tree-budget", help="DDTree node budget (nodes)."),
         spec_policy: str = typer.Option(
-            "auto", "--spec-policy",
+            "fixed", "--spec-policy",
             help="auto: choose each round's draft nodes over all ddtree requests (plain / chain / tree, one "
                  "global node budget, the tree budget a cap); fixed: every request's mode and budget as given."),
         max_tree_budget: Optional[int] = typer.Option(
