@@ -12,7 +12,6 @@ larger batches the batched torch path (engine/batch/forward.py).
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ddtree_server.bench.report import save_json_md
 from ddtree_server.bench.random_shape import build_engine, resolve_device
 from ddtree_server.bench.shapes import Shape
 
@@ -100,10 +100,6 @@ def measure_batches(shape: Shape, batches: list[int], *, context: int, iters: in
 
 def write(doc: dict, out_dir: str | Path, stem: str) -> dict[str, Path]:
     """``<stem>.json`` and ``<stem>.md`` under out_dir."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md"}
-    paths["json"].write_text(json.dumps(doc, indent=1) + "\n")
     m = doc["meta"]
     lines = [f"# Batched steps, {m['shape']} (random weights), {m['device']} {m['dtype']}, context {m['context']}",
              "", "| batch | mode | step ms | x batch-first step | tokens/s (plain; dflash at tau 1) | projected |",
@@ -112,5 +108,4 @@ def write(doc: dict, out_dir: str | Path, stem: str) -> dict[str, Path]:
         tps = r.get("plain_tokens_per_s", r.get("round_tokens_per_s_at_tau1"))
         proj = ", ".join(f"{k}: {v}" for k, v in r.get("projected_tokens_per_s", {}).items())
         lines.append(f"| {r['batch']} | {r['mode']} | {r['step_ms']} | {r['step_vs_first_batch']} | {tps} | {proj} |")
-    paths["md"].write_text("\n".join(lines) + "\n")
-    return paths
+    return save_json_md(doc, lines, out_dir, stem)

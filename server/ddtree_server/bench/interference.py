@@ -13,7 +13,6 @@ setting: baseline step p50, the steps the long prefill took, the worst and p50 s
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Callable
 import torch
 
 from ddtree_server.bench.batch_shape import NoText
+from ddtree_server.bench.report import save_json_md
 from ddtree_server.bench.random_shape import build_engine, resolve_device
 from ddtree_server.bench.shapes import Shape
 
@@ -93,10 +93,6 @@ def measure_interference(shape: Shape, long_prompt: int, chunks: list[int], *, b
 
 def write(doc: dict, out_dir: str | Path, stem: str) -> dict[str, Path]:
     """``<stem>.json`` and ``<stem>.md`` under out_dir."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md"}
-    paths["json"].write_text(json.dumps(doc, indent=1) + "\n")
     m = doc["meta"]
     lines = [f"# A {m['long_prompt']}-token prompt arriving while {m['batch']} requests decode ({m['mode']}), "
              f"{m['shape']} (random weights), {m['device']} {m['dtype']}, context {m['context']}", "",
@@ -107,5 +103,4 @@ def write(doc: dict, out_dir: str | Path, stem: str) -> dict[str, Path]:
     for r in doc["rows"]:
         lines.append(f"| {r['prefill_chunk'] or 'whole'} | {r['base_step_ms']} | {r['prefill_steps']} | "
                      f"{r['worst_step_ms']} | {r['p50_step_ms']} | {r['worst_vs_base']} | {r['long_ttft_s']} |")
-    paths["md"].write_text("\n".join(lines) + "\n")
-    return paths
+    return save_json_md(doc, lines, out_dir, stem)

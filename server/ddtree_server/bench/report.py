@@ -157,3 +157,13 @@ def write_report(records: list[dict], meta: dict, stages: list[dict], out_dir: s
     if png:
         paths["png"] = png
     return paths
+
+
+def save_json_md(doc: dict, lines: list[str], out_dir: str | Path, stem: str) -> dict[str, Path]:
+    """``<stem>.json`` (the document) and ``<stem>.md`` (the markdown lines) under out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "md": out / f"{stem}.md"}
+    paths["json"].write_text(json.dumps(doc, indent=1) + "\n")
+    paths["md"].write_text("\n".join(lines) + "\n")
+    return paths
