@@ -1,0 +1,123 @@
+"""The speculation gate: does this round draft and verify, or decode plainly? (pure bookkeeping)
+
+Speculation pays while the target's forward over a round's extra rows (chains, trees) is nearly
+free and the drafter's guesses are accepted. At a high batch the round's rows pass the GEMM
+ridge, and the host work of drafting, building trees and committing grows with every request; with
+a poor drafter (or text it cannot predict) few draft tokens are accepted at all. Then a
+speculative round gains fewer tokens per second than a plain one, and a busy server would run
+slower than batched plain decoding.
+
+The gate measures instead of modelling: for each batch-size bucket it keeps the tokens per second
+of recent speculative rounds and of recent plain rounds (wall clock of the round and its
+streaming: GPU forwards, host tree build, commit, stop checks, all that a user waits for), and
+runs the faster. The slower arm is tried again every ``interval`` rounds of the bucket (``MIN``
+.. ``MAX``: doubled each time a try confirms the winner, back to ``MIN`` when it changes it), so
+a change of acceptance or load is followed at a cost of at most one slow round in ``interval``.
+A round's speed is the median of the arm's last ``WINDOW`` rounds (robust to a CUDA graph
+capture or a stray slow round); the first ``WARMUP`` rounds of each arm are spent before it is
+trusted. vLLM's ``speculative_disable_by_batch_size`` is the configured form of the same rule.
+
+Exactness does not depend on the gate: a plain round is a tree of the root alone.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+WARMUP = 3        # rounds of each arm before its speed is trusted
+WINDOW = 7        # rounds in an arm's median speed
+MIN, MAX = 8, 64  # rounds between tries of the slower arm
+OUTLIER = 10.0    # a round this many times slower than the arm's median is not counted (a capture)
+
+
+def bucket_of(batch: int) -> int:
+    """The smallest bucket >= batch (the last for larger batches)."""
+    return next((b for b in BUCKETS if b >= batch), BUCKETS[-1])
+
+
+@dataclass
+class Arm:
+    """Recent rounds of one arm: (tokens per second, seconds) of each."""
+
+    rounds: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    count: int = 0
+
+    @property
+    def ready(self) -> bool:
+        return self.count >= WARMUP
+
+    @property
+    def speed(self) -> float:
+        return statistics.median(r[0] for r in self.rounds) if self.rounds else 0.0
+
+    def add(self, tokens: int, seconds: float) -> None:
+        if self.ready and seconds > OUTLIER * statistics.median(r[1] for r in self.rounds):
+            return
+        self.rounds.append((tokens / seconds, seconds))
+        self.count += 1
+
+
+@dataclass
+class Bucket:
+    """The two arms of one batch-size bucket and the schedule of tries of the slower one."""
+
+    spec: Arm = field(default_factory=Arm)
+    plain: Arm = field(default_factory=Arm)
+    interval: int = MIN
+    since: int = 0
+    trying: bool = False
+
+    @property
+    def winner(self) -> bool:
+        """True while speculative rounds are the faster (or not yet measured against plain)."""
+        if not (self.spec.ready and self.plain.ready):
+            return True
+        return self.spec.speed >= self.plain.speed
+
+
+class SpecGate:
+    """Per-bucket choice between speculative and plain rounds; see the module docstring."""
+
+    def __init__(self):
+        self.buckets: dict[int, Bucket] = {}
+        self.decisions = {True: 0, False: 0}
+
+    def _bucket(self, batch: int) -> Bucket:
+        return self.buckets.setdefault(bucket_of(batch), Bucket())
+
+    def choose(self, batch: int) -> bool:
+        """Speculate in the next round of ``batch`` requests?"""
+        bk = self._bucket(batch)
+        if not bk.spec.ready:
+            choice = True
+        elif not bk.plain.ready:
+            choice = False
+        else:
+            bk.since += 1
+            bk.trying = bk.since >= bk.interval
+            if bk.trying:
+                bk.since = 0
+            choice = bk.winner != bk.trying
+        self.decisions[choice] += 1
+        return choice
+
+    def observe(self, batch: int, speculated: bool, tokens: int, seconds: float) -> None:
+        """The round just run: its arm, the tokens it produced and its wall-clock seconds."""
+        if seconds <= 0 or tokens <= 0:
+            return
+        bk = self._bucket(batch)
+        before = bk.winner
+        (bk.spec if speculated else bk.plain).add(tokens, seconds)
+        if bk.trying:
+            bk.trying = False
+            bk.interval = min(2 * bk.interval, MAX) if bk.winner == before else MIN
+
+    def snapshot(self) -> dict[int, dict]:
+        """Per bucket: both arms' speeds (tokens/s; None before their warm-up) and the choice."""
+        return {b: {"speculative": round(bk.spec.speed, 1) if bk.spec.ready else None,
+                    "plain": round(bk.plain.speed, 1) if bk.plain.ready else None,
+                    "speculating": bk.winner}
+                for b, bk in sorted(self.buckets.items())}
