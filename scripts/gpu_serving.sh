@@ -10,7 +10,9 @@
 #   WHEELS   folder with gguf-*.whl, the gsm8k / humaneval prompt-set wheels, and xgrammar with the
 #            wheels it needs that the machine lacks (pydantic, pydantic-core, apache-tvm-ffi, ...)
 #   OUT_DIR  reports land in OUT_DIR/<step>/ (JSON + markdown), the log in OUT_DIR/serving.log
-# Set DDTREE_COMMIT to the commit being measured (the GPU copy has no .git).
+# Set DDTREE_COMMIT to the commit being measured (the GPU copy has no .git); DDTREE_STEPS to a
+# comma-separated subset of the steps (concurrency,batch-smol,batch-8b,batch-27b,interference-8b,
+# constrained) to run only those.
 set -uo pipefail
 [[ $# -eq 3 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
 GGUF=$1 WHEELS=$2 OUT=$3
@@ -26,6 +28,7 @@ LOG="$OUT/serving.log"
 
 step() {   # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
+  [[ -z ${DDTREE_STEPS:-} || ,$DDTREE_STEPS, == *,$name,* ]] || return 0
   echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$LOG"
   timeout "$limit" "$@" >>"$LOG" 2>&1
   echo "=== $name exit $? $(date -u +%T)" | tee -a "$LOG"
