@@ -46,11 +46,11 @@ def _drive(gate: SpecGate, batch: int, rounds: int, spec_speed: float, plain_spe
 
 def test_the_faster_arm_wins_per_bucket_and_the_slower_is_retried_less_and_less():
     gate = SpecGate()
-    low = _drive(gate, 1, 200, spec_speed=300, plain_speed=100)     # batch 1: speculation pays
-    high = _drive(gate, 60, 200, spec_speed=500, plain_speed=900)   # batch 60: plain decoding pays
+    low = _drive(gate, 1, 600, spec_speed=300, plain_speed=100)     # batch 1: speculation pays
+    high = _drive(gate, 60, 600, spec_speed=500, plain_speed=900)   # batch 60: plain decoding pays
     assert low[:WARMUP] == [True] * WARMUP and high[:WARMUP] == [True] * WARMUP
     assert high[WARMUP:2 * WARMUP] == [False] * WARMUP               # then the other arm is measured
-    assert sum(low[50:]) >= len(low[50:]) - 4 and sum(high[50:]) <= 4
+    assert sum(low[50:]) >= len(low[50:]) - 6 and sum(high[50:]) <= 6
     assert gate.buckets[bucket_of(60)].interval == MAX               # every try confirmed the winner
     tries = [i for i, c in enumerate(high) if c and i >= 2 * WARMUP]
     assert tries and all(b - a >= MIN for a, b in zip(tries, tries[1:]))
@@ -66,6 +66,17 @@ def test_a_change_of_speed_is_followed():
     assert sum(late[-100:]) <= 5
     back = _drive(gate, 8, 400, spec_speed=900, plain_speed=500)   # and helps again
     assert sum(back[-100:]) >= 95
+
+
+def test_heavy_tailed_gains_count_by_their_mean():
+    """Most speculative rounds gain one token, every fourth gains twenty: 5.75 tokens a round on
+    average beat 4 plain ones, although the median round gains less than a plain one."""
+    gate, out = SpecGate(), []
+    for _ in range(400):
+        c = gate.choose(8)
+        gate.observe(8, c, (20 if sum(out) % 4 == 3 else 1) if c else 4, 1.0)
+        out.append(c)
+    assert sum(out[100:]) >= len(out[100:]) - 6
 
 
 def test_a_capture_like_round_is_not_counted():

@@ -11,10 +11,13 @@ The gate measures instead of modelling: for each batch-size bucket it keeps the 
 of recent speculative rounds and of recent plain rounds (wall clock of the round and its
 streaming: GPU forwards, host tree build, commit, stop checks, all that a user waits for), and
 runs the faster. The slower arm is tried again every ``interval`` rounds of the bucket (``MIN``
-.. ``MAX``: doubled each time a try confirms the winner, back to ``MIN`` when it changes it), so
-a change of acceptance or load is followed at a cost of at most one slow round in ``interval``.
-A round's speed is the median of the arm's last ``WINDOW`` rounds (robust to a CUDA graph
-capture or a stray slow round); the first ``WARMUP`` rounds of each arm are spent before it is
+.. ``MAX``: doubled each time a try confirms the winner, back to ``MIN`` when the winner changes;
+a try faster than the winner also drops the arm's older rounds), so a change of acceptance or
+load is followed at a cost of at most one slow round in ``interval``.
+An arm's speed is its last ``WINDOW`` rounds' tokens over their seconds (a ratio of sums: the
+tokens a speculative round gains are heavy-tailed, so a median of per-round speeds would
+undervalue it); a round ``OUTLIER`` times slower than the arm's median round (a CUDA graph
+capture) is not counted, and the first ``WARMUP`` rounds of each arm are spent before it is
 trusted. vLLM's ``speculative_disable_by_batch_size`` is the configured form of the same rule.
 
 Exactness does not depend on the gate: a plain round is a tree of the root alone.
@@ -28,8 +31,8 @@ from dataclasses import dataclass, field
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 WARMUP = 3        # rounds of each arm before its speed is trusted
-WINDOW = 7        # rounds in an arm's median speed
-MIN, MAX = 8, 64  # rounds between tries of the slower arm
+WINDOW = 16       # rounds in an arm's speed
+MIN, MAX = 8, 256  # rounds between tries of the slower arm
 OUTLIER = 10.0    # a round this many times slower than the arm's median is not counted (a capture)
 
 
@@ -40,7 +43,7 @@ def bucket_of(batch: int) -> int:
 
 @dataclass
 class Arm:
-    """Recent rounds of one arm: (tokens per second, seconds) of each."""
+    """Recent rounds of one arm: (tokens, seconds) of each."""
 
     rounds: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     count: int = 0
@@ -51,12 +54,13 @@ class Arm:
 
     @property
     def speed(self) -> float:
-        return statistics.median(r[0] for r in self.rounds) if self.rounds else 0.0
+        """Tokens per second of the window's rounds."""
+        return sum(r[0] for r in self.rounds) / sum(r[1] for r in self.rounds) if self.rounds else 0.0
 
     def add(self, tokens: int, seconds: float) -> None:
-        if self.ready and seconds > OUTLIER * statistics.median(r[1] for r in self.rounds):
+        if self.ready and self.rounds and seconds > OUTLIER * statistics.median(r[1] for r in self.rounds):
             return
-        self.rounds.append((tokens / seconds, seconds))
+        self.rounds.append((tokens, seconds))
         self.count += 1
 
 
@@ -110,10 +114,15 @@ class SpecGate:
             return
         bk = self._bucket(batch)
         before = bk.winner
-        (bk.spec if speculated else bk.plain).add(tokens, seconds)
+        arm, other = (bk.spec, bk.plain) if speculated else (bk.plain, bk.spec)
+        if bk.trying and other.ready and tokens / seconds > other.speed:
+            arm.rounds.clear()   # a try beat the winner: the arm's older rounds are stale
+        arm.add(tokens, seconds)
         if bk.trying:
             bk.trying = False
             bk.interval = min(2 * bk.interval, MAX) if bk.winner == before else MIN
+        elif bk.winner != before:   # the winner's own rounds got slower: watch closely again
+            bk.interval = MIN
 
     def snapshot(self) -> dict[int, dict]:
         """Per bucket: both arms' speeds (tokens/s; None before their warm-up) and the choice."""
