@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ddtree_server.engine.batch.gate import MAX, MIN, WARMUP, SpecGate, bucket_of
+from ddtree_server.engine.batch.gate import MAX, MIN, TRY_COST, WARMUP, SpecGate, bucket_of
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
 
@@ -66,6 +66,21 @@ def test_a_change_of_speed_is_followed():
     assert sum(late[-100:]) <= 5
     back = _drive(gate, 8, 400, spec_speed=900, plain_speed=500)   # and helps again
     assert sum(back[-100:]) >= 95
+
+
+def test_a_larger_batch_starts_plainly_above_a_plain_bucket_and_tries_stay_cheap():
+    gate = SpecGate()
+    _drive(gate, 8, 100, spec_speed=500, plain_speed=900)          # batch 8 runs plainly
+    out = []
+    for _ in range(600):   # batch 30: a speculative round takes 5 plain rounds' time for 2x the tokens
+        c = gate.choose(30)
+        gate.observe(30, c, 60 if c else 30, 5.0 if c else 1.0)
+        out.append(c)
+    assert out[:MIN] == [False] * MIN                                # no speculative warm-up
+    assert 1 <= sum(out) <= WARMUP + 3, [i for i, c in enumerate(out) if c]
+    bk = gate.buckets[32]
+    assert not bk.winner and bk.interval >= (5.0 - 1.0) / TRY_COST - 1
+    assert gate.choose(1)                                            # a smaller batch starts speculative
 
 
 def test_heavy_tailed_gains_count_by_their_mean():

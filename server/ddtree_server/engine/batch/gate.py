@@ -18,7 +18,11 @@ An arm's speed is its last ``WINDOW`` rounds' tokens over their seconds (a ratio
 tokens a speculative round gains are heavy-tailed, so a median of per-round speeds would
 undervalue it); a round ``OUTLIER`` times slower than the arm's median round (a CUDA graph
 capture) is not counted, and the first ``WARMUP`` rounds of each arm are spent before it is
-trusted. vLLM's ``speculative_disable_by_batch_size`` is the configured form of the same rule.
+trusted. Two rules keep the tries cheap where a speculative round costs several plain ones (a
+high batch): a try of the slower arm comes at most once per ``(its round time / the winner's - 1)
+/ TRY_COST`` rounds (so tries cost at most about ``TRY_COST`` of the throughput), and a bucket met
+for the first time above a measured bucket that runs plainly starts plainly too, its speculative
+arm measured through tries only (speculation pays less as the batch grows). vLLM's ``speculative_disable_by_batch_size`` is the configured form of the same rule.
 
 Exactness does not depend on the gate: a plain round is a tree of the root alone.
 """
@@ -34,6 +38,7 @@ WARMUP = 3        # rounds of each arm before its speed is trusted
 WINDOW = 16       # rounds in an arm's speed
 MIN, MAX = 8, 256  # rounds between tries of the slower arm
 OUTLIER = 10.0    # a round this many times slower than the arm's median is not counted (a capture)
+TRY_COST = 0.02   # the share of throughput that tries of the slower arm may cost
 
 
 def bucket_of(batch: int) -> int:
@@ -51,6 +56,10 @@ class Arm:
     @property
     def ready(self) -> bool:
         return self.count >= WARMUP
+
+    @property
+    def round_seconds(self) -> float:
+        return sum(r[1] for r in self.rounds) / len(self.rounds) if self.rounds else 0.0
 
     @property
     def speed(self) -> float:
@@ -73,13 +82,30 @@ class Bucket:
     interval: int = MIN
     since: int = 0
     trying: bool = False
+    plain_first: bool = False
 
     @property
     def winner(self) -> bool:
-        """True while speculative rounds are the faster (or not yet measured against plain)."""
+        """True while speculative rounds are the faster (before both are measured: unless the
+        bucket starts plainly)."""
         if not (self.spec.ready and self.plain.ready):
-            return True
+            return not self.plain_first
         return self.spec.speed >= self.plain.speed
+
+    def try_now(self) -> bool:
+        """Count a round of the winner; True when the slower arm's try is due."""
+        self.since += 1
+        self.trying = self.since >= self.interval
+        if self.trying:
+            self.since = 0
+        return self.trying
+
+    def spaced(self) -> None:
+        """After a try: the interval is at least what keeps tries within TRY_COST."""
+        fast, slow = (self.spec, self.plain) if self.winner else (self.plain, self.spec)
+        if fast.round_seconds > 0:
+            floor = (slow.round_seconds / fast.round_seconds - 1.0) / TRY_COST
+            self.interval = int(min(max(self.interval, floor), MAX))
 
 
 class SpecGate:
@@ -92,19 +118,24 @@ class SpecGate:
     def _bucket(self, batch: int) -> Bucket:
         return self.buckets.setdefault(bucket_of(batch), Bucket())
 
+    def _below_runs_plain(self, batch: int) -> bool:
+        """Does the largest measured bucket below this batch's run plainly?"""
+        b = bucket_of(batch)
+        below = [k for k, bk in self.buckets.items() if k < b and bk.spec.ready and bk.plain.ready]
+        return bool(below) and not self.buckets[max(below)].winner
+
     def choose(self, batch: int) -> bool:
         """Speculate in the next round of ``batch`` requests?"""
+        fresh = bucket_of(batch) not in self.buckets
         bk = self._bucket(batch)
-        if not bk.spec.ready:
-            choice = True
-        elif not bk.plain.ready:
-            choice = False
+        if fresh and self._below_runs_plain(batch):
+            bk.plain_first = True
+        if bk.spec.ready and bk.plain.ready:
+            choice = bk.winner != bk.try_now()
+        elif bk.plain_first:   # plain until measured; the speculative arm only through tries
+            choice = bk.plain.ready and bk.try_now()
         else:
-            bk.since += 1
-            bk.trying = bk.since >= bk.interval
-            if bk.trying:
-                bk.since = 0
-            choice = bk.winner != bk.trying
+            choice = not bk.spec.ready
         self.decisions[choice] += 1
         return choice
 
@@ -121,6 +152,8 @@ class SpecGate:
         if bk.trying:
             bk.trying = False
             bk.interval = min(2 * bk.interval, MAX) if bk.winner == before else MIN
+            if bk.spec.ready and bk.plain.ready:
+                bk.spaced()
         elif bk.winner != before:   # the winner's own rounds got slower: watch closely again
             bk.interval = MIN
 
