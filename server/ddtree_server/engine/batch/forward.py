@@ -138,8 +138,10 @@ def _features(x, i, want, captured):
         captured[want[i]] = x
 
 
-def dense_forward(model, kpool: Tensor, vpool: Tensor, lay: Layout) -> tuple[Tensor, Tensor | None]:
-    """TargetModel over the batch: logits ``[N, vocab]`` and captured features ``[N, F]``."""
+def dense_forward(model, kpool: Tensor, vpool: Tensor, lay: Layout, logit_rows: Tensor | None = None
+                  ) -> tuple[Tensor, Tensor | None]:
+    """TargetModel over the batch: logits ``[N, vocab]`` (only of ``logit_rows`` when given) and
+    captured features ``[N, F]``."""
     x = model.embed_tokens(lay.ids)
     cos, sin = model._rope(lay.pos, x.dtype)
     a0 = model.layers[0].self_attn
@@ -160,7 +162,7 @@ def dense_forward(model, kpool: Tensor, vpool: Tensor, lay: Layout) -> tuple[Ten
             x = _linear_add(x, out, attn.o_proj)
             x = _linear_add(x, layer.mlp.hidden(layer.post_attention_layernorm(x)), layer.mlp.down_proj)
             _features(x, i, want, captured)
-    logits = model.lm_head(model.norm(x))
+    logits = model.lm_head(model.norm(x if logit_rows is None else x.index_select(0, logit_rows)))
     return logits, (torch.cat(captured, dim=-1) if captured else None)
 
 

@@ -29,6 +29,7 @@ from ddtree_server.engine.batch.draft_graphs import DraftGraphs
 from ddtree_server.engine.batch.graphs import BatchGraphs
 from ddtree_server.engine.batch.policy import SpecPolicy
 from ddtree_server.engine.batch.pools import SlotPool
+from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
 from ddtree_server.models.dense.target import TargetModel
@@ -123,28 +124,16 @@ class StepRunner:
         the ``req.prefilled`` already there: positions continue, dense KV extends, a hybrid's GDN
         recurrent / conv states carry over (a causal ``last_only`` block is committed at once).
         Returns ``[first token]`` after the last chunk, else None (no logits are used before)."""
-        p, total = req.prefilled, len(req.prompt_ids)
-        n = total - p if n is None else n
-        if n <= 0 or p + n > total:
-            raise ValueError(f"prompt chunk [{p}, {p + n}) outside the prompt of {total} tokens")
+        p = req.prefilled
+        n = len(req.prompt_ids) - p if n is None else n
         cache = self.caches[req.slot]
-        if cache.length != p:
-            raise RuntimeError(f"slot {req.slot} holds {cache.length} rows, the prompt chunk starts at {p}")
+        check_chunk(req, n, cache.length)
         ids = torch.tensor(req.prompt_ids[p:p + n], dtype=torch.long, device=self.device)
         # slot 0 may take the CUDA graphs (bound to its storage); other slots run eagerly
         model = self.target if req.slot == 0 else self.model
         logits, ctx = model.forward(cache, ids, torch.arange(p, p + n, device=self.device), last_only=True)
-        req.prefilled = p + n
-        if ctx is not None and req.mode != "ar":
-            req.ctx_parts.append(ctx.clone())   # graphed forwards return views of static buffers
-        if req.prefilled < total:
-            return None
-        token = req.choose(logits, [-1], [req.prompt_ids[-1]], [total])[0]
-        req.s, req.bonus = total, token
-        req.accept([token])  # the last chunk's last row chose it
-        parts, req.ctx_parts = req.ctx_parts, []
-        req.ctx = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
-        return [token]
+        # graphed forwards return views of static buffers
+        return finish_chunk(req, n, logits, None if ctx is None or req.mode == "ar" else ctx.clone())
 
     # ---- decode round -------------------------------------------------------------------------
     def _room(self, req: Request) -> int:
