@@ -7,8 +7,9 @@ request's slot ``pool_k[slot, layer, :, :kv_max]``; a row sees its request's com
 ``[0, s)`` and its own ancestors in the block (causal for chains), rows past a request's live
 length are zeroed before use (a freed slot may hold anything, NaN in the debug mode). K/V of row
 i of a request go to slot row ``s + i`` (compaction to the accepted path is the cache's ``keep``).
-GDN layers (hybrids) project all rows at once and run the recurrent core per request on its
-slot's state (``GatedDeltaNet.mix`` / the fused kernels), pending until the cache's ``keep``.
+GDN layers (hybrids) project all rows at once; the recurrent core runs with a request axis on the
+pooled slot states (``models/hybrid/gdn_batch.py``: plain rows committed at once, chains and
+trees pending until the cache's ``keep``), the ``node`` method per request on its slot's cache.
 
 Attention takes the split-K Triton kernel with a request axis where the kernel path is on (CUDA;
 ``kernels/attention_batch.py``: each slot read in place up to its live length, a request's rows
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ddtree_server.kernels.attention_batch import batch_attention
-from ddtree_server.models.hybrid import gdn_fast
+from ddtree_server.models.hybrid import gdn_batch, gdn_fast
 from ddtree_server.models.hybrid.config import GDN
 from ddtree_server.models.hybrid.tree import tree_meta
 from ddtree_server.models.layers import apply_rope as _apply_rope
@@ -176,16 +177,19 @@ def _gated_attention(attn, x: Tensor, lay: Layout, kpool, vpool, li: int, cos, s
     return out * torch.sigmoid(gate)
 
 
-def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layout
+def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layout, gdn: dict | None = None
                    ) -> tuple[Tensor, Tensor | None]:
-    """HybridTarget over the batch; ``caches``: the requests' slot caches (HybridCache views).
-    Blocks of one row are committed at once, longer ones stay pending until ``cache.keep``."""
+    """HybridTarget over the batch; ``caches``: the requests' slot caches (HybridCache views);
+    ``gdn``: the pooled GDN tensors by name (``state``, ``conv``; ``kk``, ``uu``, ``GG`` for the
+    chunk method), whose presence batches the GDN layers over the requests (``gdn_batch.py``),
+    else each request's mixer runs on its cache. Blocks of one row are committed at once, longer
+    ones stay pending until ``cache.keep``."""
     x = model.embed_tokens(lay.ids)
     cos, sin = model.rope(lay.pos, x.dtype)
     head_dim = model.config.head_dim
     mask = None if kernels_usable(head_dim, kpool) else lay.additive(model.rep, x.dtype)
     kernel = model.config.linear_conv_kernel_dim
-    ctxs = []
+    ctxs, modes = [], []
     for i, (blk, n, cache) in enumerate(zip(lay.blocks, lay.sizes, caches)):
         cache.settle()
         commit = blk.mask is None and n == 1
@@ -197,6 +201,10 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
             cache.win[:n] = meta.win
         ctxs.append(SimpleNamespace(meta=meta, mode="commit" if commit else model.method, rows=None,
                                     kv_len=None, start=None, block=anc, cos=None, sin=None, mask=None))
+        modes.append("own" if gdn is None else "step" if commit else
+                     "chunk" if model.method == "chunk" and n <= cache.cap else "own")
+    groups = None if gdn is None else gdn_batch.RowGroups(lay.offsets, [b.slot for b in lay.blocks], modes,
+                                                          [c.meta for c in ctxs], x.device)
     want = {layer: i for i, layer in enumerate(model.capture_layers)}
     captured: list = [None] * len(want)
     with _attention_backends(x.device):
@@ -204,11 +212,9 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
             h = layer.input_layernorm(x)
             if layer.kind == GDN:
                 mixer = layer.linear_attn
-                outs = []
-                for proj, cache, ctx in zip(lay.split(mixer.in_proj(h)), caches, ctxs):
-                    fast = gdn_fast.usable(proj, cache, ctx)
-                    outs.append((gdn_fast.mix if fast else type(mixer).mix)(mixer, proj, cache, layer.index, ctx))
-                x = _linear_add(x, torch.cat(outs), mixer.out_proj)
+                proj = mixer.in_proj(h)
+                out = _gdn_rows(mixer, proj, lay, caches, ctxs, layer.index, gdn, groups)
+                x = _linear_add(x, out, mixer.out_proj)
             else:
                 out = _gated_attention(layer.self_attn, h, lay, kpool, vpool, layer.index, cos, sin, mask)
                 x = _linear_add(x, out, layer.self_attn.o_proj)
@@ -218,3 +224,26 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
         cache.begin(blk.s, n, blk.mask is not None, ctx.mode == "commit")
     logits = model.lm_head(model.norm(x))
     return logits, (torch.cat(captured, dim=-1) if captured else None)
+
+
+def _own(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
+    fast = gdn_fast.usable(proj, cache, ctx)
+    return (gdn_fast.mix if fast else type(mixer).mix)(mixer, proj, cache, li, ctx)
+
+
+def _gdn_rows(mixer, proj: Tensor, lay: Layout, caches: list, ctxs: list, li: int, gdn: dict | None,
+              groups) -> Tensor:
+    """The GDN core output ``[N, value_dim]`` of every row: the batched groups, then the rest per request."""
+    if groups is None:
+        return torch.cat([_own(mixer, p, c, li, ctx) for p, c, ctx in zip(lay.split(proj), caches, ctxs)])
+    if groups.step_rows is not None and groups.step_all:
+        return gdn_batch.step(mixer, proj, gdn, li, groups.step_slots)
+    out = proj.new_empty((proj.shape[0], mixer.value_dim))
+    if groups.step_rows is not None:
+        out[groups.step_rows] = gdn_batch.step(mixer, proj[groups.step_rows], gdn, li, groups.step_slots)
+    if groups.chunks is not None:
+        out[groups.chunks.rows] = gdn_batch.chunk(mixer, proj[groups.chunks.rows], gdn, li, groups.chunks)
+    for i in groups.own:
+        a, b = lay.offsets[i], lay.offsets[i + 1]
+        out[a:b] = _own(mixer, proj[a:b], caches[i], li, ctxs[i])
+    return out

@@ -113,6 +113,13 @@ class StepRunner:
             if self.dcaches is not None:
                 self.dcaches.poison(slot)
 
+    def _gdn(self) -> dict | None:
+        """The pooled GDN tensors of a hybrid target by name (``forward.hybrid_forward``)."""
+        if self.kind != "hybrid":
+            return None
+        names = ("state", "conv") + (("kk", "uu", "GG") if self.model.method == "chunk" else ())
+        return {n: self.caches.pool(n) for n in names}
+
     def _kv(self):
         pool = self.caches
         return pool.pool("k"), pool.pool("v")
@@ -243,7 +250,7 @@ class StepRunner:
             if self.kind == "dense":
                 logits, feats = dense_forward(self.model, k, v, lay)
             else:
-                logits, feats = hybrid_forward(self.model, caches, k, v, lay)
+                logits, feats = hybrid_forward(self.model, caches, k, v, lay, self._gdn())
         if self.kind == "dense":
             for c, blk in zip(caches, blocks):
                 c.length = blk.s + len(blk.ids)

@@ -1,0 +1,142 @@
+"""The GDN token mixer over the rows of several requests at once (the batch engine's rounds).
+
+Each request's GDN state lives in its slot of the pooled cache tensors (``engine/batch/pools.py``):
+``state [slots, L, Hv, Dk, Dv]`` fp32, ``conv [slots, L, K-1 + cap, C]`` and, for the ``chunk``
+method, the verify scratch ``kk / uu / GG [slots, L, cap, Hv, *]`` (L: the GDN layers). A round's
+blocks fall in three groups, built once per forward (``RowGroups``) and run per GDN layer with a
+request axis instead of a loop over the requests:
+
+* ``step``: blocks of one row committed at once (plain decoding): one conv step over each slot's
+  committed conv rows, the conv state shifted in place, one delta-rule step on each slot's state
+  (``delta.steps``; on CUDA the fused kernels with a request axis, ``kernels/gdn_batch.py``);
+* ``chunk``: pending blocks of n <= cap rows, chains (DFlash) and trees (DDTree) alike: block rows
+  written to the slot's conv buffer rows K-1+i, each row's conv window (``tree.py``) gathered from
+  its slot, then the tree-masked chunked rule over the blocks padded to the longest
+  (``delta.tree_chunks``: a padding row has zero inputs and no ancestors); k, u, G go to the slot's
+  scratch for the commit (``HybridCache.keep`` folds the accepted path per slot, as alone);
+* the rest (the ``node`` method) keep the per-request mixer (``GatedDeltaNet.mix``).
+
+A request's rows are computed from its own slot and block only, so they equal its rows alone up
+to the float order of batched matmuls (torch); the kernels' programs are per (request, head), so
+their rows are bitwise those of the same request alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ddtree_server.models.hybrid import delta
+
+
+@dataclass
+class Chunks:
+    """Padded geometry of the pending ``chunk`` blocks: ``rows`` long ``[m]`` (their rows in the
+    round), ``req`` / ``local`` ``[m]`` (block index in the group, row in the block), ``slot_of_row``
+    ``[m]``, ``slots`` ``[b]``, ``win`` long ``[m, K]`` (conv-window rows in the slot's conv
+    buffer), ``anc`` bool ``[b, r, r]``; r the longest block."""
+
+    rows: Tensor
+    req: Tensor
+    local: Tensor
+    slot_of_row: Tensor
+    slots: Tensor
+    win: Tensor
+    anc: Tensor
+    r: int
+
+
+class RowGroups:
+    """The GDN groups of a round (see the module docstring), from the layout's blocks.
+
+    ``modes[i]``: ``"step"``, ``"chunk"`` or ``"own"`` (per-request mixer) for block i; ``metas``:
+    the blocks' ``TreeMeta`` (``tree.py``), used for the conv windows."""
+
+    def __init__(self, offsets: list[int], slots: list[int], modes: list[str], metas: list, device):
+        self.own = [i for i, m in enumerate(modes) if m == "own"]
+        step = [i for i, m in enumerate(modes) if m == "step"]
+        self.step_rows = self.step_slots = None
+        if step:
+            both = torch.tensor([[offsets[i] for i in step], [slots[i] for i in step]], dtype=torch.long)
+            self.step_rows, self.step_slots = both.to(device)
+            self.step_all = len(step) == offsets[-1]   # every row of the round: no gather / scatter
+        chunk = [i for i, m in enumerate(modes) if m == "chunk"]
+        self.chunks = _chunks(chunk, offsets, slots, metas, device) if chunk else None
+
+
+def _chunks(blocks: list[int], offsets: list[int], slots: list[int], metas: list, device) -> Chunks:
+    sizes = [offsets[i + 1] - offsets[i] for i in blocks]
+    r = max(sizes)
+    req = np.repeat(np.arange(len(blocks)), sizes)
+    local = np.concatenate([np.arange(n) for n in sizes])
+    rows = np.asarray([offsets[i] for i in blocks])[req] + local
+    host = torch.from_numpy(np.stack((rows, req, local, np.asarray([slots[i] for i in blocks])[req])))
+    rows_d, req_d, local_d, slot_d = host.to(device)
+    anc = torch.zeros((len(blocks), r, r), dtype=torch.bool, device=device)
+    for j, (i, n) in enumerate(zip(blocks, sizes)):
+        anc[j, :n, :n] = metas[i].anc
+    win = torch.cat([metas[i].win[:n] for i, n in zip(blocks, sizes)])
+    return Chunks(rows_d, req_d, local_d, slot_d, slot_d[torch.tensor(np.cumsum([0] + sizes[:-1]), device=device)],
+                  win, anc, r)
+
+
+def _conv(mixer, windows: Tensor) -> Tensor:
+    """Conv + SiLU of rows whose K-row windows ``[m, K, C]`` are gathered (model dtype out)."""
+    w = mixer.conv1d.weight[:, 0, :].float()
+    return torch.nn.functional.silu(torch.einsum("mkc,ck->mc", windows.float(), w)).to(windows.dtype)
+
+
+def _split(mixer, proj: Tensor):
+    return proj.split((mixer.conv_dim, mixer.value_dim, mixer.hv, mixer.hv), dim=-1)
+
+
+def step_torch(mixer, proj: Tensor, conv: Tensor, state: Tensor, slots: Tensor) -> Tensor:
+    """One committed row per request (pure torch): proj ``[b, P]`` (request i's row, slot
+    ``slots[i]``); conv ``[slots, K-1 + cap, C]`` and state ``[slots, Hv, Dk, Dv]`` of this layer
+    (updated in place). Returns the gated, normed output ``[b, value_dim]``."""
+    b, k1 = proj.shape[0], mixer.kernel - 1
+    qkv, z, bb, a = _split(mixer, proj)
+    windows = torch.cat((conv[slots, :k1], qkv[:, None]), dim=1)            # [b, K, C]
+    conv[slots, :k1] = windows[:, 1:]
+    q, k, v, g, beta = mixer.heads(_conv(mixer, windows).float(), bb, a)
+    o, new = delta.steps(q, k, v, g, beta, state[slots])
+    state[slots] = new
+    return mixer.norm(o, z.view(b, mixer.hv, mixer.dv)).reshape(b, mixer.value_dim)
+
+
+def chunk_torch(mixer, proj: Tensor, conv: Tensor, state: Tensor, kk: Tensor, uu: Tensor, GG: Tensor,
+                ch: Chunks) -> Tensor:
+    """Pending blocks (pure torch): proj ``[m, P]`` the blocks' rows (``ch.rows`` order); this
+    layer's pooled conv, state and scratch ``kk / uu / GG [slots, cap, Hv, *]``. States are read,
+    conv rows K-1+i and the scratch written. Returns ``[m, value_dim]``."""
+    m, k1 = proj.shape[0], mixer.kernel - 1
+    qkv, z, bb, a = _split(mixer, proj)
+    conv[ch.slot_of_row, k1 + ch.local] = qkv
+    windows = conv[ch.slot_of_row[:, None], ch.win]                          # [m, K, C]
+    q, k, v, g, beta = mixer.heads(_conv(mixer, windows).float(), bb, a)
+    b, r = ch.anc.shape[0], ch.r
+
+    def pad(x: Tensor) -> Tensor:
+        out = x.new_zeros((b, r, *x.shape[1:]))
+        out[ch.req, ch.local] = x
+        return out
+
+    o, u, G = delta.tree_chunks(pad(q), pad(k), pad(v), pad(g), pad(beta), state[ch.slots], ch.anc)
+    u, G = u[ch.req, ch.local], G[ch.req, ch.local]
+    kk[ch.slot_of_row, ch.local] = k
+    uu[ch.slot_of_row, ch.local] = u
+    GG[ch.slot_of_row, ch.local] = G
+    return mixer.norm(o[ch.req, ch.local], z.view(m, mixer.hv, mixer.dv)).reshape(m, mixer.value_dim)
+
+
+def step(mixer, proj: Tensor, gdn: dict, li: int, slots: Tensor) -> Tensor:
+    """``step_torch`` on GDN layer ``li`` of the pools ``gdn`` (by name: state, conv)."""
+    return step_torch(mixer, proj, gdn["conv"][:, li], gdn["state"][:, li], slots)
+
+
+def chunk(mixer, proj: Tensor, gdn: dict, li: int, ch: Chunks) -> Tensor:
+    """``chunk_torch`` on GDN layer ``li`` of the pools ``gdn`` (state, conv, kk, uu, GG)."""
+    return chunk_torch(mixer, proj, *(gdn[n][:, li] for n in ("conv", "state", "kk", "uu", "GG")), ch)
