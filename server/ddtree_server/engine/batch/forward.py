@@ -189,6 +189,9 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
     head_dim = model.config.head_dim
     mask = None if kernels_usable(head_dim, kpool) else lay.additive(model.rep, x.dtype)
     kernel = model.config.linear_conv_kernel_dim
+    # pending blocks: one padded torch rule over the requests, or (GDN kernels on) each request's
+    # fused kernels (a handful of launches each, fewer than the padded torch rule's at small b)
+    batch_chunks = model.method == "chunk" and not gdn_fast.kernels_on(x.device)
     ctxs, modes = [], []
     for i, (blk, n, cache) in enumerate(zip(lay.blocks, lay.sizes, caches)):
         cache.settle()
@@ -202,7 +205,7 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
         ctxs.append(SimpleNamespace(meta=meta, mode="commit" if commit else model.method, rows=None,
                                     kv_len=None, start=None, block=anc, cos=None, sin=None, mask=None))
         modes.append("own" if gdn is None else "step" if commit else
-                     "chunk" if model.method == "chunk" and n <= cache.cap else "own")
+                     "chunk" if batch_chunks and n <= cache.cap else "own")
     groups = None if gdn is None else gdn_batch.RowGroups(lay.offsets, [b.slot for b in lay.blocks], modes,
                                                           [c.meta for c in ctxs], x.device)
     want = {layer: i for i, layer in enumerate(model.capture_layers)}

@@ -29,7 +29,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ddtree_server.models.hybrid import delta
+from ddtree_server.kernels import gdn_batch as kernels
+from ddtree_server.kernels.gdn_norm import gated_norm
+from ddtree_server.models.hybrid import delta, gdn_fast
+
+_checked: set[tuple] = set()   # self-checked kernel cases (see ``step``)
 
 
 @dataclass
@@ -132,9 +136,47 @@ def chunk_torch(mixer, proj: Tensor, conv: Tensor, state: Tensor, kk: Tensor, uu
     return mixer.norm(o[ch.req, ch.local], z.view(m, mixer.hv, mixer.dv)).reshape(m, mixer.value_dim)
 
 
+def step_fused(mixer, proj: Tensor, conv: Tensor, state: Tensor, slots: Tensor) -> Tensor:
+    """``step_torch`` on the kernels with a request axis (``kernels/gdn_batch.py``; no checks)."""
+    dims = (mixer.hk, mixer.hv, mixer.dk, mixer.dv)
+    q, k, v, g, beta = kernels.step_pre(proj, conv, slots, mixer.conv1d.weight[:, 0, :], mixer.A_log,
+                                        mixer.dt_bias, dims)
+    o = kernels.step_states(q, k, v, g, beta, state, slots)
+    return gated_norm(o, proj[:, mixer.conv_dim:mixer.conv_dim + mixer.value_dim], mixer.norm.weight, mixer.norm.eps)
+
+
 def step(mixer, proj: Tensor, gdn: dict, li: int, slots: Tensor) -> Tensor:
-    """``step_torch`` on GDN layer ``li`` of the pools ``gdn`` (by name: state, conv)."""
-    return step_torch(mixer, proj, gdn["conv"][:, li], gdn["state"][:, li], slots)
+    """One committed row per request on GDN layer ``li`` of the pools ``gdn`` (by name: state,
+    conv): the kernels where the GDN kernels are on (the first call of each shape self-checked
+    against ``step_torch`` as ``gdn_fast`` does; a mismatch turns the GDN kernels off), else torch."""
+    conv, state = gdn["conv"][:, li], gdn["state"][:, li]
+    if not gdn_fast.kernels_on(proj.device):
+        return step_torch(mixer, proj, conv, state, slots)
+    key = ("batch-step", proj.dtype, str(proj.device), mixer.hk, mixer.hv, mixer.dk, mixer.dv, mixer.kernel)
+    if key in _checked:
+        return step_fused(mixer, proj, conv, state, slots)
+    if gdn_fast.capturing(proj.device):
+        return step_torch(mixer, proj, conv, state, slots)
+    k1 = mixer.kernel - 1
+    views = (conv[:, :k1], state)
+    before = [t[slots].clone() for t in views]
+    want = step_torch(mixer, proj, conv, state, slots)
+    ref = [t[slots].clone() for t in views]
+    for t, b in zip(views, before):
+        t[slots] = b
+    try:
+        got = step_fused(mixer, proj, conv, state, slots)
+        errs = [gdn_fast.rel_err(got, want)] + [gdn_fast.rel_err(t[slots], r) for t, r in zip(views, ref)]
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not compile or run here: torch path
+        got, errs = None, [f"{type(exc).__name__}: {exc}"]
+    tol = gdn_fast.TOLERANCE.get(proj.dtype, 2e-2)
+    if got is not None and all(e <= tol for e in errs):
+        _checked.add(key)
+        return got
+    gdn_fast.disable(f"GDN kernels disabled: batched step self-check relative errors {errs} > {tol}")
+    for t, r in zip(views, ref):
+        t[slots] = r
+    return want
 
 
 def chunk(mixer, proj: Tensor, gdn: dict, li: int, ch: Chunks) -> Tensor:
