@@ -17,6 +17,7 @@ import torch
 
 from ddtree_server.engine.batch.forward import Block, Layout, hybrid_forward
 from ddtree_server.engine.batch.pools import SlotPool
+from ddtree_server.models.hybrid.gdn_batch import POOLS
 from tests.server.hybrid_fixtures import tiny_hybrid
 
 SLOTS, MAX_LEN = 7, 64
@@ -41,8 +42,7 @@ def _pool(model, seed: int) -> SlotPool:
 
 
 def _round(model, pool: SlotPool, blocks: list[Block], batched: bool):
-    names = ("state", "conv") + (("kk", "uu", "GG") if model.method == "chunk" else ())
-    gdn = {n: pool.pool(n) for n in names} if batched else None
+    gdn = {n: pool.pool(n) for n in POOLS[model.method]} if batched else None
     caches = [pool[b.slot] for b in blocks]
     for c, b in zip(caches, blocks):
         c.length = b.s

@@ -185,7 +185,6 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
     else each request's mixer runs on its cache. Blocks of one row are committed at once, longer
     ones stay pending until ``cache.keep``."""
     x = model.embed_tokens(lay.ids)
-    cos, sin = model.rope(lay.pos, x.dtype)
     head_dim = model.config.head_dim
     mask = None if kernels_usable(head_dim, kpool) else lay.additive(model.rep, x.dtype)
     kernel = model.config.linear_conv_kernel_dim
@@ -199,7 +198,7 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
         if blk.mask is not None and n > cache.cap:
             raise ValueError(f"a tree of {n} nodes exceeds the slot's verify scratch ({cache.cap})")
         anc = None if blk.mask is None else lay.inner[i, :n, :n].contiguous()
-        meta = tree_meta(anc, n, kernel, x.device)
+        meta = None if commit and gdn is not None else tree_meta(anc, n, kernel, x.device)
         if not commit:
             cache.win[:n] = meta.win
         ctxs.append(SimpleNamespace(meta=meta, mode="commit" if commit else model.method, rows=None,
@@ -208,6 +207,28 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
                      "chunk" if batch_chunks and n <= cache.cap else "own")
     groups = None if gdn is None else gdn_batch.RowGroups(lay.offsets, [b.slot for b in lay.blocks], modes,
                                                           [c.meta for c in ctxs], x.device)
+    logits, feats = _hybrid_layers(model, lay, x, kpool, vpool, mask, lambda mixer, proj, li: _gdn_rows(
+        mixer, proj, lay, caches, ctxs, li, gdn, groups))
+    for blk, n, cache, ctx in zip(lay.blocks, lay.sizes, caches, ctxs):
+        cache.begin(blk.s, n, blk.mask is not None, ctx.mode == "commit")
+    return logits, feats
+
+
+def hybrid_plain_forward(model, kpool: Tensor, vpool: Tensor, lay, gdn: dict) -> tuple[Tensor, Tensor | None]:
+    """HybridTarget over blocks of ONE row each (plain decoding), committed at once, from the
+    layout's device tensors only (``lay``: a ``Layout``, or the static buffers of a CUDA graph,
+    ``graphs.py``); the caller settles the slots' caches before and records the rows after
+    (``HybridCache.settle`` / ``begin``). The GDN layers: ``gdn_batch.step`` on ``lay.slots``."""
+    x = model.embed_tokens(lay.ids)
+    mask = None if kernels_usable(model.config.head_dim, kpool) else lay.additive(model.rep, x.dtype)
+    return _hybrid_layers(model, lay, x, kpool, vpool, mask,
+                          lambda mixer, proj, li: gdn_batch.step(mixer, proj, gdn, li, lay.slots))
+
+
+def _hybrid_layers(model, lay, x: Tensor, kpool: Tensor, vpool: Tensor, mask, gdn_rows
+                   ) -> tuple[Tensor, Tensor | None]:
+    """The layer stack from the embeddings ``x``; ``gdn_rows(mixer, proj, li)``: a GDN layer's core output."""
+    cos, sin = model.rope(lay.pos, x.dtype)
     want = {layer: i for i, layer in enumerate(model.capture_layers)}
     captured: list = [None] * len(want)
     with _attention_backends(x.device):
@@ -215,16 +236,12 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
             h = layer.input_layernorm(x)
             if layer.kind == GDN:
                 mixer = layer.linear_attn
-                proj = mixer.in_proj(h)
-                out = _gdn_rows(mixer, proj, lay, caches, ctxs, layer.index, gdn, groups)
-                x = _linear_add(x, out, mixer.out_proj)
+                x = _linear_add(x, gdn_rows(mixer, mixer.in_proj(h), layer.index), mixer.out_proj)
             else:
                 out = _gated_attention(layer.self_attn, h, lay, kpool, vpool, layer.index, cos, sin, mask)
                 x = _linear_add(x, out, layer.self_attn.o_proj)
             x = _linear_add(x, layer.mlp.hidden(layer.post_attention_layernorm(x)), layer.mlp.down_proj)
             _features(x, i, want, captured)
-    for blk, n, cache, ctx in zip(lay.blocks, lay.sizes, caches, ctxs):
-        cache.begin(blk.s, n, blk.mask is not None, ctx.mode == "commit")
     logits = model.lm_head(model.norm(x))
     return logits, (torch.cat(captured, dim=-1) if captured else None)
 

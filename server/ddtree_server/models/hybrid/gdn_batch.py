@@ -34,6 +34,8 @@ from ddtree_server.kernels.gdn_norm import gated_norm
 from ddtree_server.models.hybrid import delta, gdn_fast
 
 _checked: set[tuple] = set()   # self-checked kernel cases (see ``step``)
+# the pooled cache tensors the batched mixer reads and writes, per GDN tree method
+POOLS = {"chunk": ("state", "conv", "kk", "uu", "GG"), "node": ("state", "conv")}
 
 
 @dataclass
