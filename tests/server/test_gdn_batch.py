@@ -81,3 +81,24 @@ def test_batched_gdn_rows_and_commits_equal_per_request(method):
                 a, b = a[:, :, :k1], b[:, :, :k1]
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batched_hybrid_plain_rounds_take_graphs_and_equal_alone():
+    """On CUDA (fp32): plain decoding of several requests takes the captured hybrid graphs
+    (GDN step kernels with a request axis) and gives each request its tokens alone."""
+    from ddtree_server.engine.engine import Engine
+
+    from tests.server.batch_fixtures import random_specs, run_alone, run_batched
+    from tests.server.hybrid_fixtures import tiny_hybrid_ours
+    from tests.server.tiny import EOS, ByteTokenizer
+
+    model = tiny_hybrid_ours("qwen3.6x2", seed=4, device="cuda")
+    specs = [dict(s, mode="ar", arrive=0, cancel_after=None) for s in random_specs(seed=8, count=6)]
+    engine = Engine(model, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=64, max_running=6)
+    got, _ = run_batched(engine, specs)
+    graphs = engine.batch.runner.graphs
+    assert graphs is not None and graphs.capture and graphs.rounds > 0
+    for s in specs:
+        assert got[s["rid"]] == run_alone(engine, s)[0], s
