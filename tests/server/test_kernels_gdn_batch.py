@@ -1,9 +1,10 @@
-"""kernels/gdn_batch.py under TRITON_INTERPRET=1 (CPU, fp32): the GDN decode step of several
-requests on their slots of a pooled hybrid cache. Each request's output row, its new recurrent
-state and its shifted conv state are bitwise those of (a) the same request alone in the batched
-kernels and (b) the one-request kernel path (``gdn_fast.fused`` on its slot's cache); other slots
-are untouched; the rows are close to the pure-torch ``step_torch``; and the engine's entry point
-(``gdn_batch.step``) self-checks and then takes the kernels. The interpreter must be chosen before
+"""kernels/gdn_batch.py and gdn_batch_tree.py under TRITON_INTERPRET=1 (CPU, fp32): the GDN decode
+step and the pending blocks (chains, trees) of several requests on their slots of a pooled hybrid
+cache. Each request's output rows and what it writes (recurrent / conv state; conv rows and the
+verify scratch) are bitwise those of (a) the same request alone in the batched kernels and (b) the
+one-request kernel path (``gdn_fast.fused`` on its slot's cache); other slots are untouched; the
+rows are close to the pure-torch ``step_torch`` / ``chunk_torch``; and the engine's entry points
+(``gdn_batch.step`` / ``chunk``) self-check and then take the kernels. The interpreter must be chosen before
 triton is imported: the kernels run in a child process that reports JSON."""
 
 from __future__ import annotations
@@ -82,3 +83,87 @@ def test_batched_step_kernels_are_batch_invariant_and_match_torch():
     assert all(res["solo_path"]), res
     assert res["err"] < 1e-5 and res["state_err"] < 1e-5 and res["conv_equal"] and res["untouched"], res
     assert res["entry"][:3] == [True, True, True] and res["entry"][3] < 1e-5, res
+
+
+_TREE_CHILD = r"""
+import json, random, torch
+from types import SimpleNamespace
+from ddtree_server.engine.batch.pools import SlotPool
+from ddtree_server.models.hybrid import gdn_batch, gdn_fast
+from ddtree_server.models.hybrid.tree import tree_meta
+from tests.server.hybrid_fixtures import tiny_hybrid
+
+torch.manual_seed(0)
+model = tiny_hybrid("3gdn+attn", seed=3)
+mixer, li = model.layers[2].linear_attn, 2
+pool = SlotPool(lambda: model.new_cache(48, tree_rows=24), 6)
+names = ("conv", "state", "kk", "uu", "GG")
+for name in ("state", "conv"):
+    pool.pool(name).copy_(0.5 * torch.randn(pool.pool(name).shape))
+rng = random.Random(1)
+def tree(n):
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        if i:
+            anc[i] = anc[rng.randrange(i)]
+        anc[i, i] = True
+    return anc
+blocks = [(4, None, 5), (1, tree(17), 17), (3, None, 2), (0, tree(7), 7)]   # (slot, mask, rows)
+metas = [tree_meta(m, n, mixer.kernel, torch.device("cpu")) for _, m, n in blocks]
+def group(sel):
+    offs = [0]
+    for i in sel:
+        offs.append(offs[-1] + blocks[i][2])
+    return gdn_batch.RowGroups(offs, [blocks[i][0] for i in sel], ["chunk"] * len(sel), [metas[i] for i in sel],
+                               torch.device("cpu")).chunks
+m_all = sum(n for _, _, n in blocks)
+proj = torch.randn(m_all, mixer.in_proj.out_features)
+start = {n: pool.pool(n).clone() for n in names}
+def run(fn):
+    for n in names:
+        pool.pool(n).copy_(start[n])
+    out = fn()
+    return out, {n: pool.pool(n).clone() for n in names}
+views = lambda: [pool.pool(n)[:, li] for n in names]
+ch = group([0, 1, 2, 3])
+batched, after = run(lambda: gdn_batch.chunk_fused(mixer, proj, *views(), ch))
+ref, after_ref = run(lambda: gdn_batch.chunk_torch(mixer, proj, *views(), ch))
+res = {"alone": [], "solo_path": [], "err": float((batched - ref).abs().max())}
+k1 = mixer.kernel - 1
+def rows_of(a, s, n):   # what a block writes on its slot: conv rows, kk, uu, GG rows
+    return [a["conv"][s, li, k1:k1 + n], a["kk"][s, li, :n], a["uu"][s, li, :n], a["GG"][s, li, :n]]
+res["scratch_err"] = max(float((x - y).abs().max()) for (s, _, n) in blocks
+                         for x, y in zip(rows_of(after, s, n), rows_of(after_ref, s, n)))
+res["untouched"] = bool(torch.equal(after["state"], start["state"])) and bool(torch.equal(after["conv"][[2, 5]], start["conv"][[2, 5]]))
+off = 0
+for i, (s, mask, n) in enumerate(blocks):
+    one, a1 = run(lambda: gdn_batch.chunk_fused(mixer, proj[off:off + n], *views(), group([i])))
+    res["alone"].append(bool(torch.equal(one, batched[off:off + n]))
+                        and all(bool(torch.equal(x, y)) for x, y in zip(rows_of(a1, s, n), rows_of(after, s, n))))
+    cache = pool[s]
+    cache.win[:n] = metas[i].win
+    anc = metas[i].anc
+    ctx = SimpleNamespace(meta=metas[i], mode="chunk")
+    solo, a2 = run(lambda: gdn_fast.fused(mixer, proj[off:off + n], cache, li, ctx))
+    res["solo_path"].append(bool(torch.equal(solo, batched[off:off + n]))
+                            and all(bool(torch.equal(x, y)) for x, y in zip(rows_of(a2, s, n), rows_of(after, s, n))))
+    off += n
+gdn = {n: pool.pool(n) for n in names}
+entry, _ = run(lambda: gdn_batch.chunk(mixer, proj, gdn, li, ch))
+again, a4 = run(lambda: gdn_batch.chunk(mixer, proj, gdn, li, ch))
+res["entry"] = [bool(torch.equal(again, batched)), gdn_fast.kernels_on(proj.device), float((entry - ref).abs().max())]
+print(json.dumps(res))
+"""
+
+
+def test_batched_tree_kernels_are_batch_invariant_and_match_torch():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "DDTREE_KERNELS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "server"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", _TREE_CHILD], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    res = json.loads(run.stdout.strip().splitlines()[-1])
+    assert all(res["alone"]) and len(res["alone"]) == 4, res
+    assert all(res["solo_path"]), res
+    assert res["err"] < 1e-5 and res["scratch_err"] < 1e-5 and res["untouched"], res
+    assert res["entry"][:2] == [True, True] and res["entry"][2] < 1e-5, res

@@ -188,9 +188,7 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
     head_dim = model.config.head_dim
     mask = None if kernels_usable(head_dim, kpool) else lay.additive(model.rep, x.dtype)
     kernel = model.config.linear_conv_kernel_dim
-    # pending blocks: one padded torch rule over the requests, or (GDN kernels on) each request's
-    # fused kernels (a handful of launches each, fewer than the padded torch rule's at small b)
-    batch_chunks = model.method == "chunk" and not gdn_fast.kernels_on(x.device)
+    batch_chunks = model.method == "chunk"
     ctxs, modes = [], []
     for i, (blk, n, cache) in enumerate(zip(lay.blocks, lay.sizes, caches)):
         cache.settle()

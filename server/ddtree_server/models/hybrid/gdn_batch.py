@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from ddtree_server.kernels import gdn_batch as kernels
+from ddtree_server.kernels import gdn_batch_tree as tree_kernels
 from ddtree_server.kernels.gdn_norm import gated_norm
 from ddtree_server.models.hybrid import delta, gdn_fast
 
@@ -42,14 +43,16 @@ POOLS = {"chunk": ("state", "conv", "kk", "uu", "GG"), "node": ("state", "conv")
 class Chunks:
     """Padded geometry of the pending ``chunk`` blocks: ``rows`` long ``[m]`` (their rows in the
     round), ``req`` / ``local`` ``[m]`` (block index in the group, row in the block), ``slot_of_row``
-    ``[m]``, ``slots`` ``[b]``, ``win`` long ``[m, K]`` (conv-window rows in the slot's conv
-    buffer), ``anc`` bool ``[b, r, r]``; r the longest block."""
+    ``[m]``, ``slots`` ``[b]``, ``qo`` ``[b + 1]`` (block j's rows in the group: ``[qo[j], qo[j+1])``),
+    ``win`` long ``[m, K]`` (conv-window rows in the slot's conv buffer), ``anc`` bool ``[b, r, r]``;
+    r the longest block."""
 
     rows: Tensor
     req: Tensor
     local: Tensor
     slot_of_row: Tensor
     slots: Tensor
+    qo: Tensor
     win: Tensor
     anc: Tensor
     r: int
@@ -85,8 +88,9 @@ def _chunks(blocks: list[int], offsets: list[int], slots: list[int], metas: list
     for j, (i, n) in enumerate(zip(blocks, sizes)):
         anc[j, :n, :n] = metas[i].anc
     win = torch.cat([metas[i].win[:n] for i, n in zip(blocks, sizes)])
-    return Chunks(rows_d, req_d, local_d, slot_d, slot_d[torch.tensor(np.cumsum([0] + sizes[:-1]), device=device)],
-                  win, anc, r)
+    per = torch.tensor([[slots[i] for i in blocks] + [0], np.cumsum([0] + sizes).tolist()], dtype=torch.long)
+    per = per.to(device)
+    return Chunks(rows_d, req_d, local_d, slot_d, per[0, :-1], per[1], win, anc, r)
 
 
 def _conv(mixer, windows: Tensor) -> Tensor:
@@ -191,6 +195,43 @@ def _check_step(mixer, proj: Tensor, conv: Tensor, state: Tensor, slots: Tensor,
     return False
 
 
+def chunk_fused(mixer, proj: Tensor, conv: Tensor, state: Tensor, kk: Tensor, uu: Tensor, GG: Tensor,
+                ch: Chunks) -> Tensor:
+    """``chunk_torch`` on the kernels with a request axis (``kernels/gdn_batch_tree.py``; no checks)."""
+    dims = (mixer.hk, mixer.hv, mixer.dk, mixer.dv)
+    q, k, v, beta = tree_kernels.pre_rows(proj, conv, GG, ch, mixer.conv1d.weight[:, 0, :], mixer.A_log,
+                                          mixer.dt_bias, dims)
+    o = tree_kernels.tree_rules(q, k, v, beta, state, kk, uu, GG, ch)
+    return gated_norm(o, proj[:, mixer.conv_dim:mixer.conv_dim + mixer.value_dim], mixer.norm.weight, mixer.norm.eps)
+
+
 def chunk(mixer, proj: Tensor, gdn: dict, li: int, ch: Chunks) -> Tensor:
-    """``chunk_torch`` on GDN layer ``li`` of the pools ``gdn`` (state, conv, kk, uu, GG)."""
-    return chunk_torch(mixer, proj, *(gdn[n][:, li] for n in ("conv", "state", "kk", "uu", "GG")), ch)
+    """Pending blocks on GDN layer ``li`` of the pools ``gdn`` (state, conv, kk, uu, GG): the
+    kernels where the GDN kernels are on (the first group of each longest-block size self-checked
+    against ``chunk_torch``; a mismatch turns the GDN kernels off), else ``chunk_torch``."""
+    views = [gdn[n][:, li] for n in ("conv", "state", "kk", "uu", "GG")]
+    if not gdn_fast.kernels_on(proj.device):
+        return chunk_torch(mixer, proj, *views, ch)
+    key = ("batch-chunk", ch.r, proj.dtype, str(proj.device), mixer.hk, mixer.hv, mixer.dk, mixer.dv, mixer.kernel)
+    if key in _checked:
+        return chunk_fused(mixer, proj, *views, ch)
+    touched = [views[0]] + views[2:]   # conv rows and the scratch of the group's slots
+    before = [t[ch.slots].clone() for t in touched]
+    want = chunk_torch(mixer, proj, *views, ch)
+    ref = [t[ch.slots].clone() for t in touched]
+    for t, b in zip(touched, before):
+        t[ch.slots] = b
+    try:
+        got = chunk_fused(mixer, proj, *views, ch)
+        errs = [gdn_fast.rel_err(got, want)] + [gdn_fast.rel_err(t[ch.slot_of_row, ch.local], r[ch.req, ch.local])
+                                                for t, r in zip(touched[1:], ref[1:])]
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not compile or run here: torch path
+        got, errs = None, [f"{type(exc).__name__}: {exc}"]
+    tol = gdn_fast.TOLERANCE.get(proj.dtype, 2e-2)
+    if got is not None and all(isinstance(e, float) and e <= tol for e in errs):
+        _checked.add(key)
+        return got
+    gdn_fast.disable(f"GDN kernels disabled: batched chunk self-check relative errors {errs} > {tol}")
+    for t, r in zip(touched, ref):
+        t[ch.slots] = r
+    return want
