@@ -256,6 +256,8 @@ def _gdn_rows(mixer, proj: Tensor, lay: Layout, caches: list, ctxs: list, li: in
         return torch.cat([_own(mixer, p, c, li, ctx) for p, c, ctx in zip(lay.split(proj), caches, ctxs)])
     if groups.step_rows is not None and groups.step_all:
         return gdn_batch.step(mixer, proj, gdn, li, groups.step_slots)
+    if groups.chunks is not None and groups.chunk_all:
+        return gdn_batch.chunk(mixer, proj, gdn, li, groups.chunks)
     out = proj.new_empty((proj.shape[0], mixer.value_dim))
     if groups.step_rows is not None:
         out[groups.step_rows] = gdn_batch.step(mixer, proj[groups.step_rows], gdn, li, groups.step_slots)

@@ -74,6 +74,7 @@ class RowGroups:
             self.step_all = len(step) == offsets[-1]   # every row of the round: no gather / scatter
         chunk = [i for i, m in enumerate(modes) if m == "chunk"]
         self.chunks = _chunks(chunk, offsets, slots, metas, device) if chunk else None
+        self.chunk_all = len(chunk) == len(modes)   # every block pending: the rows as they are
 
 
 def _chunks(blocks: list[int], offsets: list[int], slots: list[int], metas: list, device) -> Chunks:
