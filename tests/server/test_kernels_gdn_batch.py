@@ -167,3 +167,53 @@ def test_batched_tree_kernels_are_batch_invariant_and_match_torch():
     assert all(res["solo_path"]), res
     assert res["err"] < 1e-5 and res["scratch_err"] < 1e-5 and res["untouched"], res
     assert res["entry"][:2] == [True, True] and res["entry"][2] < 1e-5, res
+
+
+_ENGINE_CHILD = r"""
+import json, torch
+from ddtree_server.engine.engine import Engine
+from ddtree_server.engine.sampling import SamplingParams
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.hybrid import gdn_fast
+from tests.server.hybrid_fixtures import tiny_hybrid
+from tests.server.tiny import EOS, ByteTokenizer
+
+torch.set_num_threads(1)
+t = tiny_hybrid("3gdn+attn", seed=21)
+raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
+       "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 1,
+       "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 260, "rope_theta": 10000.0}
+torch.manual_seed(1)
+d = DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval()
+eng = Engine(t, ByteTokenizer(), d, eos_token_ids=[EOS], max_model_len=64, max_running=4)
+jobs = [(list(b"abc def"), "ar"), (list(b"hello hello"), "ddtree"), (list(b"xy"), "dflash"), (list(b"zz top"), "ar")]
+p = lambda: SamplingParams(max_tokens=6, ignore_eos=True)
+alone = [[x for ev in eng.generate(ids, p(), mode=m) for x in ev.token_ids] for ids, m in jobs]
+reqs = [eng.make_request(ids, p(), mode=m, rid=str(i)) for i, (ids, m) in enumerate(jobs)]
+for r in reqs:
+    eng.batch.add(r)
+got, sizes = {r.rid: [] for r in reqs}, []
+while eng.batch.busy:
+    for r, ev in eng.batch.step():
+        got[r.rid] += ev.token_ids
+    sizes.append(eng.batch.last.batch)
+print(json.dumps({"alone": alone, "batched": [got[str(i)] for i in range(4)], "max_batch": max(sizes),
+                  "kernels": gdn_fast.kernels_on(torch.device("cpu"))}))
+"""
+
+
+@pytest.mark.slow
+def test_hybrid_engine_batched_on_the_kernel_path_equals_alone():
+    """The batch engine on a tiny hybrid with the Triton kernels on (interpreter): rounds of plain
+    rows, chains and trees together (the batched GDN kernels, self-checked) give each request the
+    tokens of its solo rounds (the one-request kernels), and the kernels stay on."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "DDTREE_KERNELS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "server"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", _ENGINE_CHILD], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=1200)
+    assert run.returncode == 0, run.stderr[-4000:]
+    doc = json.loads(run.stdout.strip().splitlines()[-1])
+    assert doc["kernels"] and doc["max_batch"] == 4 and all(len(a) == 6 for a in doc["alone"])
+    assert doc["batched"] == doc["alone"]
