@@ -18,6 +18,8 @@ import torch
 from ddtree_server.engine.batch.forward import Block, Layout, hybrid_forward
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.models.hybrid.gdn_batch import POOLS
+from ddtree_server.models.hybrid.gdn_groups import windows
+from ddtree_server.models.hybrid.tree import tree_meta
 from tests.server.hybrid_fixtures import tiny_hybrid
 
 SLOTS, MAX_LEN = 7, 64
@@ -82,6 +84,14 @@ def test_batched_gdn_rows_and_commits_equal_per_request(method):
                 a, b = a[:, :, :k1], b[:, :, :k1]
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
+
+
+def test_host_conv_windows_equal_tree_meta():
+    rng = random.Random(5)
+    for n in (1, 2, 5, 17):
+        for mask in (None, _tree(rng, n)):
+            want = tree_meta(None if mask is None else torch.from_numpy(mask), n, 4, torch.device("cpu")).win
+            assert np.array_equal(windows(mask, n, 4), want.numpy()), (n, mask)
 
 
 @pytest.mark.gpu

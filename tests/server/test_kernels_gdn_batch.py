@@ -90,6 +90,7 @@ import json, random, torch
 from types import SimpleNamespace
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.models.hybrid import gdn_batch, gdn_fast
+from ddtree_server.models.hybrid.gdn_groups import RowGroups
 from ddtree_server.models.hybrid.tree import tree_meta
 from tests.server.hybrid_fixtures import tiny_hybrid
 
@@ -114,8 +115,9 @@ def group(sel):
     offs = [0]
     for i in sel:
         offs.append(offs[-1] + blocks[i][2])
-    return gdn_batch.RowGroups(offs, [blocks[i][0] for i in sel], ["chunk"] * len(sel), [metas[i] for i in sel],
-                               torch.device("cpu")).chunks
+    masks = [None if blocks[i][1] is None else blocks[i][1].numpy() for i in sel]
+    return RowGroups(offs, [blocks[i][0] for i in sel], ["chunk"] * len(sel), masks, mixer.kernel,
+                     torch.device("cpu")).chunks
 m_all = sum(n for _, _, n in blocks)
 proj = torch.randn(m_all, mixer.in_proj.out_features)
 start = {n: pool.pool(n).clone() for n in names}

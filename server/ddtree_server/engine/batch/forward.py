@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ddtree_server.kernels.attention_batch import batch_attention
-from ddtree_server.models.hybrid import gdn_batch, gdn_fast
+from ddtree_server.models.hybrid import gdn_batch, gdn_fast, gdn_groups
 from ddtree_server.models.hybrid.config import GDN
 from ddtree_server.models.hybrid.tree import tree_meta
 from ddtree_server.models.layers import apply_rope as _apply_rope
@@ -195,16 +195,22 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
         commit = blk.mask is None and n == 1
         if blk.mask is not None and n > cache.cap:
             raise ValueError(f"a tree of {n} nodes exceeds the slot's verify scratch ({cache.cap})")
-        anc = None if blk.mask is None else lay.inner[i, :n, :n].contiguous()
-        meta = None if commit and gdn is not None else tree_meta(anc, n, kernel, x.device)
-        if not commit:
-            cache.win[:n] = meta.win
-        ctxs.append(SimpleNamespace(meta=meta, mode="commit" if commit else model.method, rows=None,
-                                    kv_len=None, start=None, block=anc, cos=None, sin=None, mask=None))
-        modes.append("own" if gdn is None else "step" if commit else
-                     "chunk" if batch_chunks and n <= cache.cap else "own")
-    groups = None if gdn is None else gdn_batch.RowGroups(lay.offsets, [b.slot for b in lay.blocks], modes,
-                                                          [c.meta for c in ctxs], x.device)
+        mode = "own" if gdn is None else "step" if commit else "chunk" if batch_chunks and n <= cache.cap else "own"
+        modes.append(mode)
+        ctx = SimpleNamespace(meta=None, mode="commit" if commit else model.method, rows=None, kv_len=None,
+                              start=None, block=None, cos=None, sin=None, mask=None)
+        if mode == "own":   # the per-request mixer: its tree metadata (windows of a pending block to its cache)
+            ctx.block = None if blk.mask is None else lay.inner[i, :n, :n].contiguous()
+            ctx.meta = tree_meta(ctx.block, n, kernel, x.device)
+            if not commit:
+                cache.win[:n] = ctx.meta.win
+        ctxs.append(ctx)
+    groups = None
+    if gdn is not None:
+        groups = gdn_groups.RowGroups(lay.offsets, [b.slot for b in lay.blocks], modes,
+                                      [b.mask for b in lay.blocks], kernel, x.device)
+        if groups.chunks is not None:   # the pending blocks' conv windows, for the commit (HybridCache.keep)
+            gdn["win"][groups.chunks.slot_of_row, groups.chunks.local] = groups.chunks.win
     logits, feats = _hybrid_layers(model, lay, x, kpool, vpool, mask, lambda mixer, proj, li: _gdn_rows(
         mixer, proj, lay, caches, ctxs, li, gdn, groups))
     for blk, n, cache, ctx in zip(lay.blocks, lay.sizes, caches, ctxs):

@@ -3,8 +3,8 @@
 Each request's GDN state lives in its slot of the pooled cache tensors (``engine/batch/pools.py``):
 ``state [slots, L, Hv, Dk, Dv]`` fp32, ``conv [slots, L, K-1 + cap, C]`` and, for the ``chunk``
 method, the verify scratch ``kk / uu / GG [slots, L, cap, Hv, *]`` (L: the GDN layers). A round's
-blocks fall in three groups, built once per forward (``RowGroups``) and run per GDN layer with a
-request axis instead of a loop over the requests:
+blocks fall in three groups, built once per forward (``gdn_groups.RowGroups``) and run per GDN
+layer with a request axis instead of a loop over the requests:
 
 * ``step``: blocks of one row committed at once (plain decoding): one conv step over each slot's
   committed conv rows, the conv state shifted in place, one delta-rule step on each slot's state
@@ -23,9 +23,6 @@ their rows are bitwise those of the same request alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -33,65 +30,11 @@ from ddtree_server.kernels import gdn_batch as kernels
 from ddtree_server.kernels import gdn_batch_tree as tree_kernels
 from ddtree_server.kernels.gdn_norm import gated_norm
 from ddtree_server.models.hybrid import delta, gdn_fast
+from ddtree_server.models.hybrid.gdn_groups import Chunks
 
 _checked: set[tuple] = set()   # self-checked kernel cases (see ``step``)
 # the pooled cache tensors the batched mixer reads and writes, per GDN tree method
-POOLS = {"chunk": ("state", "conv", "kk", "uu", "GG"), "node": ("state", "conv")}
-
-
-@dataclass
-class Chunks:
-    """Padded geometry of the pending ``chunk`` blocks: ``rows`` long ``[m]`` (their rows in the
-    round), ``req`` / ``local`` ``[m]`` (block index in the group, row in the block), ``slot_of_row``
-    ``[m]``, ``slots`` ``[b]``, ``qo`` ``[b + 1]`` (block j's rows in the group: ``[qo[j], qo[j+1])``),
-    ``win`` long ``[m, K]`` (conv-window rows in the slot's conv buffer), ``anc`` bool ``[b, r, r]``;
-    r the longest block."""
-
-    rows: Tensor
-    req: Tensor
-    local: Tensor
-    slot_of_row: Tensor
-    slots: Tensor
-    qo: Tensor
-    win: Tensor
-    anc: Tensor
-    r: int
-
-
-class RowGroups:
-    """The GDN groups of a round (see the module docstring), from the layout's blocks.
-
-    ``modes[i]``: ``"step"``, ``"chunk"`` or ``"own"`` (per-request mixer) for block i; ``metas``:
-    the blocks' ``TreeMeta`` (``tree.py``), used for the conv windows."""
-
-    def __init__(self, offsets: list[int], slots: list[int], modes: list[str], metas: list, device):
-        self.own = [i for i, m in enumerate(modes) if m == "own"]
-        step = [i for i, m in enumerate(modes) if m == "step"]
-        self.step_rows = self.step_slots = None
-        if step:
-            both = torch.tensor([[offsets[i] for i in step], [slots[i] for i in step]], dtype=torch.long)
-            self.step_rows, self.step_slots = both.to(device)
-            self.step_all = len(step) == offsets[-1]   # every row of the round: no gather / scatter
-        chunk = [i for i, m in enumerate(modes) if m == "chunk"]
-        self.chunks = _chunks(chunk, offsets, slots, metas, device) if chunk else None
-        self.chunk_all = len(chunk) == len(modes)   # every block pending: the rows as they are
-
-
-def _chunks(blocks: list[int], offsets: list[int], slots: list[int], metas: list, device) -> Chunks:
-    sizes = [offsets[i + 1] - offsets[i] for i in blocks]
-    r = max(sizes)
-    req = np.repeat(np.arange(len(blocks)), sizes)
-    local = np.concatenate([np.arange(n) for n in sizes])
-    rows = np.asarray([offsets[i] for i in blocks])[req] + local
-    host = torch.from_numpy(np.stack((rows, req, local, np.asarray([slots[i] for i in blocks])[req])))
-    rows_d, req_d, local_d, slot_d = host.to(device)
-    anc = torch.zeros((len(blocks), r, r), dtype=torch.bool, device=device)
-    for j, (i, n) in enumerate(zip(blocks, sizes)):
-        anc[j, :n, :n] = metas[i].anc
-    win = torch.cat([metas[i].win[:n] for i, n in zip(blocks, sizes)])
-    per = torch.tensor([[slots[i] for i in blocks] + [0], np.cumsum([0] + sizes).tolist()], dtype=torch.long)
-    per = per.to(device)
-    return Chunks(rows_d, req_d, local_d, slot_d, per[0, :-1], per[1], win, anc, r)
+POOLS = {"chunk": ("state", "conv", "win", "kk", "uu", "GG"), "node": ("state", "conv", "win")}
 
 
 def _conv(mixer, windows: Tensor) -> Tensor:
