@@ -219,3 +219,33 @@ def test_hybrid_engine_batched_on_the_kernel_path_equals_alone():
     doc = json.loads(run.stdout.strip().splitlines()[-1])
     assert doc["kernels"] and doc["max_batch"] == 4 and all(len(a) == 6 for a in doc["alone"])
     assert doc["batched"] == doc["alone"]
+
+
+def _compile(fn, types: dict, consts: dict, **options):
+    """Compile for an H100 / H200 (sm_90) on the CPU (Triton's bundled ptxas), as test_kernels_compile."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {name: types.get(name, "i32") for name in fn.arg_names}
+    sig.update({name: "constexpr" for name in consts})
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+def test_batched_gdn_kernels_compile_for_sm90_at_the_27b_shape():
+    """bf16 projections and conv state, fp32 rule (Qwen3.6-27B: Hk 16, Hv 48, Dk = Dv = 128, K 4)."""
+    from ddtree_server.kernels import gdn_batch, gdn_batch_tree
+
+    dims = {"HK": 16, "HV": 48, "DK": 128, "DV": 128}
+    f32 = {n: "*fp32" for n in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "s_ptr", "o_ptr", "kk_ptr", "a_ptr",
+                               "p_ptr", "d_ptr", "u_ptr")}
+    low = {n: "*bf16" for n in ("proj_ptr", "conv_ptr", "w_ptr", "alog_ptr", "dtb_ptr")}
+    idx = {n: "*i64" for n in ("slot_ptr", "slots_ptr", "local_ptr", "req_ptr", "qo_ptr", "win_ptr")}
+    types = {**f32, **low, **idx, "anc_ptr": "*u8", "scale": "fp32"}
+    _compile(gdn_batch._pre_kernel, types, {**dims, "KW": 4, "BC": 128}, num_warps=1)
+    _compile(gdn_batch._state_kernel, types, {**dims, "BK": 128, "BV": 32}, num_warps=4)
+    _compile(gdn_batch_tree._pre_rows_kernel, types, {**dims, "KW": 4, "BC": 128}, num_warps=1)
+    _compile(gdn_batch_tree._prep_kernel, types, {"HK": 16, "HV": 48, "DK": 128, "BK": 128, "PREC": "ieee"},
+             num_warps=4)
+    _compile(gdn_batch_tree._solve_kernel, types, {**dims, "BK": 128, "BV": 16, "PREC": "ieee"}, num_warps=8)
