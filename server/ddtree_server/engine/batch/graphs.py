@@ -110,9 +110,19 @@ class BatchGraphs:
             return None
         return (*got, any(b.mask is not None for b in blocks))
 
-    def forward(self, blocks: list[Block], shape: tuple[int, int, int, bool]) -> tuple[Tensor, Tensor | None, list[int]]:
+    def forward(self, blocks: list[Block], shape: tuple[int, int, int, bool], caches: list | None = None
+                ) -> tuple[Tensor, Tensor | None, list[int]]:
         """Logits ``[N_pad, vocab]`` and features of the padded layout (views of static buffers,
-        valid until the next forward), and each block's first row in them."""
+        valid until the next forward), and each block's first row in them. ``caches``: the blocks'
+        slot caches of a hybrid target (settled before, their plain rows recorded as committed after)."""
+        for c in caches if self.gdn is not None else ():
+            c.settle()
+        out = self._forward(blocks, shape)
+        for c, blk in zip(caches, blocks) if self.gdn is not None else ():
+            c.begin(blk.s, 1, False, True)
+        return out
+
+    def _forward(self, blocks: list[Block], shape: tuple[int, int, int, bool]) -> tuple[Tensor, Tensor | None, list[int]]:
         b_pad, n_pad, r, tree = shape
         lay = Layout(pad_blocks(blocks, b_pad, n_pad, self.scratch), self.kpool.device, rmax=r, tree=tree)
         starts = lay.offsets[: len(blocks)]

@@ -258,11 +258,7 @@ class StepRunner:
         k, v = self._kv()
         shape = self.graphs.shape(blocks) if self.graphs is not None else None
         if shape is not None:   # padded layout, graph replay: each block's rows start at starts[i]
-            for c in caches if self.kind == "hybrid" else ():
-                c.settle()
-            logits, feats, starts = self.graphs.forward(blocks, shape)
-            for c, blk in zip(caches, blocks) if self.kind == "hybrid" else ():
-                c.begin(blk.s, 1, False, True)   # plain rows only (graphs.py), committed at once
+            logits, feats, starts = self.graphs.forward(blocks, shape, caches)
         else:
             lay = Layout(blocks, self.device)
             starts = lay.offsets[:-1]
