@@ -180,7 +180,7 @@ def _gated_attention(attn, x: Tensor, lay: Layout, kpool, vpool, li: int, cos, s
 def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layout, gdn: dict | None = None
                    ) -> tuple[Tensor, Tensor | None]:
     """HybridTarget over the batch; ``caches``: the requests' slot caches (HybridCache views);
-    ``gdn``: the pooled GDN tensors by name (``state``, ``conv``; ``kk``, ``uu``, ``GG`` for the
+    ``gdn``: the pooled GDN tensors by name (``state``, ``conv``, ``win``; ``kk``, ``uu``, ``GG`` for the
     chunk method), whose presence batches the GDN layers over the requests (``gdn_batch.py``),
     else each request's mixer runs on its cache. Blocks of one row are committed at once, longer
     ones stay pending until ``cache.keep``."""
