@@ -34,6 +34,7 @@ from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.hybrid.gdn_batch import POOLS
 from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
 from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
@@ -41,7 +42,8 @@ from ddtree_server.speculative.walk import accepted_tokens, walk
 
 
 # "0": batched rounds never take graphs; "1": always the padded layout (graph-replayed on CUDA, run
-# eagerly elsewhere: the CPU tests of the padding); unset: on for dense targets on the kernel path
+# eagerly elsewhere: the CPU tests of the padding); unset: on for targets on the kernel path
+# (hybrids: rounds of plain rows only, graphs.py)
 GRAPHS_ENV = "DDTREE_BATCH_GRAPHS"
 
 
@@ -77,12 +79,13 @@ class StepRunner:
             "dense" if isinstance(self.model, TargetModel) else None
         cuda = torch.device(device).type == "cuda"
         want = graphs if graphs is not None else {"0": False, "1": True}.get(os.environ.get(GRAPHS_ENV, "").strip())
-        # CUDA graphs of batched rounds: dense targets on the kernel path; the drafter on CUDA
-        graphs = self.kind == "dense" and (want if want is not None else
-                                           cuda and kernels_usable(self.model.head_dim, self.model.embed_tokens.weight))
+        # CUDA graphs of batched rounds: targets on the kernel path (hybrids: plain rounds); the drafter on CUDA
+        head_dim = self.model.config.head_dim if self.kind == "hybrid" else getattr(self.model, "head_dim", 0)
+        graphs = self.kind is not None and (want if want is not None else
+                                            cuda and kernels_usable(head_dim, self.model.embed_tokens.weight))
         # with graphs the pool's last slot is the scratch slot of padding blocks (engine/batch/graphs.py)
         self.caches = SlotPool(lambda: target.new_cache(max_len + 1), slots + graphs, pooled=self.kind is not None)
-        self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda) if graphs else None
+        self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda, gdn=self._gdn()) if graphs else None
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
         self.dcaches = self.draft_graphs = None
         if drafter is not None:
@@ -113,6 +116,10 @@ class StepRunner:
             self.caches.poison(slot)
             if self.dcaches is not None:
                 self.dcaches.poison(slot)
+
+    def _gdn(self) -> dict | None:
+        """The pooled GDN tensors of a hybrid target by name (``forward.hybrid_forward``)."""
+        return {n: self.caches.pool(n) for n in POOLS[self.model.method]} if self.kind == "hybrid" else None
 
     def _kv(self):
         pool = self.caches
@@ -240,14 +247,14 @@ class StepRunner:
         k, v = self._kv()
         shape = self.graphs.shape(blocks) if self.graphs is not None else None
         if shape is not None:   # padded layout, graph replay: each block's rows start at starts[i]
-            logits, feats, starts = self.graphs.forward(blocks, shape)
+            logits, feats, starts = self.graphs.forward(blocks, shape, caches)
         else:
             lay = Layout(blocks, self.device)
             starts = lay.offsets[:-1]
             if self.kind == "dense":
                 logits, feats = dense_forward(self.model, k, v, lay)
             else:
-                logits, feats = hybrid_forward(self.model, caches, k, v, lay)
+                logits, feats = hybrid_forward(self.model, caches, k, v, lay, self._gdn())
         if self.kind == "dense":
             for c, blk in zip(caches, blocks):
                 c.length = blk.s + len(blk.ids)
