@@ -14,7 +14,7 @@
 #   OUT_DIR  reports land in OUT_DIR/<step>/ (JSON + markdown), the log in OUT_DIR/serving.log
 # Set DDTREE_COMMIT to the commit being measured (the GPU copy has no .git); DDTREE_STEPS to a
 # comma-separated subset of the steps (concurrency,batch-smol,batch-8b,batch-27b,interference-8b,
-# constrained,http) to run only those.
+# constrained,http,http-switch5ms) to run only those.
 set -uo pipefail
 [[ $# -eq 3 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
 GGUF=$1 WHEELS=$2 OUT=$3
@@ -49,20 +49,22 @@ step interference-8b 60 $B --random-shape qwen3-8b --interference 16384 --batch 
   --context-len 1024 --iters 20 --out "$OUT/interference"
 step constrained 50 python3 -m ddtree_server.bench.constrained --out "$OUT/constrained" --gguf "$GGUF" \
   --drafter "$DRAFTER" --device cuda --dtype bf16 --budgets 16 --prompts 4 --max-new-tokens 256
-http_load() {   # the same prompts through a real server over HTTP (bench/http_load.py), server default gate on
+http_load() {   # http_load STEM MODES LEVELS: the prompts through a real server over HTTP (bench/http_load.py)
   python3 -m ddtree_server serve --gguf "$GGUF" --drafter "$DRAFTER" --device cuda --port 8123 \
-    --max-running 64 --max-queue 256 >"$OUT/http-server.log" 2>&1 &
+    --max-running 64 --max-queue 256 >"$OUT/$1-server.log" 2>&1 &
   local pid=$! i
   for i in $(seq 1 120); do python3 -c "import httpx; assert httpx.get('http://127.0.0.1:8123/ready').status_code == 200" 2>/dev/null && break; sleep 1; done
-  python3 -m ddtree_server.bench.http_load --url http://127.0.0.1:8123 --out "$OUT/http" --concurrency 1,8,32,64 \
-    --modes ar,default,ddtree:16 --datasets gsm8k,humaneval --data-dir "$WHEELS" --no-download --max-prompts 32 \
-    --max-tokens 256 --commit "$COMMIT"
+  python3 -m ddtree_server.bench.http_load --url http://127.0.0.1:8123 --out "$OUT/http" --concurrency "$3" \
+    --modes "$2" --datasets gsm8k,humaneval --data-dir "$WHEELS" --no-download --max-prompts 32 \
+    --max-tokens 256 --commit "$COMMIT" --stem "$1"
   local rc=$?
   kill -TERM $pid; wait $pid
-  grep -E "spec gate|batching|default mode" "$OUT/http-server.log"
+  grep -E "spec gate|batching|default mode|switch interval" "$OUT/$1-server.log"
   return $rc
 }
 export -f http_load
 export GGUF DRAFTER OUT WHEELS COMMIT
-step http 300 bash -c http_load
+step http 300 bash -c 'http_load http_load ar,default,ddtree:16 1,8,32,64'
+# the same server with the interpreter's default GIL switch interval (5 ms): the A/B of serve's 0.5 ms
+step http-switch5ms 120 env DDTREE_SWITCH_INTERVAL=0.005 bash -c 'http_load http_load_switch5ms ar,ddtree:16 8,64'
 echo "done $(date -u +%T)" | tee -a "$LOG"

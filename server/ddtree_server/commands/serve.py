@@ -29,6 +29,13 @@ import typer
 
 log = logging.getLogger("ddtree_server.serve")
 
+# The engine thread and the HTTP event loop share the GIL. When the engine's CUDA synchronisation
+# returns while the loop is busy streaming, it waits for the GIL until the loop's thread gives it
+# up: at most the interpreter's switch interval (5 ms by default, as long as a whole batched
+# round). A shorter interval hands it back sooner (DDTREE_SWITCH_INTERVAL, seconds).
+SWITCH_INTERVAL_ENV = "DDTREE_SWITCH_INTERVAL"
+SWITCH_INTERVAL = 0.0005
+
 
 def load_engine(config: Any, status: Any, beacon: Any = None) -> Any:
     """Build the Engine for `config`; `status(text)` reports loading progress. `beacon`
@@ -117,6 +124,11 @@ def run_server(config: Any) -> int:
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log_auth(config)
+    try:
+        sys.setswitchinterval(float(os.environ.get(SWITCH_INTERVAL_ENV) or SWITCH_INTERVAL))
+    except ValueError as exc:
+        log.warning("%s ignored: %s", SWITCH_INTERVAL_ENV, exc)
+    log.info("GIL switch interval %.2f ms", 1e3 * sys.getswitchinterval())
     metrics = Metrics()
     outcome = {"status": 0}
     server: Any = None
