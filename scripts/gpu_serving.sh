@@ -14,7 +14,7 @@
 #   OUT_DIR  reports land in OUT_DIR/<step>/ (JSON + markdown), the log in OUT_DIR/serving.log
 # Set DDTREE_COMMIT to the commit being measured (the GPU copy has no .git); DDTREE_STEPS to a
 # comma-separated subset of the steps (concurrency,batch-smol,batch-8b,batch-27b,interference-8b,
-# constrained,http,http-switch5ms) to run only those.
+# constrained,http,http-switch5ms,gpu-tests) to run only those.
 set -uo pipefail
 [[ $# -eq 3 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
 GGUF=$1 WHEELS=$2 OUT=$3
@@ -44,7 +44,10 @@ step concurrency 200 $B --gguf "$GGUF" --drafter "$DRAFTER" --concurrency 1,8,32
   --max-prompts 32 --max-new-tokens 256 --modes "$MODES" --budgets 16 --out "$OUT/concurrency"
 step batch-smol 40 $B --random-shape smollm2-135m --batch 1,8,32,64 --context-len 512 --iters 20 --out "$OUT/batch"
 step batch-8b 55 $B --random-shape qwen3-8b --batch 1,8,32 --context-len 1024 --iters 10 --out "$OUT/batch"
-step batch-27b 60 $B --random-shape qwen3.6-27b --batch 1,8 --context-len 1024 --iters 5 --out "$OUT/batch"
+step batch-27b 150 $B --random-shape qwen3.6-27b --batch 1,8,32 --context-len 1024 --iters 5 --out "$OUT/batch"
+step gpu-tests 150 env PYTHONPATH="$REPO:$PYTHONPATH" python3 -m pytest -q -p no:xdist -p no:cacheprovider \
+  tests/server/test_gdn_batch.py tests/server/test_kernels_gdn_batch.py tests/server/test_kernels_batch.py \
+  tests/server/test_chunked_prefill.py -k "cuda or kernel or graph"
 step interference-8b 60 $B --random-shape qwen3-8b --interference 16384 --batch 8 --prefill-chunk 512,0 \
   --context-len 1024 --iters 20 --out "$OUT/interference"
 step constrained 50 python3 -m ddtree_server.bench.constrained --out "$OUT/constrained" --gguf "$GGUF" \
