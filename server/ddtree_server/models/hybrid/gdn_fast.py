@@ -61,7 +61,7 @@ def usable(proj: Tensor, cache, ctx) -> bool:
 
 
 def capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_streamcapturing()
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def fused(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
