@@ -70,7 +70,7 @@ def test_batched_gdn_rows_and_commits_equal_per_request(method):
         pools = [_pool(model, seed=trial), _pool(model, seed=trial)]
         with torch.no_grad():
             out = [_round(model, p, blocks, batched) for p, batched in zip(pools, (True, False))]
-            torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(out[0], out[1], rtol=1e-4, atol=1e-4)   # fp32, any CPU BLAS
             for p in pools:   # commit a random root path of each pending block (as the walk would)
                 for b in blocks:
                     if len(b.ids) > 1:
@@ -82,7 +82,7 @@ def test_batched_gdn_rows_and_commits_equal_per_request(method):
             k1 = model.config.linear_conv_kernel_dim - 1
             if name == "conv":
                 a, b = a[:, :, :k1], b[:, :, :k1]
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
 
