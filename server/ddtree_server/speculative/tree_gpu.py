@@ -49,26 +49,25 @@ def build_trees_device(topk_logp: Tensor, topk_ids: Tensor, width: int
     if c < 1:
         raise ValueError(f"width must be >= 1, got {c}")
     dev, logp = topk_logp.device, topk_logp
-    scores = torch.full((b, depth_max, c), float("-inf"), dtype=logp.dtype, device=dev)
-    parent_slot = torch.zeros((b, depth_max, c), dtype=torch.long, device=dev)
-    rank = torch.zeros((b, depth_max, c), dtype=torch.long, device=dev)
     first = min(c, k)
-    scores[:, 0, :first] = logp[:, 0, :first]
-    rank[:, 0, :first] = torch.arange(first, device=dev)
-    for d in range(1, depth_max):   # the beam: best C prefixes of depth d from the C of depth d-1
-        cand = (scores[:, d - 1, :, None] + logp[:, d, None, :]).reshape(b, c * k)
-        top, idx = cand.topk(c, dim=1)
-        scores[:, d], parent_slot[:, d], rank[:, d] = top, idx // k, idx % k
-    flat = scores.reshape(b, depth_max * c)
+    # the beam: per depth, the best C prefixes (scores) and each one's flat index parent_slot * K + rank
+    top = logp[:, 0, :first]
+    tops = [torch.nn.functional.pad(top, (0, c - first), value=float("-inf")) if first < c else top]
+    idxs = [torch.arange(c, device=dev).expand(b, c)]   # depth 1: parent slot 0, rank = slot
+    for d in range(1, depth_max):
+        top, idx = (tops[-1][:, :, None] + logp[:, d, None, :]).reshape(b, c * k).topk(c, dim=1)
+        tops.append(top)
+        idxs.append(idx)
+    flat = torch.stack(tops, dim=1).reshape(b, depth_max * c)
     order = torch.sort(flat, dim=1, descending=True, stable=True).indices[:, :c]   # [b, C] flat (d, slot)
     counts = torch.isfinite(flat).sum(dim=1).clamp(max=c)
     depth0 = order // c
-    node_rank = rank.reshape(b, -1).gather(1, order)
-    tokens = topk_ids.reshape(b, -1).gather(1, depth0 * k + node_rank).long()
+    beam = torch.stack(idxs, dim=1).reshape(b, depth_max * c).gather(1, order)
+    tokens = topk_ids.reshape(b, -1).gather(1, depth0 * k + beam % k).long()
     index = torch.zeros((b, depth_max * c), dtype=torch.long, device=dev)   # flat (d, slot) -> node
     index.scatter_(1, order, torch.arange(1, c + 1, device=dev).expand(b, c))
-    parent_flat = (depth0 - 1).clamp(min=0) * c + parent_slot.reshape(b, -1).gather(1, order)
-    parents = torch.where(depth0 > 0, index.gather(1, parent_flat), torch.zeros_like(depth0))
+    parents = index.gather(1, ((depth0 - 1) * c + beam // k).clamp(min=0))
+    parents = torch.where(depth0 > 0, parents, 0)
     return tokens, depth0 + 1, parents, counts
 
 

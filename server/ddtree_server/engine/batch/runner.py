@@ -1,7 +1,8 @@
 """Step runner: the model I/O of the batch engine (a prompt chunk of one request, a decode round of many).
 
 A decode round over requests R: drafts for the speculative ones (one batched drafter forward),
-their trees (DFlash: the chain of draft argmaxes; DDTree: best-first, ``spec/tree.py``), ONE target
+their trees (``trees.py``; DDTree: every request's at once on the device with one copy back;
+governed requests: the policy's plan), ONE target
 forward over every request's rows (``forward.py``), each request's choice over its rows
 (``Request.choose``), the acceptance walk and the commit (KV compaction / GDN fold per slot).
 A round of one request in slot 0 (and every round of a target without a batched forward) runs
@@ -31,11 +32,12 @@ from ddtree_server.engine.batch.policy import SpecPolicy
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
+from ddtree_server.engine.batch.trees import own_trees
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
-from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
+from ddtree_server.speculative.tree import DraftTree, root_only
 from ddtree_server.speculative.walk import accepted_tokens, walk
 
 
@@ -173,22 +175,15 @@ class StepRunner:
     def _drafting(self, req: Request) -> bool:
         return req.mode != "ar" and (not self._governed(req) or self.policy.drafts(req))
 
-    def _tree(self, req: Request, draft: Tensor | None, chain: list[int] | None) -> DraftTree:
-        cap = min(req.budget, self._room(req))
-        if req.mode == "ar" or cap <= 0:
-            return root_only(req.bonus)
-        if req.mode == "dflash":
-            return chain_tree(req.bonus, chain[:cap]) if chain is not None else \
-                decode.dflash_builder(draft, req.bonus, cap)
-        return decode.ddtree_builder(draft, req.bonus, cap)
-
     def _trees(self, reqs: list[Request], drafted: list[Request], logits: Tensor | None,
-               chains: list | None = None) -> list[DraftTree]:
+               chains: list | None = None, device: bool = True) -> list[DraftTree]:
         """Every request's tree: the policy's plan for the governed drafted ones (one global node
-        budget), the request's own mode for the others, the root alone for those without a draft."""
+        budget), the request's own mode for the others, the root alone for those without a draft.
+        ``device``: the ddtree trees come from the batched device builder (else the host heap)."""
         row = {id(r): i for i, r in enumerate(drafted)}
-        out = {id(r): self._tree(r, logits[i], None if chains is None else chains[i])
-               for i, r in enumerate(drafted) if not self._governed(r)}
+        own = [r for r in drafted if not self._governed(r)]
+        out = dict(zip(map(id, own), own_trees(own, [row[id(r)] for r in own], logits, chains,
+                                               [min(r.budget, self._room(r)) for r in own], device)))
         gov = [r for r in drafted if self._governed(r)]
         if gov:
             caps = [max(min(r.budget, self._room(r)), 0) for r in gov]
@@ -210,7 +205,9 @@ class StepRunner:
         if any(r is req for r in drafting):
             draft = self.drafter.propose(self.dcaches[req.slot], req.ctx, req.bonus, s)[None]
             req.ctx = None
-        tree = self._trees([req], [req] if draft is not None else [], draft)[0]
+        # batch 1 keeps the host heap: one request's heap is cheaper than the device build's
+        # sequential per-depth kernels launched eagerly (docs/ddtree.md)
+        tree = self._trees([req], [req] if draft is not None else [], draft, device=False)[0]
         ids, pos, mask = decode.tree_inputs(tree, s, self.device, self._inputs_buf)
         logits, feats = self.target.forward(cache, ids, pos, tree_mask=mask)
         return self._commit(req, tree, logits, feats, None, self._rows_buf)
