@@ -79,8 +79,7 @@ def draft_trees(draft_logits: Tensor, roots: list[int], caps: list[int]) -> list
     width = max(caps, default=0)
     if width <= 0:
         return [root_only(r) for r in roots]
-    k = min(width, draft_logits.shape[-1])
-    vals, ids = torch.log_softmax(draft_logits.float(), dim=-1).topk(k, dim=-1)
+    vals, ids = topk_logp(draft_logits, width)
     tokens, depths, parents, counts = build_trees_device(vals, ids, width)
     host = torch.cat((tokens, depths, parents, counts[:, None]), dim=1).cpu().numpy()
     out = []
@@ -89,6 +88,18 @@ def draft_trees(draft_logits: Tensor, roots: list[int], caps: list[int]) -> list
         row = host[i]
         out.append(tree_from_arrays(root, row[:n], row[width:width + n], row[2 * width:2 * width + n]))
     return out
+
+
+def topk_logp(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-K (K = min(k, vocab)) of ``log_softmax`` (fp32, raw logits) over the last axis of
+    ``[..., L, vocab]``: one call for all on an accelerator; request by request on the CPU, where
+    the batch's whole fp32 log_softmax would not stay in the caches (and there is no device to
+    keep busy). The values are the same either way."""
+    k = min(k, draft_logits.shape[-1])
+    if draft_logits.device.type != "cpu" or draft_logits.dim() < 3:
+        return torch.log_softmax(draft_logits.float(), dim=-1).topk(k, dim=-1)
+    parts = [torch.log_softmax(x.float(), dim=-1).topk(k, dim=-1) for x in draft_logits]
+    return torch.stack([v for v, _ in parts]), torch.stack([i for _, i in parts])
 
 
 def build_ddtree_device(topk_logp: Tensor, topk_ids: Tensor, root: Tensor | int, budget: int
