@@ -13,12 +13,12 @@ the per-request forward on the slot's cache, which on CUDA is the Triton-kernel 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from ddtree_server.engine import decode
+from ddtree_server.engine.batch.commit import commit_paths
 from ddtree_server.engine.batch.draft import propose_batch
 from ddtree_server.engine.batch.forward import (
     Block,
@@ -32,13 +32,14 @@ from ddtree_server.engine.batch.policy import SpecPolicy
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
-from ddtree_server.engine.batch.trees import own_trees
+from ddtree_server.engine.batch.trees import RoundInfo, kind_of, own_trees
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
 from ddtree_server.speculative.tree import DraftTree, root_only
 from ddtree_server.speculative.walk import accepted_tokens, walk
+from ddtree_server.speculative.walk_gpu import walk_all
 
 
 # "0": batched rounds never take graphs; "1": always the padded layout (graph-replayed on CUDA, run
@@ -48,23 +49,6 @@ GRAPHS_ENV = "DDTREE_BATCH_GRAPHS"
 
 def _raw(module, attr: str):
     return getattr(module, attr, module)
-
-
-@dataclass
-class RoundInfo:
-    """The last decode round: draft nodes verified over all requests (N), requests per tree kind
-    (plain = the root alone, chain, tree) and the policy's expected accepted draft tokens."""
-
-    nodes: int = 0
-    kinds: dict = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-    expected: float | None = None
-
-
-KINDS = ("plain", "chain", "tree")
-
-
-def kind_of(tree: DraftTree) -> str:
-    return "plain" if tree.size == 1 else "chain" if tree.is_chain else "tree"
 
 
 class StepRunner:
@@ -245,6 +229,13 @@ class StepRunner:
             for c, blk in zip(caches, blocks):
                 c.length = blk.s + len(blk.ids)
         plain = all(r.params.greedy and r.processor is None for r in reqs)
+        if plain and self.kind == "dense":   # one walk on the device, one commit for all (commit.py)
+            walks = walk_all(logits.argmax(dim=-1), trees, list(starts))
+            ctxs = commit_paths(k, v, feats, [r.slot for r in reqs], [r.s for r in reqs], list(starts),
+                                [p for p, _ in walks], self.device)
+            for c, r, (path, _) in zip(caches, reqs, walks):
+                c.length = r.s + len(path)
+            return [self._settle(r, t, p, b, ctx) for r, t, (p, b), ctx in zip(reqs, trees, walks, ctxs)]
         choices = logits.argmax(dim=-1).tolist() if plain else None
         out = []
         for r, t, a in zip(reqs, trees, starts):
@@ -273,9 +264,16 @@ class StepRunner:
             rows = decode.path_rows(path, self.device, staging)
             cache.keep(s, path, rows)
             ctx = None if feats is None else feats.index_select(0, rows)
+        return self._settle(req, tree, path, bonus, ctx, copy=True)
+
+    def _settle(self, req: Request, tree: DraftTree, path: list[int], bonus: int, ctx: Tensor | None,
+                copy: bool = False) -> list[int]:
+        """The request's state after its committed path: ctx (``ctx``: the path's feature rows;
+        ``copy``: they are a view to copy), s, bonus, emitted tokens and counters; returns the tokens."""
+        k = len(path)
         if req.mode != "ar" and ctx is not None:   # a request that skipped the drafter keeps its rows
-            req.ctx = ctx.clone() if req.ctx is None else torch.cat((req.ctx, ctx))
-        req.s, req.bonus = s + k, bonus
+            req.ctx = (ctx.clone() if copy else ctx) if req.ctx is None else torch.cat((req.ctx, ctx))
+        req.s, req.bonus = req.s + k, bonus
         out = accepted_tokens(tree, path, bonus)
         req.accept(out, path)
         req.nodes += tree.size - 1

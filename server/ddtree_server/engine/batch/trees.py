@@ -1,16 +1,35 @@
-"""The draft trees of a decode round's requests that choose their own (not governed by the
-speculation policy, ``--spec-policy fixed``): ``ddtree`` requests get best-first trees, all of
-the round's at once from ONE device build and ONE packed device-to-host copy
-(speculative/tree_gpu.py ``draft_trees``; or each from the host heap, the batch-1 path);
-``dflash`` requests the chain of their draft argmaxes; a cap of 0 gives the root alone."""
+"""The draft trees of a decode round: their kinds and the round's counts (``RoundInfo``), and the
+trees of the requests that choose their own (not governed by the speculation policy,
+``--spec-policy fixed``): ``ddtree`` requests get best-first trees, all of the round's at once from
+ONE device build and ONE packed device-to-host copy (speculative/tree_gpu.py ``draft_trees``; or
+each from the host heap, the batch-1 path); ``dflash`` requests the chain of their draft argmaxes;
+a cap of 0 gives the root alone."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from torch import Tensor
 
 from ddtree_server.engine import decode
 from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
 from ddtree_server.speculative.tree_gpu import draft_trees
+
+KINDS = ("plain", "chain", "tree")
+
+
+@dataclass
+class RoundInfo:
+    """The last decode round: draft nodes verified over all requests (N), requests per tree kind
+    (plain = the root alone, chain, tree) and the policy's expected accepted draft tokens."""
+
+    nodes: int = 0
+    kinds: dict = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    expected: float | None = None
+
+
+def kind_of(tree: DraftTree) -> str:
+    return "plain" if tree.size == 1 else "chain" if tree.is_chain else "tree"
 
 
 def one_tree(req, draft: Tensor | None, chain: list[int] | None, cap: int) -> DraftTree:

@@ -1,0 +1,43 @@
+"""The KV commit of a decode round for all requests at once (dense targets on pooled slots): every
+request's accepted path is compacted in its slot (row ``s + path[j]`` moves to ``s + j``, as
+``KVCache.keep`` does per request) by one gather and one scatter per K / V pool, and the captured
+features of all paths come out in one ``index_select``; the indices travel in ONE host-to-device
+copy. Pure data movement: the rows are bitwise those of the per-request commit."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def commit_paths(kpool: Tensor, vpool: Tensor, feats: Tensor | None, slots: list[int], starts: list[int],
+                 offsets: list[int], paths: list[list[int]], device) -> list[Tensor | None]:
+    """Compact every request's verified block to its accepted path.
+
+    Args:
+        kpool / vpool: ``[slots, layers, kv_heads, rows, head_dim]`` pooled K / V.
+        feats: ``[N, F]`` captured features of the round's rows (request after request) or None.
+        slots / starts: request i's slot and first block row (its ``s``).
+        offsets: request i's first row in ``feats``.
+        paths: request i's accepted node indices, root first, strictly increasing.
+    Returns:
+        per request its path's feature rows ``[len(path), F]`` (fresh storage), or None without feats.
+    """
+    lens = [len(p) for p in paths]
+    flat = np.fromiter((j for p in paths for j in p), dtype=np.int64, count=sum(lens))
+    req = np.repeat(np.arange(len(paths)), lens)
+    pos = np.arange(len(flat)) - np.repeat(np.cumsum([0] + lens[:-1]), lens)   # j within the path
+    moved = flat != pos
+    base = np.asarray(starts, dtype=np.int64)[req]
+    host = np.concatenate((np.asarray(slots, dtype=np.int64)[req][moved], (base + flat)[moved], (base + pos)[moved],
+                           np.asarray(offsets, dtype=np.int64)[req] + flat))
+    dev = torch.from_numpy(host).to(device)
+    m = int(moved.sum())
+    if m:
+        slot, src, dst = dev[:m], dev[m:2 * m], dev[2 * m:3 * m]
+        for pool in (kpool, vpool):
+            pool[slot, :, :, dst] = pool[slot, :, :, src]
+    if feats is None:
+        return [None] * len(paths)
+    return list(feats.index_select(0, dev[3 * m:]).split(lens))
