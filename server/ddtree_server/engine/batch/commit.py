@@ -35,9 +35,17 @@ def commit_paths(kpool: Tensor, vpool: Tensor, feats: Tensor | None, slots: list
     dev = torch.from_numpy(host).to(device)
     m = int(moved.sum())
     if m:
-        slot, src, dst = dev[:m], dev[m:2 * m], dev[2 * m:3 * m]
         for pool in (kpool, vpool):
-            pool[slot, :, :, dst] = pool[slot, :, :, src]
+            _move(pool, dev[:m], dev[m:2 * m], dev[2 * m:3 * m])
     if feats is None:
         return [None] * len(paths)
     return list(feats.index_select(0, dev[3 * m:]).split(lens))
+
+
+def _move(pool: Tensor, slot: Tensor, src: Tensor, dst: Tensor) -> None:
+    """``pool[slot, :, :, dst] = pool[slot, :, :, src]`` as one ``index_select`` and one
+    ``index_copy_`` over the pool's rows of ``head_dim`` values (contiguous chunks)."""
+    slots, layers, heads, rows, dim = pool.shape
+    planes = (slot[:, None] * (layers * heads) + torch.arange(layers * heads, device=pool.device)) * rows
+    flat = pool.view(-1, dim)
+    flat.index_copy_(0, (planes + dst[:, None]).reshape(-1), flat.index_select(0, (planes + src[:, None]).reshape(-1)))
