@@ -11,6 +11,8 @@ from ddtree_server.engine.batch.commit import commit_paths
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.models.kv_cache import KVCache
 
+from tests.server.batch_fixtures import Unpinned
+
 
 def _pool(seed):
     torch.manual_seed(seed)
@@ -43,7 +45,8 @@ def test_batched_commit_equals_per_request_keep():
         for pool in (batched, alone):
             for slot, s, n in zip(slots, starts, sizes):
                 pool[slot].length = s + n
-        got = commit_paths(batched.pool("k"), batched.pool("v"), feats, slots, starts, offsets, paths, "cpu")
+        got = commit_paths(batched.pool("k"), batched.pool("v"), feats, slots, starts, offsets, paths, "cpu",
+                           Unpinned() if trial % 2 else None)
         for slot, s, a, path, ctx in zip(slots, starts, offsets, paths, got):
             alone[slot].keep(s, path)
             assert torch.equal(ctx, feats.index_select(0, torch.tensor(path) + a))

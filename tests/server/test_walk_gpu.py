@@ -10,6 +10,8 @@ from ddtree_server.speculative.tree import build_ddtree, chain_tree, root_only
 from ddtree_server.speculative.walk import walk
 from ddtree_server.speculative.walk_gpu import walk_all
 
+from tests.server.batch_fixtures import Unpinned
+
 
 def _trees(rng):
     out = []
@@ -43,3 +45,4 @@ def test_walk_all_equals_walk_per_tree():
                     choices[a + i] = rng.choice(kids)
         expect = [walk(t, choices[a:a + t.size].tolist()) for t, a in zip(trees, offsets)]
         assert walk_all(choices, trees, offsets) == expect
+        assert walk_all(choices, trees, offsets, Unpinned()) == expect

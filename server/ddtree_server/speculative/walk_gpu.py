@@ -39,10 +39,11 @@ def walk_rows(choices: Tensor, tokens: Tensor, parents: Tensor, depth_max: int) 
     return torch.stack((acc.long(), torch.where(leaf, choices, -1)))
 
 
-def walk_all(choices: Tensor, trees: list, offsets: list[int]) -> list[tuple[list[int], int]]:
+def walk_all(choices: Tensor, trees: list, offsets: list[int], staging=None) -> list[tuple[list[int], int]]:
     """``walk.walk`` of every tree, whose rows start at ``offsets[i]`` (ascending) of ``choices``
     (``[N]``, long, on the device; rows of no tree are padding): one host-to-device copy (tokens,
-    parent rows), ``walk_rows``, one copy back. Returns per tree (path, bonus) as ``walk.walk``."""
+    parent rows; through ``staging.send`` when given: a pinned buffer, engine/decode.py),
+    ``walk_rows``, one copy back. Returns per tree (path, bonus) as ``walk.walk``."""
     n = choices.shape[0]
     host = np.full((2, n), -1, dtype=np.int64)
     live = np.zeros(n, dtype=bool)
@@ -51,7 +52,7 @@ def walk_all(choices: Tensor, trees: list, offsets: list[int]) -> list[tuple[lis
         par = np.asarray(t.parents, dtype=np.int64)
         host[1, a:a + t.size] = np.where(par < 0, -1, par + a)
         live[a:a + t.size] = True
-    dev = torch.from_numpy(host).to(choices.device)
+    dev = staging.send(host, choices.device) if staging is not None else torch.from_numpy(host).to(choices.device)
     acc, bonus = walk_rows(choices, dev[0], dev[1], max((max(t.depths) for t in trees), default=0)).cpu().numpy()
     rows = np.flatnonzero((acc == 1) & live)
     tree_of = np.searchsorted(np.asarray(offsets), rows, side="right") - 1

@@ -12,7 +12,7 @@ from torch import Tensor
 
 
 def commit_paths(kpool: Tensor, vpool: Tensor, feats: Tensor | None, slots: list[int], starts: list[int],
-                 offsets: list[int], paths: list[list[int]], device) -> list[Tensor | None]:
+                 offsets: list[int], paths: list[list[int]], device, staging=None) -> list[Tensor | None]:
     """Compact every request's verified block to its accepted path.
 
     Args:
@@ -21,6 +21,7 @@ def commit_paths(kpool: Tensor, vpool: Tensor, feats: Tensor | None, slots: list
         slots / starts: request i's slot and first block row (its ``s``).
         offsets: request i's first row in ``feats``.
         paths: request i's accepted node indices, root first, strictly increasing.
+        staging: a ``decode.Staging`` (pinned) for the copy of the indices, or None.
     Returns:
         per request its path's feature rows ``[len(path), F]`` (fresh storage), or None without feats.
     """
@@ -32,7 +33,7 @@ def commit_paths(kpool: Tensor, vpool: Tensor, feats: Tensor | None, slots: list
     base = np.asarray(starts, dtype=np.int64)[req]
     host = np.concatenate((np.asarray(slots, dtype=np.int64)[req][moved], (base + flat)[moved], (base + pos)[moved],
                            np.asarray(offsets, dtype=np.int64)[req] + flat))
-    dev = torch.from_numpy(host).to(device)
+    dev = staging.send(host, device) if staging is not None else torch.from_numpy(host).to(device)
     m = int(moved.sum())
     if m:
         for pool in (kpool, vpool):

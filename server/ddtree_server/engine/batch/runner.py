@@ -81,6 +81,8 @@ class StepRunner:
         self.batched = self.kind is not None
         # pinned buffers for the batch-1 path's small copies
         self._inputs_buf, self._rows_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
+        # and for the batched walk's / commit's index copies (each round syncs on the walk's result)
+        self._walk_buf, self._commit_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
         # the speculation policy governs ddtree requests (policy.py); it needs the batched forward
         self.policy = policy if drafter is not None and self.batched else None
         if self.policy is not None and self.policy.profile is None:
@@ -230,9 +232,9 @@ class StepRunner:
                 c.length = blk.s + len(blk.ids)
         plain = all(r.params.greedy and r.processor is None for r in reqs)
         if plain and self.kind == "dense":   # one walk on the device, one commit for all (commit.py)
-            walks = walk_all(logits.argmax(dim=-1), trees, list(starts))
+            walks = walk_all(logits.argmax(dim=-1), trees, list(starts), self._walk_buf)
             ctxs = commit_paths(k, v, feats, [r.slot for r in reqs], [r.s for r in reqs], list(starts),
-                                [p for p, _ in walks], self.device)
+                                [p for p, _ in walks], self.device, self._commit_buf)
             for c, r, (path, _) in zip(caches, reqs, walks):
                 c.length = r.s + len(path)
             return [self._settle(r, t, p, b, ctx) for r, t, (p, b), ctx in zip(reqs, trees, walks, ctxs)]
