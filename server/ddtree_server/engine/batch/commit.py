@@ -1,7 +1,8 @@
-"""The KV commit of a decode round for all requests at once (dense targets on pooled slots): every
-request's accepted path is compacted in its slot (row ``s + path[j]`` moves to ``s + j``, as
-``KVCache.keep`` does per request) by one gather and one scatter per K / V pool, and the captured
-features of all paths come out in one ``index_select``; the indices travel in ONE host-to-device
+"""The commit of a greedy decode round for all requests at once (dense targets on pooled slots):
+the acceptance walk of every tree on the device (speculative/walk_gpu.py), then every request's
+accepted path compacted in its slot (row ``s + path[j]`` moves to ``s + j``, as ``KVCache.keep``
+does per request) by one ``index_select`` and one ``index_copy_`` per K / V pool, and the
+captured features of all paths in one ``index_select``; the indices travel in ONE host-to-device
 copy. Pure data movement: the rows are bitwise those of the per-request commit."""
 
 from __future__ import annotations
@@ -9,6 +10,22 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
+
+from ddtree_server.speculative.walk_gpu import walk_all
+
+
+def commit_greedy(kpool: Tensor, vpool: Tensor, caches: list, feats: Tensor | None, reqs: list, trees: list,
+                  starts: list[int], choices: Tensor, bufs=(None, None)) -> list[tuple[list[int], int, Tensor | None]]:
+    """Walk every request's tree over the target's choices ``[N]`` (on the device; request i's rows
+    start at ``starts[i]``), compact its slot to the path and set its cache length to ``s + len(path)``.
+    ``bufs``: staging buffers (decode.Staging) of the walk's and the commit's index copies, or Nones.
+    Returns per request (path, bonus token, the path's feature rows or None)."""
+    walks = walk_all(choices, trees, starts, bufs[0])
+    ctxs = commit_paths(kpool, vpool, feats, [r.slot for r in reqs], [r.s for r in reqs], starts,
+                        [p for p, _ in walks], choices.device, bufs[1])
+    for cache, r, (path, _) in zip(caches, reqs, walks):
+        cache.length = r.s + len(path)
+    return [(p, b, ctx) for (p, b), ctx in zip(walks, ctxs)]
 
 
 def commit_paths(kpool: Tensor, vpool: Tensor, feats: Tensor | None, slots: list[int], starts: list[int],

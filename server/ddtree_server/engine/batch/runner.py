@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from ddtree_server.engine import decode
-from ddtree_server.engine.batch.commit import commit_paths
-from ddtree_server.engine.batch.draft import propose_batch
+from ddtree_server.engine.batch.commit import commit_greedy
+from ddtree_server.engine.batch.draft import fold_context, propose_batch
 from ddtree_server.engine.batch.forward import (
     Block,
     Layout,
@@ -39,7 +39,6 @@ from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
 from ddtree_server.speculative.tree import DraftTree, root_only
 from ddtree_server.speculative.walk import accepted_tokens, walk
-from ddtree_server.speculative.walk_gpu import walk_all
 
 
 # "0": batched rounds never take graphs; "1": always the padded layout (graph-replayed on CUDA, run
@@ -79,10 +78,8 @@ class StepRunner:
             self.draft_graphs = DraftGraphs(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
                                             capture=cuda) if dgraphs else None
         self.batched = self.kind is not None
-        # pinned buffers for the batch-1 path's small copies
-        self._inputs_buf, self._rows_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
-        # and for the batched walk's / commit's index copies (each round syncs on the walk's result)
-        self._walk_buf, self._commit_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
+        # pinned buffers for small copies: batch 1's verify inputs and path rows; the batched walk's / commit's indices
+        self._inputs_buf, self._rows_buf, *self._bufs = [decode.Staging() for _ in range(4)] if cuda else [None] * 4
         # the speculation policy governs ddtree requests (policy.py); it needs the batched forward
         self.policy = policy if drafter is not None and self.batched else None
         if self.policy is not None and self.policy.profile is None:
@@ -138,22 +135,37 @@ class StepRunner:
     def _room(self, req: Request) -> int:
         return self.caches[req.slot].max_len - req.s - 1
 
-    def round(self, reqs: list[Request]) -> list[list[int] | None]:
-        """One round for every request: its accepted tokens (path + bonus), None when its cache is full."""
+    def round(self, reqs: list[Request], speculate: bool = True) -> list[list[int] | None]:
+        """One round for every request: its accepted tokens (path + bonus), None when its cache is
+        full. ``speculate`` False: nobody drafts (a plain round, the speculation gate's choice)."""
         live = [r for r in reqs if self._room(r) >= 0]
         # the per-request path (CUDA graphs bound to slot 0's storage) serves a lone request in
         # slot 0; a lone request in another slot takes the batched path (no graph re-capture)
         if not live:
             return [None] * len(reqs)
         self.last = RoundInfo()
-        drafting = [r for r in live if self._drafting(r)]   # decided before any forward of the round
+        drafting = [r for r in live if self._drafting(r)] if speculate else []   # before any forward
         if not self.batched or (len(live) == 1 and live[0].slot == 0):
             got = {id(r): self._solo(r, drafting) for r in live}
         else:
             got = dict(zip(map(id, live), self._batched(live, drafting)))
         for r in live:
             r.round_nodes += self.last.nodes
+        if len(drafting) < len(live):
+            self._fold([r for r in live if not any(r is d for d in drafting)])
         return [got.get(id(r)) for r in reqs]
+
+    def _fold(self, reqs: list[Request]) -> None:
+        """Requests that skipped the drafter (plain rounds) keep their new context rows for its next
+        proposal; from a block on they go into its cache (``draft.fold_context``)."""
+        if self.dcaches is None or not self.dcaches.pooled:
+            return
+        due = [r for r in reqs if r.mode != "ar" and r.ctx is not None and r.ctx.shape[0] >= self.block_size]
+        if due:
+            kept = fold_context(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
+                                [self.dcaches[r.slot] for r in due], [r.slot for r in due], [r.ctx for r in due])
+            for r, ctx in zip(due, kept):
+                r.ctx = ctx
 
     def _governed(self, req: Request) -> bool:
         return self.policy is not None and req.governed
@@ -232,12 +244,8 @@ class StepRunner:
                 c.length = blk.s + len(blk.ids)
         plain = all(r.params.greedy and r.processor is None for r in reqs)
         if plain and self.kind == "dense":   # one walk on the device, one commit for all (commit.py)
-            walks = walk_all(logits.argmax(dim=-1), trees, list(starts), self._walk_buf)
-            ctxs = commit_paths(k, v, feats, [r.slot for r in reqs], [r.s for r in reqs], list(starts),
-                                [p for p, _ in walks], self.device, self._commit_buf)
-            for c, r, (path, _) in zip(caches, reqs, walks):
-                c.length = r.s + len(path)
-            return [self._settle(r, t, p, b, ctx) for r, t, (p, b), ctx in zip(reqs, trees, walks, ctxs)]
+            done = commit_greedy(k, v, caches, feats, reqs, trees, list(starts), logits.argmax(dim=-1), self._bufs)
+            return [self._settle(r, t, *got) for r, t, got in zip(reqs, trees, done)]
         choices = logits.argmax(dim=-1).tolist() if plain else None
         out = []
         for r, t, a in zip(reqs, trees, starts):
