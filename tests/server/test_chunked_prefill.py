@@ -255,3 +255,43 @@ def test_chunks_on_the_kernel_path_equal_whole():
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(run.stdout.strip().splitlines()[-1])
     assert doc == {k: {"kernels": True, "equal": True} for k in ("dense", "hybrid")}
+
+
+def _prefilled(engine, prompts):
+    """Run the prompts together (dflash, 12 tokens): per request its first token, drafter prompt
+    features and slot K/V right after its prefill, and all its tokens."""
+    reqs = [engine.make_request(p, SamplingParams(max_tokens=12, ignore_eos=True), mode="dflash", rid=str(i))
+            for i, p in enumerate(prompts)]
+    for r in reqs:
+        engine.batch.add(r)
+    snap = {}
+    while engine.batch.busy:
+        engine.batch.step()
+        for r, p in zip(reqs, prompts):
+            if r.events and r.rid not in snap:
+                cache = engine.batch.runner.caches[r.slot]
+                snap[r.rid] = (r.events[0].token_ids[:1], r.ctx.clone(), cache.k[:, :, : len(p)].clone())
+    return [(snap[r.rid], [t for ev in r.events for t in ev.token_ids]) for r in reqs]
+
+
+def test_chunks_of_several_requests_in_one_forward_equal_their_own_forwards(monkeypatch):
+    """Dense: the chunks of several requests in a step run as one batched forward (prefill.py);
+    each request's first token, drafter prompt features and slot K/V equal its prefill alone (its
+    chunks through the slot's own forward), and its tokens equal alone."""
+    from ddtree_server.engine.batch import engine as batch_engine
+
+    torch.set_num_threads(1)
+    model = tiny_target()
+    model.capture_layers = LAYERS
+    calls = []
+    real = batch_engine.prefill_many
+    monkeypatch.setattr(batch_engine, "prefill_many", lambda runner, chunks: calls.append(len(chunks)) or real(runner, chunks))
+    prompts = [PROMPT[:20], PROMPT[:9], PROMPT[:30], PROMPT[:3], PROMPT[:14]]
+    together = _prefilled(_engine(model, 16, _drafter(model), running=5), prompts)
+    assert calls and max(calls) >= 3
+    n_batched = len(calls)
+    for p, ((first, ctx, kv), toks) in zip(prompts, together):
+        (first1, ctx1, kv1), toks1 = _prefilled(_engine(model, 16, _drafter(model), running=5), [p])[0]
+        assert first == first1 and toks == toks1
+        assert torch.allclose(ctx, ctx1, atol=1e-5) and torch.allclose(kv, kv1, atol=1e-5)
+    assert len(calls) == n_batched   # alone: one chunk per step, never the batched forward

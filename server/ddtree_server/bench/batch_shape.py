@@ -2,12 +2,13 @@
 
 Random weights at the shape (bench/shapes.py), the server's batch engine: for each batch size b,
 b requests with random prompts of ``--context-len`` tokens are prefilled, then whole engine steps
-are timed (median over ``--iters``): a plain-decoding step (every request ``ar``) and a DFlash
-round (every request a drafted chain; random drafter weights, so the chain is rarely accepted:
-the round's time is what counts). Reported per b: step / round ms, aggregate plain tokens/s
-(b / step), and the projected DFlash tokens/s at each given tau (b * tau / round), with the
-ratio to batch 1. Batch 1 runs the per-request path (CUDA graphs + Triton kernels on the GPU);
-larger batches the batched torch path (engine/batch/forward.py).
+are timed (median over ``--iters``): a plain-decoding step (every request ``ar``), a DFlash
+round (every request a drafted chain) and a DDTree round (every request a tree of the engine's
+default budget); random drafter weights, so drafts are rarely accepted: the round's time is what
+counts. Reported per b: step / round ms, aggregate plain tokens/s (b / step), and the projected
+DFlash tokens/s at each given tau (b * tau / round), with the ratio to batch 1. Batch 1 runs the
+per-request path (CUDA graphs + Triton kernels on the GPU); larger batches the batched forward
+(engine/batch/forward.py; graph-replayed for dense rounds and hybrid plain rounds).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def measure_batches(shape: Shape, batches: list[int], *, context: int, iters: in
     dev = engine.device
     engine.tokenizer = engine.tokenizer or NoText()
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    modes = ["ar"] + (["dflash"] if engine.spec_available else [])
+    modes = ["ar"] + (["dflash", "ddtree"] if engine.spec_available else [])
     rows = []
     for b in batches:
         for mode in modes:

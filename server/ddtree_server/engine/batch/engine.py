@@ -1,7 +1,8 @@
 """BatchEngine: one ``step()`` advances every running request by one round.
 
 A step runs (1) at most ``prefill_chunk`` prompt tokens of the requests still prefilling (oldest
-first; each request's chunk is one forward on its slot; a request's first token comes with its
+first; the chunks of several requests in one batched forward on dense targets, ``prefill.py``,
+else each request's chunk in one forward on its slot; a request's first token comes with its
 last chunk) and then (2) one decode round over every request that was decoding when the step
 began (plain, DFlash and DDTree requests in the same target forward: ``runner.py``). So a long
 prompt arriving never holds running streams for more than one chunk: the time between two
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ddtree_server.engine.batch.prefill import prefill_many
 from ddtree_server.engine.batch.request import GenerationEvent, Request
 from ddtree_server.engine.batch.runner import StepRunner
 from ddtree_server.engine.batch.scheduler import Scheduler
@@ -148,10 +150,17 @@ class BatchEngine:
         decoding = self.scheduler.decoding()   # before this step's chunks: new requests join next step
         made = ptoks = 0
         chunks = self.scheduler.chunks(self.prefill_chunk)
-        for req, n in chunks:
+        if len(chunks) > 1 and self.runner.kind == "dense":   # one forward for all (prefill.py)
             t = time.perf_counter()
-            tokens = self.runner.prefill(req, n)
-            now = time.perf_counter()
+            done = prefill_many(self.runner, chunks)
+            times = [(t, time.perf_counter())] * len(chunks)
+        else:
+            done, times = [], []
+            for req, n in chunks:
+                t = time.perf_counter()
+                done.append(self.runner.prefill(req, n))
+                times.append((t, time.perf_counter()))
+        for (req, n), tokens, (t, now) in zip(chunks, done, times):
             req.prefill_s += now - t   # the prompt's forwards (interleaved rounds not counted)
             ptoks += n
             if tokens is not None:

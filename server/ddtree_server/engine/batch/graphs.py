@@ -1,4 +1,4 @@
-"""CUDA graphs of the batched dense target forward, keyed by (batch bucket, row bucket, block bucket, mode).
+"""CUDA graphs of the batched target forward, keyed by (batch bucket, row bucket, block bucket, mode).
 
 Eager, a batched forward of a small target is bound by kernel launches and Python (~600 launches for
 SmolLM2), as the batch-1 forward was before its graphs (``models/dense/graphs.py``). Here a round's
@@ -16,6 +16,11 @@ rows are padded to a fixed ragged layout and the forward replays a graph capture
 A request's rows are computed as unpadded: its attention sees only its own slot and block, and the
 projections are row-wise. Graphs exist on the Triton-kernel path only (CUDA); ``capture=False`` runs
 the same padded layout eagerly (the CPU tests of the padding).
+
+Hybrid (Qwen3.5 / 3.6) targets take graphs for rounds of one row per request (plain decoding):
+the GDN layers run on the pooled slot states with a request axis (``models/hybrid/gdn_batch.py``),
+the padding rows on the scratch slot's state (written, never read by a request); rounds with
+chains or trees run eagerly (``forward.hybrid_forward``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ddtree_server.engine.batch.forward import Block, Layout, dense_forward
+from ddtree_server.engine.batch.forward import Block, Layout, dense_forward, hybrid_plain_forward
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 17, 24, 33, 48, 65, 80)
@@ -88,8 +93,10 @@ class BatchGraphs:
     """Padded, graph-replayed batched forwards of a dense ``TargetModel`` over a slot pool whose
     last slot is the scratch slot (see the module docstring)."""
 
-    def __init__(self, model, kpool: Tensor, vpool: Tensor, *, capture: bool = True):
-        self.model, self.kpool, self.vpool, self.capture = model, kpool, vpool, capture
+    def __init__(self, model, kpool: Tensor, vpool: Tensor, *, capture: bool = True, gdn: dict | None = None):
+        """``gdn``: the pooled GDN tensors of a hybrid target (``forward.hybrid_plain_forward``):
+        then only rounds of one row per request (plain decoding) take the padded layout."""
+        self.model, self.kpool, self.vpool, self.capture, self.gdn = model, kpool, vpool, capture, gdn
         self.scratch = kpool.shape[0] - 1
         self._static: dict[tuple, _Static] = {}
         self._pool = None
@@ -97,20 +104,31 @@ class BatchGraphs:
 
     def shape(self, blocks: list[Block]) -> tuple[int, int, int, bool] | None:
         """(B, N_pad, r, tree) of the padded layout, or None when the round runs eagerly."""
-        got = padded_shape([len(b.ids) for b in blocks])
-        if got is None:
+        sizes = [len(b.ids) for b in blocks]
+        got = padded_shape(sizes)
+        if got is None or (self.gdn is not None and max(sizes) > 1):
             return None
         return (*got, any(b.mask is not None for b in blocks))
 
-    def forward(self, blocks: list[Block], shape: tuple[int, int, int, bool]) -> tuple[Tensor, Tensor | None, list[int]]:
+    def forward(self, blocks: list[Block], shape: tuple[int, int, int, bool], caches: list | None = None
+                ) -> tuple[Tensor, Tensor | None, list[int]]:
         """Logits ``[N_pad, vocab]`` and features of the padded layout (views of static buffers,
-        valid until the next forward), and each block's first row in them."""
+        valid until the next forward), and each block's first row in them. ``caches``: the blocks'
+        slot caches of a hybrid target (settled before, their plain rows recorded as committed after)."""
+        for c in caches if self.gdn is not None else ():
+            c.settle()
+        out = self._forward(blocks, shape)
+        for c, blk in zip(caches, blocks) if self.gdn is not None else ():
+            c.begin(blk.s, 1, False, True)
+        return out
+
+    def _forward(self, blocks: list[Block], shape: tuple[int, int, int, bool]) -> tuple[Tensor, Tensor | None, list[int]]:
         b_pad, n_pad, r, tree = shape
         lay = Layout(pad_blocks(blocks, b_pad, n_pad, self.scratch), self.kpool.device, rmax=r, tree=tree)
         starts = lay.offsets[: len(blocks)]
         self.rounds += 1
         if not self.capture:
-            logits, feats = dense_forward(self.model, self.kpool, self.vpool, lay)
+            logits, feats = self._run(lay)
             return logits, feats, starts
         key = (b_pad, n_pad, r, tree, tuple(self.model.capture_layers))
         st = self._static.get(key)
@@ -120,6 +138,11 @@ class BatchGraphs:
             st.load(lay)
         st.graph.replay()
         return st.logits, st.feats, starts
+
+    def _run(self, lay) -> tuple[Tensor, Tensor | None]:
+        if self.gdn is not None:
+            return hybrid_plain_forward(self.model, self.kpool, self.vpool, lay, self.gdn)
+        return dense_forward(self.model, self.kpool, self.vpool, lay)
 
     def _capture(self, lay: Layout) -> _Static:
         with torch.inference_mode(False):
@@ -133,11 +156,11 @@ class BatchGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                dense_forward(self.model, self.kpool, self.vpool, st)
+                self._run(st)
         torch.cuda.current_stream().wait_stream(side)
         st.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(st.graph, pool=self._pool):
-            st.logits, st.feats = dense_forward(self.model, self.kpool, self.vpool, st)
+            st.logits, st.feats = self._run(st)
         self._pool = st.graph.pool()
         for name, value in saved.items():
             getattr(st, name).copy_(value)

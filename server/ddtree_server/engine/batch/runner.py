@@ -30,11 +30,13 @@ from ddtree_server.engine.batch.draft_graphs import DraftGraphs
 from ddtree_server.engine.batch.graphs import BatchGraphs
 from ddtree_server.engine.batch.policy import SpecPolicy
 from ddtree_server.engine.batch.pools import SlotPool
+from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
 from ddtree_server.engine.batch.trees import RoundInfo, kind_of, own_trees
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.hybrid.gdn_batch import POOLS
 from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
 from ddtree_server.speculative.tree import DraftTree, root_only
@@ -42,7 +44,8 @@ from ddtree_server.speculative.walk import accepted_tokens, walk
 
 
 # "0": batched rounds never take graphs; "1": always the padded layout (graph-replayed on CUDA, run
-# eagerly elsewhere: the CPU tests of the padding); unset: on for dense targets on the kernel path
+# eagerly elsewhere: the CPU tests of the padding); unset: on for targets on the kernel path
+# (hybrids: rounds of plain rows only, graphs.py)
 GRAPHS_ENV = "DDTREE_BATCH_GRAPHS"
 
 
@@ -61,12 +64,13 @@ class StepRunner:
             "dense" if isinstance(self.model, TargetModel) else None
         cuda = torch.device(device).type == "cuda"
         want = graphs if graphs is not None else {"0": False, "1": True}.get(os.environ.get(GRAPHS_ENV, "").strip())
-        # CUDA graphs of batched rounds: dense targets on the kernel path; the drafter on CUDA
-        graphs = self.kind == "dense" and (want if want is not None else
-                                           cuda and kernels_usable(self.model.head_dim, self.model.embed_tokens.weight))
+        # CUDA graphs of batched rounds: targets on the kernel path (hybrids: plain rounds); the drafter on CUDA
+        head_dim = self.model.config.head_dim if self.kind == "hybrid" else getattr(self.model, "head_dim", 0)
+        graphs = self.kind is not None and (want if want is not None else
+                                            cuda and kernels_usable(head_dim, self.model.embed_tokens.weight))
         # with graphs the pool's last slot is the scratch slot of padding blocks (engine/batch/graphs.py)
         self.caches = SlotPool(lambda: target.new_cache(max_len + 1), slots + graphs, pooled=self.kind is not None)
-        self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda) if graphs else None
+        self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda, gdn=self._gdn()) if graphs else None
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
         self.dcaches = self.draft_graphs = None
         if drafter is not None:
@@ -98,6 +102,10 @@ class StepRunner:
             if self.dcaches is not None:
                 self.dcaches.poison(slot)
 
+    def _gdn(self) -> dict | None:
+        """The pooled GDN tensors of a hybrid target by name (``forward.hybrid_forward``)."""
+        return {n: self.caches.pool(n) for n in POOLS[self.model.method]} if self.kind == "hybrid" else None
+
     def _kv(self):
         pool = self.caches
         return pool.pool("k"), pool.pool("v")
@@ -108,28 +116,16 @@ class StepRunner:
         the ``req.prefilled`` already there: positions continue, dense KV extends, a hybrid's GDN
         recurrent / conv states carry over (a causal ``last_only`` block is committed at once).
         Returns ``[first token]`` after the last chunk, else None (no logits are used before)."""
-        p, total = req.prefilled, len(req.prompt_ids)
-        n = total - p if n is None else n
-        if n <= 0 or p + n > total:
-            raise ValueError(f"prompt chunk [{p}, {p + n}) outside the prompt of {total} tokens")
+        p = req.prefilled
+        n = len(req.prompt_ids) - p if n is None else n
         cache = self.caches[req.slot]
-        if cache.length != p:
-            raise RuntimeError(f"slot {req.slot} holds {cache.length} rows, the prompt chunk starts at {p}")
+        check_chunk(req, n, cache.length)
         ids = torch.tensor(req.prompt_ids[p:p + n], dtype=torch.long, device=self.device)
         # slot 0 may take the CUDA graphs (bound to its storage); other slots run eagerly
         model = self.target if req.slot == 0 else self.model
         logits, ctx = model.forward(cache, ids, torch.arange(p, p + n, device=self.device), last_only=True)
-        req.prefilled = p + n
-        if ctx is not None and req.mode != "ar":
-            req.ctx_parts.append(ctx.clone())   # graphed forwards return views of static buffers
-        if req.prefilled < total:
-            return None
-        token = req.choose(logits, [-1], [req.prompt_ids[-1]], [total])[0]
-        req.s, req.bonus = total, token
-        req.accept([token])  # the last chunk's last row chose it
-        parts, req.ctx_parts = req.ctx_parts, []
-        req.ctx = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
-        return [token]
+        # graphed forwards return views of static buffers
+        return finish_chunk(req, n, logits, None if ctx is None or req.mode == "ar" else ctx.clone())
 
     # ---- decode round -------------------------------------------------------------------------
     def _room(self, req: Request) -> int:
@@ -231,14 +227,14 @@ class StepRunner:
         k, v = self._kv()
         shape = self.graphs.shape(blocks) if self.graphs is not None else None
         if shape is not None:   # padded layout, graph replay: each block's rows start at starts[i]
-            logits, feats, starts = self.graphs.forward(blocks, shape)
+            logits, feats, starts = self.graphs.forward(blocks, shape, caches)
         else:
             lay = Layout(blocks, self.device)
             starts = lay.offsets[:-1]
             if self.kind == "dense":
                 logits, feats = dense_forward(self.model, k, v, lay)
             else:
-                logits, feats = hybrid_forward(self.model, caches, k, v, lay)
+                logits, feats = hybrid_forward(self.model, caches, k, v, lay, self._gdn())
         if self.kind == "dense":
             for c, blk in zip(caches, blocks):
                 c.length = blk.s + len(blk.ids)

@@ -1,5 +1,6 @@
 """The gated delta rule (Gated DeltaNet, Yang, Kautz & Hatamizadeh, arXiv 2412.06464), in fp32,
-for sequences (chunked prefill), single steps and draft TREES. Pure torch; batch 1.
+for sequences (chunked prefill), single steps and draft TREES. Pure torch; ``steps`` and
+``tree_chunks`` run several requests' blocks at once (the batch engine).
 
 Per value head, state S is ``[Kd, Vd]``; per token t (q, k l2-normalised, q scaled by Kd^-0.5):
 ``S <- exp(g_t) S;  u_t = beta_t (v_t - S^T k_t);  S <- S + k_t u_t^T;  o_t = S^T q_t``
@@ -33,10 +34,11 @@ CHUNK = 64
 
 def _intra(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, anc: Tensor):
     """State-free part of blocks: q, k ``[B, H, C, Kd]``, v ``[B, H, C, Vd]``, g, beta ``[B, H, C]``,
-    anc bool ``[C, C]`` (ancestor-or-self). Returns G ``[B, H, C]``, U0 = (I+A)^-1 beta V,
+    anc bool ``[C, C]`` (ancestor-or-self) or ``[B, C, C]`` (one per block). Returns G ``[B, H, C]``, U0 = (I+A)^-1 beta V,
     W = (I+A)^-1 beta exp(G) K and P = (Q K^T) * decay * M."""
-    G = g @ anc.to(g.dtype).t()                                           # path cumsum
-    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~anc, float("-inf")).exp()
+    G = g @ anc.to(g.dtype).transpose(-1, -2)                             # path cumsum
+    see = anc if anc.dim() == 2 else anc[:, None]                         # [B, C, C]: one per block
+    decay = (G[..., :, None] - G[..., None, :]).masked_fill(~see, float("-inf")).exp()
     lower = (k @ k.transpose(-1, -2)) * decay * beta[..., :, None]        # strict part is read
     rhs = torch.cat((v, k * G.exp()[..., None]), dim=-1) * beta[..., None]
     sol = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
@@ -99,10 +101,30 @@ def chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Ten
 def step(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
     """One token: q, k ``[H, Kd]``, v ``[H, Vd]``, g, beta ``[H]``. Returns o ``[1, H, Vd]`` and the
     new state (a new tensor)."""
-    s = state * g.exp()[:, None, None]
-    u = (v - torch.einsum("hkv,hk->hv", s, k)) * beta[:, None]
-    s = s + k[:, :, None] * u[:, None, :]
-    return torch.einsum("hkv,hk->hv", s, q)[None], s
+    o, s = steps(q, k, v, g, beta, state)
+    return o[None], s
+
+
+def steps(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    """One token of each of several requests (leading dims broadcast, e.g. ``[b]``): q, k
+    ``[..., H, Kd]``, v ``[..., H, Vd]``, g, beta ``[..., H]``, state ``[..., H, Kd, Vd]``.
+    Returns o ``[..., H, Vd]`` and the new states (a new tensor)."""
+    s = state * g.exp()[..., None, None]
+    u = (v - torch.einsum("...hkv,...hk->...hv", s, k)) * beta[..., None]
+    s = s + k[..., :, None] * u[..., None, :]
+    return torch.einsum("...hkv,...hk->...hv", s, q), s
+
+
+def tree_chunks(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,
+                anc: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``tree_chunk`` of b blocks at once, padded to r rows: q, k ``[b, r, H, Kd]``, v
+    ``[b, r, H, Vd]``, g, beta ``[b, r, H]``, state ``[b, H, Kd, Vd]``, anc bool ``[b, r, r]``
+    (a padding row: zero inputs, no ancestors). Returns o, u ``[b, r, H, Vd]``, G ``[b, r, H]``."""
+    qh, kh, vh = (x.transpose(1, 2) for x in (q, k, v))
+    G, u0, w, p = _intra(qh, kh, vh, g.transpose(1, 2), beta.transpose(1, 2), anc)
+    u = u0 - w @ state
+    o = (qh @ state) * G.exp()[..., None] + p @ u
+    return o.transpose(1, 2), u.transpose(1, 2), G.transpose(1, 2)
 
 
 def per_node(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,

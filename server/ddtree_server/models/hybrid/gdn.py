@@ -89,7 +89,14 @@ class GatedDeltaNet(nn.Module):
             ext = cache.conv[li, : k1 + n]
         else:
             ext = torch.cat((cache.conv[li, :k1], qkv))
-        mixed = self._conv(ext, n, meta).to(dtype).float()
+        q, k, v, g, beta = self.heads(self._conv(ext, n, meta).to(dtype).float(), b, a)
+        return q, k, v, g, beta, z.view(n, self.hv, self.dv), ext
+
+    def heads(self, mixed: Tensor, b: Tensor, a: Tensor):
+        """From the conv + SiLU rows ``mixed`` ``[n, conv_dim]`` (fp32, model-dtype values) and the
+        projection's b, a columns: q, k (l2-normed, q scaled, repeated to the value heads), v,
+        g, beta (fp32; shapes as ``prepare``)."""
+        n = mixed.shape[0]
         q, k, v = mixed.split((self.key_dim, self.key_dim, self.value_dim), dim=-1)
         q = _l2(q.view(n, self.hk, self.dk))
         k = _l2(k.view(n, self.hk, self.dk))
@@ -100,7 +107,7 @@ class GatedDeltaNet(nn.Module):
         v = v.view(n, self.hv, self.dv)
         beta = torch.sigmoid(b).float()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
-        return q, k, v, g, beta, z.view(n, self.hv, self.dv), ext
+        return q, k, v, g, beta
 
     def mix(self, proj: Tensor, cache, li: int, ctx) -> Tensor:
         """The pure-torch mixer after the projection (the reference of the fused kernels)."""

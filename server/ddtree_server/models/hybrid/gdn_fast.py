@@ -39,6 +39,17 @@ _checked: set[tuple] = set()
 _failed: list[str] = []  # non-empty: kernels off for this process (the reason)
 
 
+def kernels_on(device: torch.device) -> bool:
+    """Whether the GDN kernels run on ``device`` (on, and no self-check failed in this process)."""
+    return not _failed and runtime.enabled(device)
+
+
+def disable(reason: str) -> None:
+    """Turn the GDN kernels off for the rest of the process (a failed self-check elsewhere)."""
+    log.warning(reason)
+    _failed.append(reason)
+
+
 def usable(proj: Tensor, cache, ctx) -> bool:
     """Whether this forward of ``proj.shape[0]`` rows takes the kernel path."""
     if _failed or not runtime.enabled(proj.device):
@@ -49,8 +60,8 @@ def usable(proj: Tensor, cache, ctx) -> bool:
     return ctx.mode == "chunk" and n <= cache.cap
 
 
-def _capturing(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+def capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_streamcapturing()
 
 
 def fused(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
@@ -75,7 +86,7 @@ def mix(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
            mixer.kernel)
     if key in _checked:
         return fused(mixer, proj, cache, li, ctx)
-    if _capturing(proj.device):
+    if capturing(proj.device):
         return mixer.mix(proj, cache, li, ctx)
     if ctx.mode == "chunk":
         anc = synthetic_tree(proj.shape[0]).to(proj.device)
@@ -97,7 +108,7 @@ def _touched(cache, li: int, n: int, mode: str) -> list[Tensor]:
     return [cache.kk[li, :n], cache.uu[li, :n], cache.GG[li, :n]]
 
 
-def _rel_err(a: Tensor, b: Tensor) -> float:
+def rel_err(a: Tensor, b: Tensor) -> float:
     a, b = a.float(), b.float()
     return ((a - b).norm() / (b.norm() + 1e-30)).item()
 
@@ -112,7 +123,7 @@ def _check(mixer, proj: Tensor, cache, li: int, ctx, key: tuple, what: str) -> T
         t.copy_(b)
     try:
         got = fused(mixer, proj, cache, li, ctx)
-        errs = [_rel_err(got, want)] + [_rel_err(t, r) for t, r in zip(views, ref)]
+        errs = [rel_err(got, want)] + [rel_err(t, r) for t, r in zip(views, ref)]
     except Exception as exc:  # a kernel that does not compile or run here: torch path
         got, errs = None, [f"{type(exc).__name__}: {exc}"]
     tol = TOLERANCE.get(proj.dtype, 2e-2)
@@ -156,7 +167,7 @@ def fold(cache, idx: Tensor) -> None:
                       cache.GG.index_select(1, idx))
     try:
         fold_path(cache.state, cache.kk, cache.uu, cache.GG, idx)
-        err = _rel_err(cache.state, want)
+        err = rel_err(cache.state, want)
     except Exception as exc:  # noqa: BLE001 - any kernel failure means: torch path
         err = f"{type(exc).__name__}: {exc}"
     if isinstance(err, float) and err <= TOLERANCE[torch.float32]:

@@ -1,0 +1,181 @@
+"""The GDN token mixer over the rows of several requests at once (the batch engine's rounds).
+
+Each request's GDN state lives in its slot of the pooled cache tensors (``engine/batch/pools.py``):
+``state [slots, L, Hv, Dk, Dv]`` fp32, ``conv [slots, L, K-1 + cap, C]`` and, for the ``chunk``
+method, the verify scratch ``kk / uu / GG [slots, L, cap, Hv, *]`` (L: the GDN layers). A round's
+blocks fall in three groups, built once per forward (``gdn_groups.RowGroups``) and run per GDN
+layer with a request axis instead of a loop over the requests:
+
+* ``step``: blocks of one row committed at once (plain decoding): one conv step over each slot's
+  committed conv rows, the conv state shifted in place, one delta-rule step on each slot's state
+  (``delta.steps``; on CUDA the fused kernels with a request axis, ``kernels/gdn_batch.py``);
+* ``chunk``: pending blocks of n <= cap rows, chains (DFlash) and trees (DDTree) alike: block rows
+  written to the slot's conv buffer rows K-1+i, each row's conv window (``tree.py``) gathered from
+  its slot, then the tree-masked chunked rule over the blocks padded to the longest
+  (``delta.tree_chunks``: a padding row has zero inputs and no ancestors); k, u, G go to the slot's
+  scratch for the commit (``HybridCache.keep`` folds the accepted path per slot, as alone);
+* the rest (the ``node`` method) keep the per-request mixer (``GatedDeltaNet.mix``).
+
+A request's rows are computed from its own slot and block only, so they equal its rows alone up
+to the float order of batched matmuls (torch); the kernels' programs are per (request, head), so
+their rows are bitwise those of the same request alone.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ddtree_server.kernels import gdn_batch as kernels
+from ddtree_server.kernels import gdn_batch_tree as tree_kernels
+from ddtree_server.kernels.gdn_norm import gated_norm
+from ddtree_server.models.hybrid import delta, gdn_fast
+from ddtree_server.models.hybrid.gdn_groups import Chunks
+
+_checked: set[tuple] = set()   # self-checked kernel cases (see ``step``)
+# the pooled cache tensors the batched mixer reads and writes, per GDN tree method
+POOLS = {"chunk": ("state", "conv", "win", "kk", "uu", "GG"), "node": ("state", "conv", "win")}
+
+
+def _conv(mixer, windows: Tensor) -> Tensor:
+    """Conv + SiLU of rows whose K-row windows ``[m, K, C]`` are gathered (model dtype out)."""
+    w = mixer.conv1d.weight[:, 0, :].float()
+    return torch.nn.functional.silu(torch.einsum("mkc,ck->mc", windows.float(), w)).to(windows.dtype)
+
+
+def _split(mixer, proj: Tensor):
+    return proj.split((mixer.conv_dim, mixer.value_dim, mixer.hv, mixer.hv), dim=-1)
+
+
+def step_torch(mixer, proj: Tensor, conv: Tensor, state: Tensor, slots: Tensor) -> Tensor:
+    """One committed row per request (pure torch): proj ``[b, P]`` (request i's row, slot
+    ``slots[i]``); conv ``[slots, K-1 + cap, C]`` and state ``[slots, Hv, Dk, Dv]`` of this layer
+    (updated in place). Returns the gated, normed output ``[b, value_dim]``."""
+    b, k1 = proj.shape[0], mixer.kernel - 1
+    qkv, z, bb, a = _split(mixer, proj)
+    windows = torch.cat((conv[slots, :k1], qkv[:, None]), dim=1)            # [b, K, C]
+    conv[slots, :k1] = windows[:, 1:]
+    q, k, v, g, beta = mixer.heads(_conv(mixer, windows).float(), bb, a)
+    o, new = delta.steps(q, k, v, g, beta, state[slots])
+    state[slots] = new
+    return mixer.norm(o, z.view(b, mixer.hv, mixer.dv)).reshape(b, mixer.value_dim)
+
+
+def chunk_torch(mixer, proj: Tensor, conv: Tensor, state: Tensor, kk: Tensor, uu: Tensor, GG: Tensor,
+                ch: Chunks) -> Tensor:
+    """Pending blocks (pure torch): proj ``[m, P]`` the blocks' rows (``ch.rows`` order); this
+    layer's pooled conv, state and scratch ``kk / uu / GG [slots, cap, Hv, *]``. States are read,
+    conv rows K-1+i and the scratch written. Returns ``[m, value_dim]``."""
+    m, k1 = proj.shape[0], mixer.kernel - 1
+    qkv, z, bb, a = _split(mixer, proj)
+    conv[ch.slot_of_row, k1 + ch.local] = qkv
+    windows = conv[ch.slot_of_row[:, None], ch.win]                          # [m, K, C]
+    q, k, v, g, beta = mixer.heads(_conv(mixer, windows).float(), bb, a)
+    b, r = ch.anc.shape[0], ch.r
+
+    def pad(x: Tensor) -> Tensor:
+        out = x.new_zeros((b, r, *x.shape[1:]))
+        out[ch.req, ch.local] = x
+        return out
+
+    o, u, G = delta.tree_chunks(pad(q), pad(k), pad(v), pad(g), pad(beta), state[ch.slots], ch.anc)
+    u, G = u[ch.req, ch.local], G[ch.req, ch.local]
+    kk[ch.slot_of_row, ch.local] = k
+    uu[ch.slot_of_row, ch.local] = u
+    GG[ch.slot_of_row, ch.local] = G
+    return mixer.norm(o[ch.req, ch.local], z.view(m, mixer.hv, mixer.dv)).reshape(m, mixer.value_dim)
+
+
+def step_fused(mixer, proj: Tensor, conv: Tensor, state: Tensor, slots: Tensor) -> Tensor:
+    """``step_torch`` on the kernels with a request axis (``kernels/gdn_batch.py``; no checks)."""
+    dims = (mixer.hk, mixer.hv, mixer.dk, mixer.dv)
+    q, k, v, g, beta = kernels.step_pre(proj, conv, slots, mixer.conv1d.weight[:, 0, :], mixer.A_log,
+                                        mixer.dt_bias, dims)
+    o = kernels.step_states(q, k, v, g, beta, state, slots)
+    return gated_norm(o, proj[:, mixer.conv_dim:mixer.conv_dim + mixer.value_dim], mixer.norm.weight, mixer.norm.eps)
+
+
+def step(mixer, proj: Tensor, gdn: dict, li: int, slots: Tensor) -> Tensor:
+    """One committed row per request on GDN layer ``li`` of the pools ``gdn`` (by name: state,
+    conv): the kernels where the GDN kernels are on (the first call of each shape self-checked on
+    its first request against ``step_torch`` as ``gdn_fast`` does, outside CUDA-graph capture; a
+    mismatch turns the GDN kernels off), else torch."""
+    conv, state = gdn["conv"][:, li], gdn["state"][:, li]
+    if not gdn_fast.kernels_on(proj.device):
+        return step_torch(mixer, proj, conv, state, slots)
+    key = ("batch-step", proj.dtype, str(proj.device), mixer.hk, mixer.hv, mixer.dk, mixer.dv, mixer.kernel)
+    if key in _checked:
+        return step_fused(mixer, proj, conv, state, slots)
+    if gdn_fast.capturing(proj.device):
+        return step_torch(mixer, proj, conv, state, slots)
+    if _check_step(mixer, proj[:1], conv, state, slots[:1], key):
+        return step_fused(mixer, proj, conv, state, slots)
+    return step_torch(mixer, proj, conv, state, slots)
+
+
+def _check_step(mixer, proj: Tensor, conv: Tensor, state: Tensor, slots: Tensor, key: tuple) -> bool:
+    """Self-check of the step kernels on one request (its rows do not depend on the others, and
+    the padding rows of a captured round share the scratch slot); restores its slot. False (and
+    the GDN kernels off) on a mismatch or an exception."""
+    k1 = mixer.kernel - 1
+    views = (conv[:, :k1], state)
+    before = [t[slots].clone() for t in views]
+    want = step_torch(mixer, proj, conv, state, slots)
+    ref = [t[slots].clone() for t in views]
+    for t, b in zip(views, before):
+        t[slots] = b
+    try:
+        got = step_fused(mixer, proj, conv, state, slots)
+        errs = [gdn_fast.rel_err(got, want)] + [gdn_fast.rel_err(t[slots], r) for t, r in zip(views, ref)]
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not compile or run here: torch path
+        errs = [f"{type(exc).__name__}: {exc}"]
+    for t, b in zip(views, before):
+        t[slots] = b
+    tol = gdn_fast.TOLERANCE.get(proj.dtype, 2e-2)
+    if all(isinstance(e, float) and e <= tol for e in errs):
+        _checked.add(key)
+        return True
+    gdn_fast.disable(f"GDN kernels disabled: batched step self-check relative errors {errs} > {tol}")
+    return False
+
+
+def chunk_fused(mixer, proj: Tensor, conv: Tensor, state: Tensor, kk: Tensor, uu: Tensor, GG: Tensor,
+                ch: Chunks) -> Tensor:
+    """``chunk_torch`` on the kernels with a request axis (``kernels/gdn_batch_tree.py``; no checks)."""
+    dims = (mixer.hk, mixer.hv, mixer.dk, mixer.dv)
+    q, k, v, beta = tree_kernels.pre_rows(proj, conv, GG, ch, mixer.conv1d.weight[:, 0, :], mixer.A_log,
+                                          mixer.dt_bias, dims)
+    o = tree_kernels.tree_rules(q, k, v, beta, state, kk, uu, GG, ch)
+    return gated_norm(o, proj[:, mixer.conv_dim:mixer.conv_dim + mixer.value_dim], mixer.norm.weight, mixer.norm.eps)
+
+
+def chunk(mixer, proj: Tensor, gdn: dict, li: int, ch: Chunks) -> Tensor:
+    """Pending blocks on GDN layer ``li`` of the pools ``gdn`` (state, conv, kk, uu, GG): the
+    kernels where the GDN kernels are on (the first group of each longest-block size self-checked
+    against ``chunk_torch``; a mismatch turns the GDN kernels off), else ``chunk_torch``."""
+    views = [gdn[n][:, li] for n in ("conv", "state", "kk", "uu", "GG")]
+    if not gdn_fast.kernels_on(proj.device):
+        return chunk_torch(mixer, proj, *views, ch)
+    key = ("batch-chunk", ch.r, proj.dtype, str(proj.device), mixer.hk, mixer.hv, mixer.dk, mixer.dv, mixer.kernel)
+    if key in _checked:
+        return chunk_fused(mixer, proj, *views, ch)
+    touched = [views[0]] + views[2:]   # conv rows and the scratch of the group's slots
+    before = [t[ch.slots].clone() for t in touched]
+    want = chunk_torch(mixer, proj, *views, ch)
+    ref = [t[ch.slots].clone() for t in touched]
+    for t, b in zip(touched, before):
+        t[ch.slots] = b
+    try:
+        got = chunk_fused(mixer, proj, *views, ch)
+        errs = [gdn_fast.rel_err(got, want)] + [gdn_fast.rel_err(t[ch.slot_of_row, ch.local], r[ch.req, ch.local])
+                                                for t, r in zip(touched[1:], ref[1:])]
+    except Exception as exc:  # noqa: BLE001 - a kernel that does not compile or run here: torch path
+        got, errs = None, [f"{type(exc).__name__}: {exc}"]
+    tol = gdn_fast.TOLERANCE.get(proj.dtype, 2e-2)
+    if got is not None and all(isinstance(e, float) and e <= tol for e in errs):
+        _checked.add(key)
+        return got
+    gdn_fast.disable(f"GDN kernels disabled: batched chunk self-check relative errors {errs} > {tol}")
+    for t, r in zip(touched, ref):
+        t[ch.slots] = r
+    return want

@@ -1,0 +1,251 @@
+"""kernels/gdn_batch.py and gdn_batch_tree.py under TRITON_INTERPRET=1 (CPU, fp32): the GDN decode
+step and the pending blocks (chains, trees) of several requests on their slots of a pooled hybrid
+cache. Each request's output rows and what it writes (recurrent / conv state; conv rows and the
+verify scratch) are bitwise those of (a) the same request alone in the batched kernels and (b) the
+one-request kernel path (``gdn_fast.fused`` on its slot's cache); other slots are untouched; the
+rows are close to the pure-torch ``step_torch`` / ``chunk_torch``; and the engine's entry points
+(``gdn_batch.step`` / ``chunk``) self-check and then take the kernels. The interpreter must be chosen before
+triton is imported: the kernels run in a child process that reports JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.kernels
+ROOT = Path(__file__).resolve().parents[2]
+
+_CHILD = r"""
+import json, torch
+from types import SimpleNamespace
+from ddtree_server.engine.batch.pools import SlotPool
+from ddtree_server.models.hybrid import gdn_batch, gdn_fast
+from ddtree_server.models.hybrid.tree import tree_meta
+from tests.server.hybrid_fixtures import tiny_hybrid
+
+torch.manual_seed(0)
+model = tiny_hybrid("3gdn+attn", seed=3)
+mixer, li = model.layers[1].linear_attn, 1
+pool = SlotPool(lambda: model.new_cache(32), 6)
+for name in ("state", "conv"):
+    pool.pool(name).copy_(0.5 * torch.randn(pool.pool(name).shape))
+slots = torch.tensor([3, 0, 5, 2])
+proj = torch.randn(4, mixer.in_proj.out_features)
+names = ("conv", "state")
+fresh = lambda: {n: pool.pool(n).clone() for n in names}
+start = fresh()
+
+def run(fn):
+    for n in names:
+        pool.pool(n).copy_(start[n])
+    out = fn()
+    return out, fresh()
+
+views = lambda g: (g["conv"][:, li], g["state"][:, li])
+batched, after = run(lambda: gdn_batch.step_fused(mixer, proj, *views({n: pool.pool(n) for n in names}), slots))
+ref, after_ref = run(lambda: gdn_batch.step_torch(mixer, proj, *views({n: pool.pool(n) for n in names}), slots))
+res = {"alone": [], "solo_path": [], "err": float((batched - ref).abs().max()),
+       "state_err": float((after["state"] - after_ref["state"]).abs().max()),
+       "conv_equal": bool(torch.equal(after["conv"], after_ref["conv"])),
+       "untouched": bool(torch.equal(after["state"][[1, 4]], start["state"][[1, 4]]))}
+for i, s in enumerate(slots.tolist()):
+    one, a1 = run(lambda: gdn_batch.step_fused(mixer, proj[i:i + 1], *views({n: pool.pool(n) for n in names}),
+                                               slots[i:i + 1]))
+    res["alone"].append(bool(torch.equal(one, batched[i:i + 1])) and bool(torch.equal(a1["state"][s], after["state"][s]))
+                        and bool(torch.equal(a1["conv"][s], after["conv"][s])))
+    ctx = SimpleNamespace(meta=tree_meta(None, 1, mixer.kernel, proj.device), mode="commit")
+    solo, a2 = run(lambda: gdn_fast.fused(mixer, proj[i:i + 1], pool[s], li, ctx))
+    k1 = mixer.kernel - 1
+    res["solo_path"].append(bool(torch.equal(solo, batched[i:i + 1])) and bool(torch.equal(a2["state"][s], after["state"][s]))
+                            and bool(torch.equal(a2["conv"][s, :, :k1], after["conv"][s, :, :k1])))
+entry, a3 = run(lambda: gdn_batch.step(mixer, proj, {n: pool.pool(n) for n in names}, li, slots))
+again, a4 = run(lambda: gdn_batch.step(mixer, proj, {n: pool.pool(n) for n in names}, li, slots))
+res["entry"] = [bool(torch.equal(again, batched)), bool(torch.equal(a4["state"], after["state"])),
+                gdn_fast.kernels_on(proj.device), float((entry - ref).abs().max())]
+print(json.dumps(res))
+"""
+
+
+def test_batched_step_kernels_are_batch_invariant_and_match_torch():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "DDTREE_KERNELS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "server"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", _CHILD], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    res = json.loads(run.stdout.strip().splitlines()[-1])
+    assert all(res["alone"]) and len(res["alone"]) == 4, res
+    assert all(res["solo_path"]), res
+    assert res["err"] < 1e-5 and res["state_err"] < 1e-5 and res["conv_equal"] and res["untouched"], res
+    assert res["entry"][:3] == [True, True, True] and res["entry"][3] < 1e-5, res
+
+
+_TREE_CHILD = r"""
+import json, random, torch
+from types import SimpleNamespace
+from ddtree_server.engine.batch.pools import SlotPool
+from ddtree_server.models.hybrid import gdn_batch, gdn_fast
+from ddtree_server.models.hybrid.gdn_groups import RowGroups
+from ddtree_server.models.hybrid.tree import tree_meta
+from tests.server.hybrid_fixtures import tiny_hybrid
+
+torch.manual_seed(0)
+model = tiny_hybrid("3gdn+attn", seed=3)
+mixer, li = model.layers[2].linear_attn, 2
+pool = SlotPool(lambda: model.new_cache(48, tree_rows=24), 6)
+names = ("conv", "state", "kk", "uu", "GG")
+for name in ("state", "conv"):
+    pool.pool(name).copy_(0.5 * torch.randn(pool.pool(name).shape))
+rng = random.Random(1)
+def tree(n):
+    anc = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        if i:
+            anc[i] = anc[rng.randrange(i)]
+        anc[i, i] = True
+    return anc
+blocks = [(4, None, 5), (1, tree(17), 17), (3, None, 2), (0, tree(7), 7)]   # (slot, mask, rows)
+metas = [tree_meta(m, n, mixer.kernel, torch.device("cpu")) for _, m, n in blocks]
+def group(sel):
+    offs = [0]
+    for i in sel:
+        offs.append(offs[-1] + blocks[i][2])
+    masks = [None if blocks[i][1] is None else blocks[i][1].numpy() for i in sel]
+    return RowGroups(offs, [blocks[i][0] for i in sel], ["chunk"] * len(sel), masks, mixer.kernel,
+                     torch.device("cpu")).chunks
+m_all = sum(n for _, _, n in blocks)
+proj = torch.randn(m_all, mixer.in_proj.out_features)
+start = {n: pool.pool(n).clone() for n in names}
+def run(fn):
+    for n in names:
+        pool.pool(n).copy_(start[n])
+    out = fn()
+    return out, {n: pool.pool(n).clone() for n in names}
+views = lambda: [pool.pool(n)[:, li] for n in names]
+ch = group([0, 1, 2, 3])
+batched, after = run(lambda: gdn_batch.chunk_fused(mixer, proj, *views(), ch))
+ref, after_ref = run(lambda: gdn_batch.chunk_torch(mixer, proj, *views(), ch))
+res = {"alone": [], "solo_path": [], "err": float((batched - ref).abs().max())}
+k1 = mixer.kernel - 1
+def rows_of(a, s, n):   # what a block writes on its slot: conv rows, kk, uu, GG rows
+    return [a["conv"][s, li, k1:k1 + n], a["kk"][s, li, :n], a["uu"][s, li, :n], a["GG"][s, li, :n]]
+res["scratch_err"] = max(float((x - y).abs().max()) for (s, _, n) in blocks
+                         for x, y in zip(rows_of(after, s, n), rows_of(after_ref, s, n)))
+res["untouched"] = bool(torch.equal(after["state"], start["state"])) and bool(torch.equal(after["conv"][[2, 5]], start["conv"][[2, 5]]))
+off = 0
+for i, (s, mask, n) in enumerate(blocks):
+    one, a1 = run(lambda: gdn_batch.chunk_fused(mixer, proj[off:off + n], *views(), group([i])))
+    res["alone"].append(bool(torch.equal(one, batched[off:off + n]))
+                        and all(bool(torch.equal(x, y)) for x, y in zip(rows_of(a1, s, n), rows_of(after, s, n))))
+    cache = pool[s]
+    cache.win[:n] = metas[i].win
+    anc = metas[i].anc
+    ctx = SimpleNamespace(meta=metas[i], mode="chunk")
+    solo, a2 = run(lambda: gdn_fast.fused(mixer, proj[off:off + n], cache, li, ctx))
+    res["solo_path"].append(bool(torch.equal(solo, batched[off:off + n]))
+                            and all(bool(torch.equal(x, y)) for x, y in zip(rows_of(a2, s, n), rows_of(after, s, n))))
+    off += n
+gdn = {n: pool.pool(n) for n in names}
+entry, _ = run(lambda: gdn_batch.chunk(mixer, proj, gdn, li, ch))
+again, a4 = run(lambda: gdn_batch.chunk(mixer, proj, gdn, li, ch))
+res["entry"] = [bool(torch.equal(again, batched)), gdn_fast.kernels_on(proj.device), float((entry - ref).abs().max())]
+print(json.dumps(res))
+"""
+
+
+def test_batched_tree_kernels_are_batch_invariant_and_match_torch():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "DDTREE_KERNELS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "server"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", _TREE_CHILD], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-4000:]
+    res = json.loads(run.stdout.strip().splitlines()[-1])
+    assert all(res["alone"]) and len(res["alone"]) == 4, res
+    assert all(res["solo_path"]), res
+    assert res["err"] < 1e-5 and res["scratch_err"] < 1e-5 and res["untouched"], res
+    assert res["entry"][:2] == [True, True] and res["entry"][2] < 1e-5, res
+
+
+_ENGINE_CHILD = r"""
+import json, torch
+from ddtree_server.engine.engine import Engine
+from ddtree_server.engine.sampling import SamplingParams
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.hybrid import gdn_fast
+from tests.server.hybrid_fixtures import tiny_hybrid
+from tests.server.tiny import EOS, ByteTokenizer
+
+torch.set_num_threads(1)
+t = tiny_hybrid("3gdn+attn", seed=21)
+raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
+       "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 1,
+       "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+       "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": 260, "rope_theta": 10000.0}
+torch.manual_seed(1)
+d = DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval()
+eng = Engine(t, ByteTokenizer(), d, eos_token_ids=[EOS], max_model_len=64, max_running=4)
+jobs = [(list(b"abc def"), "ar"), (list(b"hello hello"), "ddtree"), (list(b"xy"), "dflash"), (list(b"zz top"), "ar")]
+p = lambda: SamplingParams(max_tokens=6, ignore_eos=True)
+alone = [[x for ev in eng.generate(ids, p(), mode=m) for x in ev.token_ids] for ids, m in jobs]
+reqs = [eng.make_request(ids, p(), mode=m, rid=str(i)) for i, (ids, m) in enumerate(jobs)]
+for r in reqs:
+    eng.batch.add(r)
+got, sizes = {r.rid: [] for r in reqs}, []
+while eng.batch.busy:
+    for r, ev in eng.batch.step():
+        got[r.rid] += ev.token_ids
+    sizes.append(eng.batch.last.batch)
+print(json.dumps({"alone": alone, "batched": [got[str(i)] for i in range(4)], "max_batch": max(sizes),
+                  "kernels": gdn_fast.kernels_on(torch.device("cpu"))}))
+"""
+
+
+@pytest.mark.slow
+def test_hybrid_engine_batched_on_the_kernel_path_equals_alone():
+    """The batch engine on a tiny hybrid with the Triton kernels on (interpreter): rounds of plain
+    rows, chains and trees together (the batched GDN kernels, self-checked) give each request the
+    tokens of its solo rounds (the one-request kernels), and the kernels stay on."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "DDTREE_KERNELS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "server"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", _ENGINE_CHILD], env=env, cwd=ROOT, capture_output=True, text=True,
+                         timeout=1200)
+    assert run.returncode == 0, run.stderr[-4000:]
+    doc = json.loads(run.stdout.strip().splitlines()[-1])
+    assert doc["kernels"] and doc["max_batch"] == 4 and all(len(a) == 6 for a in doc["alone"])
+    assert doc["batched"] == doc["alone"]
+
+
+def _compile(fn, types: dict, consts: dict, **options):
+    """Compile for an H100 / H200 (sm_90) on the CPU (Triton's bundled ptxas), as test_kernels_compile."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {name: types.get(name, "i32") for name in fn.arg_names}
+    sig.update({name: "constexpr" for name in consts})
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
+                          options=options)
+
+
+def test_batched_gdn_kernels_compile_for_sm90_at_the_27b_shape():
+    """bf16 projections and conv state, fp32 rule (Qwen3.6-27B: Hk 16, Hv 48, Dk = Dv = 128, K 4)."""
+    from ddtree_server.kernels import gdn_batch, gdn_batch_tree
+
+    dims = {"HK": 16, "HV": 48, "DK": 128, "DV": 128}
+    f32 = {n: "*fp32" for n in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "s_ptr", "o_ptr", "kk_ptr", "a_ptr",
+                               "p_ptr", "d_ptr", "u_ptr")}
+    low = {n: "*bf16" for n in ("proj_ptr", "conv_ptr", "w_ptr", "alog_ptr", "dtb_ptr")}
+    idx = {n: "*i64" for n in ("slot_ptr", "slots_ptr", "local_ptr", "req_ptr", "qo_ptr", "win_ptr")}
+    types = {**f32, **low, **idx, "anc_ptr": "*u8", "scale": "fp32"}
+    _compile(gdn_batch._pre_kernel, types, {**dims, "KW": 4, "BC": 128}, num_warps=1)
+    _compile(gdn_batch._state_kernel, types, {**dims, "BK": 128, "BV": 32}, num_warps=4)
+    _compile(gdn_batch_tree._pre_rows_kernel, types, {**dims, "KW": 4, "BC": 128}, num_warps=1)
+    _compile(gdn_batch_tree._prep_kernel, types, {"HK": 16, "HV": 48, "DK": 128, "BK": 128, "PREC": "ieee"},
+             num_warps=4)
+    _compile(gdn_batch_tree._solve_kernel, types, {**dims, "BK": 128, "BV": 16, "PREC": "ieee"}, num_warps=8)
