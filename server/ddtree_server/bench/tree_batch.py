@@ -6,13 +6,23 @@ draft logits ``[b, 15, vocab]`` (bf16 on CUDA), the ancestor masks included (the
 
 ``python -m ddtree_server.bench.tree_batch [--batch 1,8,32,64] [--budgets 16,64] [--vocab 49152]
 [--iters 20] [--out FILE.json]``: a markdown table on stdout (ms per round, device synchronised
-around each call), the rows as JSON in ``--out``.
+around each call), the rows as JSON in ``--out``. Each row also checks the device results: the
+walks equal ``walk`` per tree (``walks_equal``), and how many requests' trees have the heap's node
+set (``same_trees``; bf16 logits have exact ties, where either choice is a best tree).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+
+
+def _paths(tree) -> set:
+    """A tree's node set as token paths from the root."""
+    path = {0: ()}
+    for i in range(1, tree.size):
+        path[i] = path[tree.parents[i]] + (tree.tokens[i],)
+    return set(path.values())
 
 
 def measure(batches, budgets, vocab: int, iters: int, device) -> list[dict]:
@@ -48,6 +58,11 @@ def measure(batches, budgets, vocab: int, iters: int, device) -> list[dict]:
                                              iters, 3, device)["ms"],
                    "walk_before": time_calls(walks_before, iters, 3, device)["ms"],
                    "walk_after": time_calls(lambda: walk_all(choices, trees, offsets), iters, 3, device)["ms"]}
+            got = choices.tolist()
+            row["walks_equal"] = walk_all(choices, trees, offsets) == [walk(t, got[a:a + t.size])
+                                                                       for t, a in zip(trees, offsets)]
+            row["same_trees"] = sum(_paths(x) == _paths(y) for x, y in zip(
+                draft_trees(logits, [7] * b, [budget] * b), trees))
             rows.append({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
             print(rows[-1], flush=True)
     return rows
