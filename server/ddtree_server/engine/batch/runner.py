@@ -239,7 +239,7 @@ class StepRunner:
             for c, blk in zip(caches, blocks):
                 c.length = blk.s + len(blk.ids)
         plain = all(r.params.greedy and r.processor is None for r in reqs)
-        if plain and self.kind == "dense":   # one walk on the device, one commit for all (commit.py)
+        if plain and self.kind == "dense" and any(t.size > 1 for t in trees):   # one device walk + commit for all
             done = commit_greedy(k, v, caches, feats, reqs, trees, list(starts), logits.argmax(dim=-1), self._bufs)
             return [self._settle(r, t, *got) for r, t, got in zip(reqs, trees, done)]
         choices = logits.argmax(dim=-1).tolist() if plain else None
