@@ -35,6 +35,8 @@ MEASURED = {
     "tests/server/test_api_health.py::test_real_server_caps_the_budget_and_reports_its_load": 50.0,
     "tests/server/test_hybrid_serve.py": 30.0,
     "tests/server/test_batch_soak.py": 120.0,           # 10,000 requests through the batch engine
+    "tests/server/test_batch_trees.py::test_smollm2_shipped_drafter_device_trees_equal_alone_and_ar": 30.0,
+    "tests/server/test_walk_gpu.py": 8.0,
     "tests/server/test_api_auth.py::test_empty_key_logs_that_authentication_is_off": 15.0,
     "tests/server/test_api_auth.py::test_a_key_logs_that_authentication_is_on_without_the_key": 15.0,
 }

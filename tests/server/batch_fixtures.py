@@ -9,6 +9,7 @@ import random
 import threading
 
 import torch
+from ddtree_server.engine.decode import Staging
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
 
@@ -123,3 +124,10 @@ def real_drafter(target, block=6):
            "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
     torch.manual_seed(1)
     return DFlashDrafter(DrafterConfig.from_dict(raw), target.embed_tokens, target.lm_head).eval()
+
+
+class Unpinned(Staging):
+    """A staging buffer (engine/decode.py) without pinned memory: its copy path on the CPU."""
+
+    def take(self, nbytes):
+        return torch.empty(nbytes, dtype=torch.uint8)

@@ -128,6 +128,14 @@ class Staging:
                                    dtype=torch.uint8, pin_memory=True)
         return self.buf[:nbytes]
 
+    def send(self, host: np.ndarray, device) -> Tensor:
+        """An int64 host array on ``device`` (same shape), copied through the buffer without
+        waiting for the device."""
+        flat = np.ascontiguousarray(host, dtype=np.int64).reshape(-1)
+        buf = self.take(flat.nbytes)
+        buf.numpy()[:] = flat.view(np.uint8)
+        return buf.to(device, non_blocking=True).view(torch.int64).reshape(host.shape)
+
 
 def tree_inputs(tree: DraftTree, start: int, device, staging: Staging | None = None
                 ) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -1,1 +1,1 @@
-"""Speculative decoding core: best-first draft tree (tree.py), acceptance walk (walk.py), device tree build (tree_gpu.py)."""
+"""Speculative decoding core: best-first draft tree (tree.py), acceptance walk (walk.py), batched device tree build (tree_gpu.py) and walk (walk_gpu.py)."""

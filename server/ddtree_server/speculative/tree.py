@@ -24,18 +24,18 @@ import numpy as np
 
 @dataclass
 class DraftTree:
-    """A draft tree of ``size = 1 + n`` nodes (node 0 = root).
+    """A draft tree of ``size = 1 + n`` nodes (node 0 = root); every parent precedes its children.
 
     tokens: ``[1+n]`` token ids (tokens[0] = root/bonus token); depths: ``[1+n]`` (root 0);
-    parents: ``[1+n]`` (parents[0] = -1); children: per node, ``{token: child index}``;
-    is_chain: every node's parent is the previous node (causal attention is then exact).
+    parents: ``[1+n]`` (parents[0] = -1); is_chain: every node's parent is the previous node
+    (causal attention is then exact); children (built on first use): per node, ``{token: child index}``.
     """
 
     tokens: list[int]
     depths: list[int]
     parents: list[int]
-    children: list[dict[int, int]]
     is_chain: bool
+    _children: list[dict[int, int]] | None = field(default=None, repr=False)
     _ancestors: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -43,25 +43,48 @@ class DraftTree:
         """Number of nodes including the root."""
         return len(self.tokens)
 
+    @property
+    def children(self) -> list[dict[int, int]]:
+        """Per node, ``{token: child index}``."""
+        if self._children is None:
+            kids: list[dict[int, int]] = [{} for _ in self.tokens]
+            for i, (p, t) in enumerate(zip(self.parents[1:], self.tokens[1:]), 1):
+                kids[p][t] = i
+            self._children = kids
+        return self._children
+
     def ancestors(self) -> np.ndarray:
-        """Bool ``[size, size]``: ``[i, j]`` is True iff j is an ancestor of i or i itself."""
+        """Bool ``[size, size]``: ``[i, j]`` is True iff j is an ancestor of i or i itself
+        (numpy: every node follows its parent pointer once per depth level)."""
         if self._ancestors is None:
             n = self.size
+            up = np.asarray(self.parents, dtype=np.int64)
+            up[0] = 0
+            rows = np.arange(n)
             anc = np.zeros((n, n), dtype=bool)
-            anc[0, 0] = True
-            for i in range(1, n):
-                anc[i] = anc[self.parents[i]]
-                anc[i, i] = True
+            anc[rows, rows] = True
+            cur = rows
+            for _ in range(max(self.depths)):
+                cur = up[cur]
+                anc[rows, cur] = True
             self._ancestors = anc
         return self._ancestors
 
 
 def _make(tokens: list[int], depths: list[int], parents: list[int]) -> DraftTree:
-    children: list[dict[int, int]] = [{} for _ in tokens]
-    for i in range(1, len(tokens)):
-        children[parents[i]][tokens[i]] = i
     chain = all(parents[i] == i - 1 for i in range(1, len(tokens)))
-    return DraftTree(tokens, depths, parents, children, chain)
+    return DraftTree(tokens, depths, parents, chain)
+
+
+def tree_from_arrays(root_token: int, tokens, depths, parents) -> DraftTree:
+    """The tree of draft nodes given as arrays ``[n]`` (numpy / anything ``np.asarray`` takes):
+    tokens, depths (1-based) and parents (0 = the root, else the parent's 1-based index, smaller
+    than the node's), node i+1 being entry i; no heap, no per-node Python work beyond ``tolist``."""
+    parents = np.asarray(parents, dtype=np.int64)
+    n = len(parents)
+    chain = bool((parents == np.arange(n)).all())
+    return DraftTree([int(root_token)] + np.asarray(tokens, dtype=np.int64).tolist(),
+                     [0] + np.asarray(depths, dtype=np.int64).tolist(), [-1] + parents.tolist(), chain)
 
 
 def root_only(root_token: int) -> DraftTree:

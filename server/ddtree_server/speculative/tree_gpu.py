@@ -1,19 +1,20 @@
-"""Best-first DDTree built with tensor operations on the device: no host round trip, fixed shapes
-(so it can live inside a CUDA graph). The seed of the batched GPU tree builder: continuous batching
-will build every slot's tree here in one pass. Today it is measured by the GPU probe
-(the `tree` part of `bench/probe.py`) and tested against the heap; the engine still builds trees on the host
-(speculative/tree.py).
+"""Best-first DDTrees of many requests built at once with tensor operations on the device: fixed
+shapes (padded to the largest node cap), no host synchronisation inside (so it can live inside a
+CUDA graph). The batch engine builds every ``ddtree`` request's tree of a round here
+(``draft_trees``: one log_softmax + top-K for all, one build, ONE packed device-to-host copy).
 
 Source: Ringel & Romano, "DDTree" (arXiv 2604.12989) §3-§4: the optimal tree of B draft nodes is
 the set of the B most probable prefixes under Q(y_1:L) = prod_i q_i(y_i), with only the
 per-depth top-K tokens. Instead of a heap, a beam per depth: every prefix in the global top B at
 depth d has its parent in the top B at depth d-1 (a child never scores above its parent, since
-log-probs are <= 0, nor above its elder sibling), so keeping the best B prefixes per depth (B x K
-candidates, one ``topk``) and then the best B over all depths gives the same set as Algorithm 1
-when scores are distinct. On exact ties the choice among tied prefixes may differ from the heap's.
+log-probs are <= 0, nor above its elder sibling), so keeping the best C prefixes per depth (C x K
+candidates, one ``topk`` for all requests; C = the largest cap) and then sorting all depths'
+prefixes by score gives, for every request, the same first ``cap`` prefixes as Algorithm 1 when
+scores are distinct. On exact ties the choice among tied prefixes may differ from the heap's.
 
-Nodes are numbered depth-major (all depth-1 nodes, then depth 2, ...), so parents precede children;
-the order differs from the heap's pop order, which does not matter for verification.
+Nodes are numbered in that score order (as the heap's pop order, up to ties). The sort is stable
+over a depth-major layout, so a parent tied with its child (a log-prob of exactly 0) comes first:
+every prefix of the order is prefix-closed and a node's index is larger than its parent's.
 """
 
 from __future__ import annotations
@@ -21,24 +22,91 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ddtree_server.speculative.tree import DraftTree, root_only, tree_from_arrays
 
-def _finite_candidates(depths: int, k: int, width: int) -> int:
-    total, level = 0, 1
-    for _ in range(depths):
-        level = min(width, level * k)
-        total += level
-    return total
+
+def build_trees_device(topk_logp: Tensor, topk_ids: Tensor, width: int
+                       ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The best ``width`` draft nodes of every request, in best-first order; request i's tree of
+    ``cap_i <= width`` nodes is the first ``min(cap_i, counts[i])`` of them.
+
+    Args:
+        topk_logp: ``[b, L, K]`` log-probs (any float dtype; the scores are summed in it), each row
+            sorted in decreasing order (``log_softmax`` of the RAW draft logits).
+        topk_ids: ``[b, L, K]`` the matching token ids (unique within a row).
+        width: C >= 1, the largest cap of the batch.
+    Returns:
+        tokens ``[b, C]``, depths ``[b, C]`` (1-based), parents ``[b, C]`` (0 = the root, else the
+        1-based index of the parent node), all long; counts ``[b]`` (long): how many prefixes exist
+        (``min(C, sum_d K^d)`` unless some log-prob is -inf). Entries past ``counts[i]`` are padding.
+    Raises:
+        ValueError: tables of different or non-3-D shapes, or width < 1.
+    """
+    if topk_logp.shape != topk_ids.shape or topk_logp.dim() != 3:
+        raise ValueError(f"tables must both be [b, L, K], got {tuple(topk_logp.shape)} and {tuple(topk_ids.shape)}")
+    b, depth_max, k = topk_logp.shape
+    c = int(width)
+    if c < 1:
+        raise ValueError(f"width must be >= 1, got {c}")
+    dev, logp = topk_logp.device, topk_logp
+    first = min(c, k)
+    # the beam: per depth, the best C prefixes (scores) and each one's flat index parent_slot * K + rank
+    top = logp[:, 0, :first]
+    tops = [torch.nn.functional.pad(top, (0, c - first), value=float("-inf")) if first < c else top]
+    idxs = [torch.arange(c, device=dev).expand(b, c)]   # depth 1: parent slot 0, rank = slot
+    for d in range(1, depth_max):
+        top, idx = (tops[-1][:, :, None] + logp[:, d, None, :]).reshape(b, c * k).topk(c, dim=1)
+        tops.append(top)
+        idxs.append(idx)
+    flat = torch.stack(tops, dim=1).reshape(b, depth_max * c)
+    order = torch.sort(flat, dim=1, descending=True, stable=True).indices[:, :c]   # [b, C] flat (d, slot)
+    counts = torch.isfinite(flat).sum(dim=1).clamp(max=c)
+    depth0 = order // c
+    beam = torch.stack(idxs, dim=1).reshape(b, depth_max * c).gather(1, order)
+    tokens = topk_ids.reshape(b, -1).gather(1, depth0 * k + beam % k).long()
+    index = torch.zeros((b, depth_max * c), dtype=torch.long, device=dev)   # flat (d, slot) -> node
+    index.scatter_(1, order, torch.arange(1, c + 1, device=dev).expand(b, c))
+    parents = index.gather(1, ((depth0 - 1) * c + beam // k).clamp(min=0))
+    parents = torch.where(depth0 > 0, parents, 0)
+    return tokens, depth0 + 1, parents, counts
+
+
+def draft_trees(draft_logits: Tensor, roots: list[int], caps: list[int]) -> list[DraftTree]:
+    """Every request's best-first DDTree from draft logits ``[b, L, vocab]``: one log_softmax
+    (fp32, raw logits) + top-K (K = min(max cap, vocab)) and one build for all, ONE packed
+    device-to-host copy, then host trees without a heap. ``caps[i]``: request i's most draft
+    nodes (min(tree budget, room)); <= 0 gives its root alone."""
+    width = max(caps, default=0)
+    if width <= 0:
+        return [root_only(r) for r in roots]
+    vals, ids = topk_logp(draft_logits, width)
+    tokens, depths, parents, counts = build_trees_device(vals, ids, width)
+    host = torch.cat((tokens, depths, parents, counts[:, None]), dim=1).cpu().numpy()
+    out = []
+    for i, (root, cap) in enumerate(zip(roots, caps)):
+        n = min(int(cap), int(host[i, -1])) if cap > 0 else 0
+        row = host[i]
+        out.append(tree_from_arrays(root, row[:n], row[width:width + n], row[2 * width:2 * width + n]))
+    return out
+
+
+def topk_logp(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """Top-K (K = min(k, vocab)) of ``log_softmax`` (fp32, raw logits) over the last axis of
+    ``[..., L, vocab]``: one call for all on an accelerator; request by request on the CPU, where
+    the batch's whole fp32 log_softmax would not stay in the caches (and there is no device to
+    keep busy). The values are the same either way."""
+    k = min(k, draft_logits.shape[-1])
+    if draft_logits.device.type != "cpu" or draft_logits.dim() < 3:
+        return torch.log_softmax(draft_logits.float(), dim=-1).topk(k, dim=-1)
+    parts = [torch.log_softmax(x.float(), dim=-1).topk(k, dim=-1) for x in draft_logits]
+    return torch.stack([v for v, _ in parts]), torch.stack([i for _, i in parts])
 
 
 def build_ddtree_device(topk_logp: Tensor, topk_ids: Tensor, root: Tensor | int, budget: int
                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Tree of exactly ``budget`` draft nodes (+ root) from per-depth top-K tables on any device.
+    """One request's tree of exactly ``budget`` draft nodes (+ root) from ``[L, K]`` tables on any
+    device (``build_trees_device`` with b = 1).
 
-    Args:
-        topk_logp: ``[L, K]`` fp32 log-probs, each row sorted in decreasing order.
-        topk_ids: ``[L, K]`` long token ids of the same entries.
-        root: the bonus token (int or 0-d long tensor on the same device).
-        budget: B >= 1 draft nodes.
     Returns:
         tokens ``[B+1]`` (long), depths ``[B+1]`` (long, root 0), parents ``[B+1]`` (long, root -1),
         ancestor mask ``[B+1, B+1]`` (bool, True where column j is an ancestor-or-self of row i).
@@ -49,38 +117,17 @@ def build_ddtree_device(topk_logp: Tensor, topk_ids: Tensor, root: Tensor | int,
         raise ValueError(f"tables must both be [L, K], got {tuple(topk_logp.shape)} and {tuple(topk_ids.shape)}")
     depth_max, k = topk_logp.shape
     b = int(budget)
-    if b < 1 or _finite_candidates(depth_max, k, b) < b:
+    if b < 1 or sum(k ** d for d in range(1, depth_max + 1)) < b:
         raise ValueError(f"budget {b} needs at least {b} prefixes; an [{depth_max}, {k}] table has fewer")
     dev = topk_logp.device
-    logp = topk_logp.float()
-    neg = torch.full((b,), float("-inf"), device=dev)
-    scores = torch.empty((depth_max, b), device=dev)
-    parent_slot = torch.zeros((depth_max, b), dtype=torch.long, device=dev)
-    rank = torch.zeros((depth_max, b), dtype=torch.long, device=dev)
-    first = min(b, k)
-    scores[0] = torch.cat((logp[0, :first], neg[first:]))
-    rank[0, :first] = torch.arange(first, device=dev)
-    for d in range(1, depth_max):
-        cand = (scores[d - 1][:, None] + logp[d][None, :]).reshape(-1)  # [B * K]
-        top, idx = cand.topk(b)
-        scores[d] = top
-        parent_slot[d] = idx // k
-        rank[d] = idx % k
-    _, chosen = scores.reshape(-1).topk(b)
-    chosen = chosen.sort().values                       # depth-major node order
-    depth0 = chosen // b                                # 0-based depth index of each node
-    slot = chosen % b
-    new_index = torch.zeros(depth_max * b, dtype=torch.long, device=dev)
-    new_index[chosen] = torch.arange(1, b + 1, device=dev)
-    parent_flat = ((depth0 - 1).clamp(min=0) * b + parent_slot[depth0, slot])
-    parents = torch.where(depth0 > 0, new_index[parent_flat], torch.zeros_like(depth0))
+    tokens, depths, parents, _ = build_trees_device(topk_logp.float()[None], topk_ids[None], b)
     if isinstance(root, torch.Tensor):
         root_t = root.to(device=dev, dtype=torch.long).reshape(1)
     else:  # a fill kernel, not a host-to-device copy (allowed while a CUDA graph is captured)
         root_t = torch.full((1,), int(root), dtype=torch.long, device=dev)
-    tokens = torch.cat((root_t, topk_ids[depth0, rank[depth0, slot]].long()))
-    depths = torch.cat((torch.zeros(1, dtype=torch.long, device=dev), depth0 + 1))
-    parents = torch.cat((torch.full((1,), -1, dtype=torch.long, device=dev), parents))
+    tokens = torch.cat((root_t, tokens[0]))
+    depths = torch.cat((torch.zeros(1, dtype=torch.long, device=dev), depths[0]))
+    parents = torch.cat((torch.full((1,), -1, dtype=torch.long, device=dev), parents[0]))
     return tokens, depths, parents, ancestor_mask(parents, depth_max)
 
 

@@ -1,7 +1,8 @@
 """Step runner: the model I/O of the batch engine (a prompt chunk of one request, a decode round of many).
 
 A decode round over requests R: drafts for the speculative ones (one batched drafter forward),
-their trees (DFlash: the chain of draft argmaxes; DDTree: best-first, ``spec/tree.py``), ONE target
+their trees (``trees.py``; DDTree: every request's at once on the device with one copy back;
+governed requests: the policy's plan), ONE target
 forward over every request's rows (``forward.py``), each request's choice over its rows
 (``Request.choose``), the acceptance walk and the commit (KV compaction / GDN fold per slot).
 A round of one request in slot 0 (and every round of a target without a batched forward) runs
@@ -12,12 +13,12 @@ the per-request forward on the slot's cache, which on CUDA is the Triton-kernel 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from ddtree_server.engine import decode
+from ddtree_server.engine.batch.commit import commit_greedy
 from ddtree_server.engine.batch.draft import fold_context, propose_batch
 from ddtree_server.engine.batch.forward import (
     Block,
@@ -32,12 +33,13 @@ from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
+from ddtree_server.engine.batch.trees import RoundInfo, kind_of, own_trees
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.gdn_batch import POOLS
 from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
-from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
+from ddtree_server.speculative.tree import DraftTree, root_only
 from ddtree_server.speculative.walk import accepted_tokens, walk
 
 
@@ -49,23 +51,6 @@ GRAPHS_ENV = "DDTREE_BATCH_GRAPHS"
 
 def _raw(module, attr: str):
     return getattr(module, attr, module)
-
-
-@dataclass
-class RoundInfo:
-    """The last decode round: draft nodes verified over all requests (N), requests per tree kind
-    (plain = the root alone, chain, tree) and the policy's expected accepted draft tokens."""
-
-    nodes: int = 0
-    kinds: dict = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
-    expected: float | None = None
-
-
-KINDS = ("plain", "chain", "tree")
-
-
-def kind_of(tree: DraftTree) -> str:
-    return "plain" if tree.size == 1 else "chain" if tree.is_chain else "tree"
 
 
 class StepRunner:
@@ -97,8 +82,8 @@ class StepRunner:
             self.draft_graphs = DraftGraphs(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
                                             capture=cuda) if dgraphs else None
         self.batched = self.kind is not None
-        # pinned buffers for the batch-1 path's small copies
-        self._inputs_buf, self._rows_buf = (decode.Staging(), decode.Staging()) if cuda else (None, None)
+        # pinned buffers for small copies: batch 1's verify inputs and path rows; the batched walk's / commit's indices
+        self._inputs_buf, self._rows_buf, *self._bufs = [decode.Staging() for _ in range(4)] if cuda else [None] * 4
         # the speculation policy governs ddtree requests (policy.py); it needs the batched forward
         self.policy = policy if drafter is not None and self.batched else None
         if self.policy is not None and self.policy.profile is None:
@@ -184,22 +169,15 @@ class StepRunner:
     def _drafting(self, req: Request) -> bool:
         return req.mode != "ar" and (not self._governed(req) or self.policy.drafts(req))
 
-    def _tree(self, req: Request, draft: Tensor | None, chain: list[int] | None) -> DraftTree:
-        cap = min(req.budget, self._room(req))
-        if req.mode == "ar" or cap <= 0:
-            return root_only(req.bonus)
-        if req.mode == "dflash":
-            return chain_tree(req.bonus, chain[:cap]) if chain is not None else \
-                decode.dflash_builder(draft, req.bonus, cap)
-        return decode.ddtree_builder(draft, req.bonus, cap)
-
     def _trees(self, reqs: list[Request], drafted: list[Request], logits: Tensor | None,
-               chains: list | None = None) -> list[DraftTree]:
+               chains: list | None = None, device: bool = True) -> list[DraftTree]:
         """Every request's tree: the policy's plan for the governed drafted ones (one global node
-        budget), the request's own mode for the others, the root alone for those without a draft."""
+        budget), the request's own mode for the others, the root alone for those without a draft.
+        ``device``: the ddtree trees come from the batched device builder (else the host heap)."""
         row = {id(r): i for i, r in enumerate(drafted)}
-        out = {id(r): self._tree(r, logits[i], None if chains is None else chains[i])
-               for i, r in enumerate(drafted) if not self._governed(r)}
+        own = [r for r in drafted if not self._governed(r)]
+        out = dict(zip(map(id, own), own_trees(own, [row[id(r)] for r in own], logits, chains,
+                                               [min(r.budget, self._room(r)) for r in own], device)))
         gov = [r for r in drafted if self._governed(r)]
         if gov:
             caps = [max(min(r.budget, self._room(r)), 0) for r in gov]
@@ -221,7 +199,9 @@ class StepRunner:
         if any(r is req for r in drafting):
             draft = self.drafter.propose(self.dcaches[req.slot], req.ctx, req.bonus, s)[None]
             req.ctx = None
-        tree = self._trees([req], [req] if draft is not None else [], draft)[0]
+        # batch 1 keeps the host heap: one request's heap is cheaper than the device build's
+        # sequential per-depth kernels launched eagerly (docs/ddtree.md)
+        tree = self._trees([req], [req] if draft is not None else [], draft, device=False)[0]
         ids, pos, mask = decode.tree_inputs(tree, s, self.device, self._inputs_buf)
         logits, feats = self.target.forward(cache, ids, pos, tree_mask=mask)
         return self._commit(req, tree, logits, feats, None, self._rows_buf)
@@ -259,6 +239,9 @@ class StepRunner:
             for c, blk in zip(caches, blocks):
                 c.length = blk.s + len(blk.ids)
         plain = all(r.params.greedy and r.processor is None for r in reqs)
+        if plain and self.kind == "dense" and any(t.size > 1 for t in trees):   # one device walk + commit for all
+            done = commit_greedy(k, v, caches, feats, reqs, trees, list(starts), logits.argmax(dim=-1), self._bufs)
+            return [self._settle(r, t, *got) for r, t, got in zip(reqs, trees, done)]
         choices = logits.argmax(dim=-1).tolist() if plain else None
         out = []
         for r, t, a in zip(reqs, trees, starts):
@@ -287,9 +270,16 @@ class StepRunner:
             rows = decode.path_rows(path, self.device, staging)
             cache.keep(s, path, rows)
             ctx = None if feats is None else feats.index_select(0, rows)
+        return self._settle(req, tree, path, bonus, ctx, copy=True)
+
+    def _settle(self, req: Request, tree: DraftTree, path: list[int], bonus: int, ctx: Tensor | None,
+                copy: bool = False) -> list[int]:
+        """The request's state after its committed path: ctx (``ctx``: the path's feature rows;
+        ``copy``: they are a view to copy), s, bonus, emitted tokens and counters; returns the tokens."""
+        k = len(path)
         if req.mode != "ar" and ctx is not None:   # a request that skipped the drafter keeps its rows
-            req.ctx = ctx.clone() if req.ctx is None else torch.cat((req.ctx, ctx))
-        req.s, req.bonus = s + k, bonus
+            req.ctx = (ctx.clone() if copy else ctx) if req.ctx is None else torch.cat((req.ctx, ctx))
+        req.s, req.bonus = req.s + k, bonus
         out = accepted_tokens(tree, path, bonus)
         req.accept(out, path)
         req.nodes += tree.size - 1

@@ -1,0 +1,59 @@
+"""The draft trees of a decode round: their kinds and the round's counts (``RoundInfo``), and the
+trees of the requests that choose their own (not governed by the speculation policy,
+``--spec-policy fixed``): ``ddtree`` requests get best-first trees, all of the round's at once from
+ONE device build and ONE packed device-to-host copy (speculative/tree_gpu.py ``draft_trees``; or
+each from the host heap, the batch-1 path); ``dflash`` requests the chain of their draft argmaxes;
+a cap of 0 gives the root alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+from ddtree_server.engine import decode
+from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
+from ddtree_server.speculative.tree_gpu import draft_trees
+
+KINDS = ("plain", "chain", "tree")
+
+
+@dataclass
+class RoundInfo:
+    """The last decode round: draft nodes verified over all requests (N), requests per tree kind
+    (plain = the root alone, chain, tree) and the policy's expected accepted draft tokens."""
+
+    nodes: int = 0
+    kinds: dict = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    expected: float | None = None
+
+
+def kind_of(tree: DraftTree) -> str:
+    return "plain" if tree.size == 1 else "chain" if tree.is_chain else "tree"
+
+
+def one_tree(req, draft: Tensor | None, chain: list[int] | None, cap: int) -> DraftTree:
+    """One request's tree from its draft logits ``[L, vocab]`` (or its argmax chain), host-built."""
+    if req.mode == "ar" or cap <= 0:
+        return root_only(req.bonus)
+    if req.mode == "dflash":
+        return chain_tree(req.bonus, chain[:cap]) if chain is not None else \
+            decode.dflash_builder(draft, req.bonus, cap)
+    return decode.ddtree_builder(draft, req.bonus, cap)
+
+
+def own_trees(reqs: list, rows: list[int], logits: Tensor, chains: list | None, caps: list[int],
+              device: bool = True) -> list[DraftTree]:
+    """The trees of ``reqs``: request i's draft logits are ``logits[rows[i]]`` (``[L, vocab]``), its
+    argmax chain ``chains[rows[i]]``, its most draft nodes ``caps[i]`` (min(tree budget, room)).
+    ``device``: the ddtree trees from the batched device builder, else from the host heap."""
+    trees: list[DraftTree | None] = [None] * len(reqs)
+    batch = [i for i, r in enumerate(reqs) if r.mode == "ddtree" and caps[i] > 0] if device else []
+    if batch:
+        sel = [rows[i] for i in batch]
+        built = draft_trees(logits if sel == list(range(logits.shape[0])) else logits[sel],
+                            [reqs[i].bonus for i in batch], [caps[i] for i in batch])
+        for i, tree in zip(batch, built):
+            trees[i] = tree
+    return [t if t is not None else one_tree(r, logits[rows[i]], None if chains is None else chains[rows[i]], caps[i])
+            for i, (r, t) in enumerate(zip(reqs, trees))]
