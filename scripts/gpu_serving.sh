@@ -14,7 +14,8 @@
 #   OUT_DIR  reports land in OUT_DIR/<step>/ (JSON + markdown), the log in OUT_DIR/serving.log
 # Set DDTREE_COMMIT to the commit being measured (the GPU copy has no .git); DDTREE_STEPS to a
 # comma-separated subset of the steps (concurrency,batch-smol,batch-8b,batch-27b,interference-8b,
-# constrained,http,http-switch5ms,gpu-tests) to run only those.
+# constrained,http,http-switch5ms,gpu-tests,tree-batch) to run only those; DDTREE_LEVELS the
+# concurrency levels of the closed loop (default 1,8,32,64).
 set -uo pipefail
 [[ $# -eq 3 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
 GGUF=$1 WHEELS=$2 OUT=$3
@@ -40,7 +41,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>
 python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
 B="python3 -m ddtree_server.bench --commit $COMMIT --no-download --data-dir $WHEELS --device cuda"
 MODES=${DDTREE_MODES:-ar,dflash,ddtree}
-step concurrency 200 $B --gguf "$GGUF" --drafter "$DRAFTER" --concurrency 1,8,32,64 --datasets gsm8k,humaneval \
+step concurrency 200 $B --gguf "$GGUF" --drafter "$DRAFTER" --concurrency "${DDTREE_LEVELS:-1,8,32,64}" --datasets gsm8k,humaneval \
   --max-prompts 32 --max-new-tokens 256 --modes "$MODES" --budgets 16 --out "$OUT/concurrency"
 step batch-smol 40 $B --random-shape smollm2-135m --batch 1,8,32,64 --context-len 512 --iters 20 --out "$OUT/batch"
 step batch-8b 55 $B --random-shape qwen3-8b --batch 1,8,32 --context-len 1024 --iters 10 --out "$OUT/batch"
@@ -52,6 +53,8 @@ step interference-8b 60 $B --random-shape qwen3-8b --interference 16384 --batch 
   --context-len 1024 --iters 20 --out "$OUT/interference"
 step constrained 50 python3 -m ddtree_server.bench.constrained --out "$OUT/constrained" --gguf "$GGUF" \
   --drafter "$DRAFTER" --device cuda --dtype bf16 --budgets 16 --prompts 4 --max-new-tokens 256
+step tree-batch 90 python3 -m ddtree_server.bench.tree_batch --batch 1,8,32,64 --budgets 16,64 --vocab 49152 \
+  --iters 30 --device cuda --out "$OUT/tree_batch/tree_batch.json"
 http_load() {   # http_load STEM MODES LEVELS: the prompts through a real server over HTTP (bench/http_load.py)
   python3 -m ddtree_server serve --gguf "$GGUF" --drafter "$DRAFTER" --device cuda --port 8123 \
     --max-running 64 --max-queue 256 >"$OUT/$1-server.log" 2>&1 &
