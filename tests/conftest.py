@@ -12,13 +12,24 @@ workers sort the groups (and ungrouped tests) longest first by their estimated s
 (tests/xdist_costs.py: measured seconds of the slow ones, else an estimate by marker), so the
 longest start first and the short ones fill in at the end. The tests of one group keep their
 file order. Without xdist (`pytest` alone, `-n 0`) nothing changes.
+
+Threads: every test process, and every server, ddtctl and container service it starts (they
+inherit the environment; the systemd emulation's services get it as systemd's DefaultEnvironment=,
+tests/fleet/emu/proc.py), runs torch on ONE thread (OMP_NUM_THREADS=1 unless set). Several of them
+share the cores: with torch's default (a thread per core) their OpenMP threads spin-wait on each
+other, and the same run of tests/server/test_api_batching.py beside other work took 150 s of CPU
+instead of 55 s. Outputs do not depend on it (fp32, greedy, exact equality).
 """
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from tests.xdist_costs import estimate
+os.environ.setdefault("OMP_NUM_THREADS", "1")   # before anything imports torch (see above)
+
+import pytest  # noqa: E402
+
+from tests.xdist_costs import estimate  # noqa: E402
 
 # session fixture (defining module, name) -> group: the tests using it run on one worker, which
 # builds it once. Keyed by where the fixture is defined, not by its name alone: a module may define

@@ -149,7 +149,8 @@ class Fleet:
         # binds made on /usr/bin before it
         binds = {"/usr/bin/nvidia-smi": FLEET_DIR / "nvidia-smi", "/usr/bin/systemctl": FLEET_DIR / "systemctl",
                  "/usr/bin/journalctl": FLEET_DIR / "journalctl", f"{EMU_LIB}/emu": FLEET_DIR / "emu",
-                 "/var/log/ddt-emu/nvidia-smi.json": self.scenario_file(spec.name)}
+                 "/var/log/ddt-emu/nvidia-smi.json": self.scenario_file(spec.name),
+                 "/etc/systemd/system.conf": self.manager_conf()}
         for path in (Path(sys.base_prefix), CACHE):
             if path.is_dir():
                 binds[str(path)] = self._stage(path) if _private(str(path)) else path
@@ -159,6 +160,14 @@ class Fleet:
             node_dir.mkdir(parents=True, exist_ok=True)
             config["mp0"] = f"{node_dir},mp=/srv/models/{SHARED_MODEL},ro=1"
         self.nodes[spec.node].create_container(spec.vmid, spec.name, binds=binds, config=config)
+
+    def manager_conf(self) -> Path:
+        """The containers' /etc/systemd/system.conf: its DefaultEnvironment= hands the test run's
+        OMP_NUM_THREADS (tests/conftest.py) to every service, as systemd hands its own to units."""
+        path = self.base / "system.conf"
+        threads = os.environ.get("OMP_NUM_THREADS")
+        path.write_text("[Manager]\n" + (f"DefaultEnvironment=OMP_NUM_THREADS={threads}\n" if threads else ""))
+        return path
 
     def _stage(self, path: Path) -> Path:
         """A read-only host bind of `path` under the fleet dir (see the module docstring)."""
