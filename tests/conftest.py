@@ -26,6 +26,9 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")   # before anything imports torch (see above)
+# ddtctl's wait-ready: at most 2 s between polls of a server still starting (default 10 s, which
+# overshot a start of ~15 s by up to 10 s; ddtctl/ops/readiness.py)
+os.environ.setdefault("DDTCTL_READY_POLL_MAX_S", "2")
 
 import pytest  # noqa: E402
 
