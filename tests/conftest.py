@@ -18,7 +18,7 @@ inherit the environment; the systemd emulation's services get it as systemd's De
 tests/fleet/emu/proc.py), runs torch on ONE thread (OMP_NUM_THREADS=1 unless set). Several of them
 share the cores: with torch's default (a thread per core) their OpenMP threads spin-wait on each
 other, and the same run of tests/server/test_api_batching.py beside other work took 150 s of CPU
-instead of 55 s. Outputs do not depend on it (fp32, greedy, exact equality).
+instead of 55 s. The exact-equality tests compare runs made under the same setting.
 """
 
 from __future__ import annotations
