@@ -8,9 +8,13 @@
 # Usage: scripts/gpu_serving.sh GGUF WHEELS OUT_DIR
 #   GGUF     SmolLM2-135M-Instruct.Q4_1.gguf (sha256-checked by the loader)
 #   WHEELS   folder with gguf-*.whl, the gsm8k / humaneval prompt-set wheels, and xgrammar with the
-#            wheels it needs that the machine lacks (pydantic, pydantic-core, apache-tvm-ffi, ...)
+#            wheels it needs that the machine lacks (pydantic, pydantic-core, apache-tvm-ffi, ...);
+#            for the http step also fastapi, starlette, uvicorn, h11, anyio, annotated-doc and
+#            opentelemetry-api
 #   OUT_DIR  reports land in OUT_DIR/<step>/ (JSON + markdown), the log in OUT_DIR/serving.log
-# Set DDTREE_COMMIT to the commit being measured (the GPU copy has no .git).
+# Set DDTREE_COMMIT to the commit being measured (the GPU copy has no .git); DDTREE_STEPS to a
+# comma-separated subset of the steps (concurrency,batch-smol,batch-8b,batch-27b,interference-8b,
+# constrained,http) to run only those.
 set -uo pipefail
 [[ $# -eq 3 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
 GGUF=$1 WHEELS=$2 OUT=$3
@@ -26,6 +30,7 @@ LOG="$OUT/serving.log"
 
 step() {   # step NAME SECONDS COMMAND...
   local name=$1 limit=$2; shift 2
+  [[ -z ${DDTREE_STEPS:-} || ,$DDTREE_STEPS, == *,$name,* ]] || return 0
   echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$LOG"
   timeout "$limit" "$@" >>"$LOG" 2>&1
   echo "=== $name exit $? $(date -u +%T)" | tee -a "$LOG"
@@ -44,4 +49,20 @@ step interference-8b 60 $B --random-shape qwen3-8b --interference 16384 --batch 
   --context-len 1024 --iters 20 --out "$OUT/interference"
 step constrained 50 python3 -m ddtree_server.bench.constrained --out "$OUT/constrained" --gguf "$GGUF" \
   --drafter "$DRAFTER" --device cuda --dtype bf16 --budgets 16 --prompts 4 --max-new-tokens 256
+http_load() {   # the same prompts through a real server over HTTP (bench/http_load.py), server default gate on
+  python3 -m ddtree_server serve --gguf "$GGUF" --drafter "$DRAFTER" --device cuda --port 8123 \
+    --max-running 64 --max-queue 256 >"$OUT/http-server.log" 2>&1 &
+  local pid=$! i
+  for i in $(seq 1 120); do python3 -c "import httpx; assert httpx.get('http://127.0.0.1:8123/ready').status_code == 200" 2>/dev/null && break; sleep 1; done
+  python3 -m ddtree_server.bench.http_load --url http://127.0.0.1:8123 --out "$OUT/http" --concurrency 1,8,32,64 \
+    --modes ar,default --datasets gsm8k,humaneval --data-dir "$WHEELS" --no-download --max-prompts 32 \
+    --max-tokens 256 --commit "$COMMIT"
+  local rc=$?
+  kill -TERM $pid; wait $pid
+  grep -E "spec gate|batching|default mode" "$OUT/http-server.log"
+  return $rc
+}
+export -f http_load
+export GGUF DRAFTER OUT WHEELS COMMIT
+step http 300 bash -c http_load
 echo "done $(date -u +%T)" | tee -a "$LOG"

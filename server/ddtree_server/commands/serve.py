@@ -218,6 +218,10 @@ def register(app: typer.Typer) -> None:
             "fixed", "--spec-policy",
             help="auto: choose each round's draft nodes over all ddtree requests (plain / chain / tree, one "
                  "global node budget, the tree budget a cap); fixed: every request's mode and budget as given."),
+        spec_gate: str = typer.Option(
+            "on", "--spec-gate",
+            help="on: a round of speculative requests runs plainly when plain rounds are measured faster at that "
+                 "batch size (a busy server, a poor drafter); off: every round runs the requests' modes."),
         max_tree_budget: Optional[int] = typer.Option(
             None, "--max-tree-budget",
             help="Largest decoding.tree_budget a request may ask for (nodes; above it: 400). Default 256 on "
@@ -262,7 +266,7 @@ def register(app: typer.Typer) -> None:
         from ddtree_server.commands.options import config_errors
 
         values = dict(target=target, gguf=gguf, drafter=drafter, target_layer_ids=target_layer_ids, mode=mode,
-                      tree_budget=tree_budget, spec_policy=spec_policy, max_tree_budget=max_tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
+                      tree_budget=tree_budget, spec_policy=spec_policy, spec_gate=spec_gate, max_tree_budget=max_tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
                       served_model_name=served_model_name, max_model_len=max_model_len, max_queue=max_queue,
                       max_running=max_running if max_running is not None else max_concurrency,
                       kv_memory_fraction=kv_memory_fraction, prefill_chunk=prefill_chunk,

@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 import torch
 
 from ddtree_server.engine.batch import BatchEngine, GenerationEvent, Request
+from ddtree_server.engine.batch.gate import SpecGate
 from ddtree_server.engine.batch.policy import POLICIES, Profile, SpecPolicy
 from ddtree_server.engine.batch.pools import cache_bytes
 from ddtree_server.engine.sampling import SamplingParams
@@ -68,8 +69,12 @@ class Engine:
         spec_policy: ``auto``: the speculation policy (engine/batch/policy.py) chooses every
             ``ddtree`` request's tree round by round under one global node budget (its tree
             budget is a cap); ``fixed``: every request runs its mode and budget as given.
-            The server's default is ``auto`` (config.py); built directly, ``fixed``.
+            ``fixed`` is the server's default too (config.py).
         profile: the policy's time profile (policy.Profile); None: measured at start-up.
+        spec_gate: the speculation gate (engine/batch/gate.py): each round of speculative
+            requests runs plain when plain rounds are measured faster at that batch size (a
+            busy server, a poor drafter). The server's default is on (config.py); built
+            directly, off (rounds then run every request's mode as given).
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
     """
@@ -80,7 +85,7 @@ class Engine:
                  eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True,
                  max_running: int | None = None, poison_freed_slots: bool | None = None,
                  kv_memory_fraction: float | None = None, prefill_chunk: int | None = None,
-                 spec_policy: str = "fixed", profile: Profile | None = None):
+                 spec_policy: str = "fixed", profile: Profile | None = None, spec_gate: bool = False):
         device = target.embed_tokens.weight.device
         graphed = families.graphed(target) if cuda_graphs and device.type == "cuda" else None
         if graphed is not None:  # a family of ours: its CUDA-graph wrapper (models/families.py)
@@ -121,7 +126,7 @@ class Engine:
         policy = SpecPolicy(profile) if spec_policy == "auto" and self.spec_available else None
         self.batch = BatchEngine(target, drafter, max_running=slots, max_len=self.max_model_len,
                                  device=device, poison=poison, prefill_chunk=int(prefill_chunk) or None,
-                                 policy=policy)
+                                 policy=policy, gate=SpecGate() if spec_gate and self.spec_available else None)
         self.spec_policy = "auto" if self.batch.runner.policy is not None else "fixed"
         self._grammars = None
         self._grammars_lock = threading.Lock()

@@ -36,6 +36,27 @@ def propose_batch(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: li
                         torch.tensor(bonus, device=dev), max(starts) + bs)
 
 
+def fold_context(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: list[int], ctxs: list[Tensor]
+                 ) -> list[Tensor]:
+    """Requests that skipped the drafter for some rounds (plain rounds) gathered context rows; all
+    but the newest of each go into its slot's draft cache now, in one batched append (the K/V
+    ``propose_batch`` would write with them). Returns the kept rows: the newest of each request,
+    so its next proposal brings 1 .. block_size rows (the drafter's graphs take it) and pending
+    rows never grow with the length of a stretch of plain rounds."""
+    dev = kpool.device
+    feats, pos, slot_c, kept = [], [], [], []
+    for cache, slot, ctx in zip(caches, slots, ctxs):
+        n = ctx.shape[0] - 1
+        feats.append(ctx[:n])
+        pos.extend(range(cache.length, cache.length + n))
+        slot_c.extend([slot] * n)
+        cache.length += n
+        kept.append(ctx[n:].clone())
+    append_context(drafter, kpool, vpool, torch.cat(feats), torch.tensor(pos, device=dev),
+                   torch.tensor(slot_c, device=dev))
+    return kept
+
+
 def append_context(drafter, kpool: Tensor, vpool: Tensor, ctx: Tensor, pos: Tensor, slot_c: Tensor) -> None:
     """Project context features ``[C, F]`` and write their K/V at positions ``pos`` of slots ``slot_c``."""
     h = drafter.project_context(ctx)[None]

@@ -61,7 +61,7 @@ class BatchEngine:
     """Scheduler + step runner; see the module docstring. Not thread-safe (one worker thread)."""
 
     def __init__(self, target, drafter, *, max_running: int, max_len: int, device, poison: bool = False,
-                 graphs: bool | None = None, prefill_chunk: int | None = None, policy=None):
+                 graphs: bool | None = None, prefill_chunk: int | None = None, policy=None, gate=None):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 tokens (None: whole prompts), got {prefill_chunk}")
         self.scheduler = Scheduler(max_running)
@@ -73,6 +73,8 @@ class BatchEngine:
         self.max_len = max_len
         self.slot_bytes = self.runner.caches.slot_bytes + (
             self.runner.dcaches.slot_bytes if self.runner.dcaches is not None else 0)
+        # the speculation gate (gate.py): plain rounds where they are measured faster; None: never
+        self.gate = gate if self.runner.drafter is not None else None
         self.last = StepInfo()
         self.steps = 0
         self.memory = self._memory()
@@ -158,13 +160,18 @@ class BatchEngine:
                 self._feed(req, tokens, out)
         t_prefill = time.perf_counter() - t0
         if decoding:
-            results = self.runner.round(decoding)
+            gated = self.gate is not None and any(r.mode != "ar" for r in decoding)
+            speculate = self.gate.choose(len(decoding)) if gated else True
+            t_round, made_before = time.perf_counter(), made
+            results = self.runner.round(decoding, speculate)
             for req, tokens in zip(decoding, results):
                 if tokens is not None:
                     req.rounds += 1
                     req.produced += len(tokens)
                     made += len(tokens)
                 self._feed(req, tokens, out)
+            if gated:
+                self.gate.observe(len(decoding), speculate, made - made_before, time.perf_counter() - t_round)
         kind = ("mixed" if decoding else "prefill") if chunks else "decode" if decoding else "idle"
         info = self.runner.last if decoding else None
         self.last = StepInfo(kind, len(decoding) + len(chunks), made, time.perf_counter() - t0, ptoks, t_prefill,

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from ddtree_server.engine import decode
-from ddtree_server.engine.batch.draft import propose_batch
+from ddtree_server.engine.batch.draft import fold_context, propose_batch
 from ddtree_server.engine.batch.forward import (
     Block,
     Layout,
@@ -150,22 +150,37 @@ class StepRunner:
     def _room(self, req: Request) -> int:
         return self.caches[req.slot].max_len - req.s - 1
 
-    def round(self, reqs: list[Request]) -> list[list[int] | None]:
-        """One round for every request: its accepted tokens (path + bonus), None when its cache is full."""
+    def round(self, reqs: list[Request], speculate: bool = True) -> list[list[int] | None]:
+        """One round for every request: its accepted tokens (path + bonus), None when its cache is
+        full. ``speculate`` False: nobody drafts (a plain round, the speculation gate's choice)."""
         live = [r for r in reqs if self._room(r) >= 0]
         # the per-request path (CUDA graphs bound to slot 0's storage) serves a lone request in
         # slot 0; a lone request in another slot takes the batched path (no graph re-capture)
         if not live:
             return [None] * len(reqs)
         self.last = RoundInfo()
-        drafting = [r for r in live if self._drafting(r)]   # decided before any forward of the round
+        drafting = [r for r in live if self._drafting(r)] if speculate else []   # before any forward
         if not self.batched or (len(live) == 1 and live[0].slot == 0):
             got = {id(r): self._solo(r, drafting) for r in live}
         else:
             got = dict(zip(map(id, live), self._batched(live, drafting)))
         for r in live:
             r.round_nodes += self.last.nodes
+        if len(drafting) < len(live):
+            self._fold([r for r in live if not any(r is d for d in drafting)])
         return [got.get(id(r)) for r in reqs]
+
+    def _fold(self, reqs: list[Request]) -> None:
+        """Requests that skipped the drafter (plain rounds) keep their new context rows for its next
+        proposal; from a block on they go into its cache (``draft.fold_context``)."""
+        if self.dcaches is None or not self.dcaches.pooled:
+            return
+        due = [r for r in reqs if r.mode != "ar" and r.ctx is not None and r.ctx.shape[0] >= self.block_size]
+        if due:
+            kept = fold_context(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
+                                [self.dcaches[r.slot] for r in due], [r.slot for r in due], [r.ctx for r in due])
+            for r, ctx in zip(due, kept):
+                r.ctx = ctx
 
     def _governed(self, req: Request) -> bool:
         return self.policy is not None and req.governed
