@@ -113,6 +113,7 @@ class Fleet:
         self.known_hosts.write_text("".join(n.sshd.known_hosts_line + "\n" for n in self.nodes.values()))
         self.ssh_config.write_text("# hermetic: replaces ~/.ssh/config for ddtctl (DDTCTL_SSH_CONFIG)\n")
         self.home.mkdir(exist_ok=True)
+        self.share_wheel_cache()
         self.snapshot()
         hf_folder()                      # converted before the cache is bound into containers
         for spec in self.specs.values():
@@ -160,6 +161,17 @@ class Fleet:
             node_dir.mkdir(parents=True, exist_ok=True)
             config["mp0"] = f"{node_dir},mp=/srv/models/{SHARED_MODEL},ro=1"
         self.nodes[spec.node].create_container(spec.vmid, spec.name, binds=binds, config=config)
+
+    def share_wheel_cache(self) -> None:
+        """ddtctl's server-wheel cache ($DDTCTL_HOME/cache/wheels, keyed by the source identity) is
+        this process's (tests/fleet/node.py fleet_base), shared by its fleets: one `pip wheel` per
+        snapshot content instead of one per fleet. A fleet deploying other sources builds its own."""
+        wheels = self.home / "cache" / "wheels"
+        if not wheels.exists() and not wheels.is_symlink():
+            shared = fleet_base() / "wheels"
+            shared.mkdir(exist_ok=True)
+            wheels.parent.mkdir(parents=True, exist_ok=True)
+            wheels.symlink_to(shared, target_is_directory=True)
 
     def manager_conf(self) -> Path:
         """The containers' /etc/systemd/system.conf: its DefaultEnvironment= hands the test run's
