@@ -12,13 +12,27 @@ workers sort the groups (and ungrouped tests) longest first by their estimated s
 (tests/xdist_costs.py: measured seconds of the slow ones, else an estimate by marker), so the
 longest start first and the short ones fill in at the end. The tests of one group keep their
 file order. Without xdist (`pytest` alone, `-n 0`) nothing changes.
+
+Threads: every test process, and every server, ddtctl and container service it starts (they
+inherit the environment; the systemd emulation's services get it as systemd's DefaultEnvironment=,
+tests/fleet/emu/proc.py), runs torch on ONE thread (OMP_NUM_THREADS=1 unless set). Several of them
+share the cores: with torch's default (a thread per core) their OpenMP threads spin-wait on each
+other, and the same run of tests/server/test_api_batching.py beside other work took 150 s of CPU
+instead of 55 s. The exact-equality tests compare runs made under the same setting.
 """
 
 from __future__ import annotations
 
-import pytest
+import os
 
-from tests.xdist_costs import estimate
+os.environ.setdefault("OMP_NUM_THREADS", "1")   # before anything imports torch (see above)
+# ddtctl's wait-ready: at most 2 s between polls of a server still starting (default 10 s, which
+# overshot a start of ~15 s by up to 10 s; ddtctl/ops/readiness.py)
+os.environ.setdefault("DDTCTL_READY_POLL_MAX_S", "2")
+
+import pytest  # noqa: E402
+
+from tests.xdist_costs import estimate  # noqa: E402
 
 # session fixture (defining module, name) -> group: the tests using it run on one worker, which
 # builds it once. Keyed by where the fixture is defined, not by its name alone: a module may define

@@ -4,7 +4,8 @@ One round = service manager state (fail fast on `failed`, start-limit-hit or a g
 count, with the last log lines; an HTTP 401/403 fails at once as AuthError, exit 3) + engine health (`/ready` for the bundled server, `/health` for
 SGLang/vLLM, `/readiness` for a router) + `/v1/models` lists the expected id (a router: its
 `/workers` has a healthy backend, ops/router.py) + a 1-token completion. Ready after K
-consecutive good rounds. Between failed rounds: exponential backoff (1 s -> 10 s) with jitter.
+consecutive good rounds. Between failed rounds: exponential backoff (1 s -> 10 s) with jitter;
+`$DDTCTL_READY_POLL_MAX_S` lowers the 10 s (the test suite: servers that start in seconds).
 HTTP goes through `transport.forward(address, port)` with httpx (read timeout 30 s: SGLang's
 health check alone may take 20 s under load).
 """
@@ -29,6 +30,8 @@ from ddtctl.ops import logcause
 from ddtctl.ops import router as router_ops
 
 READ_TIMEOUT_S = 30.0
+MAX_POLL_INTERVAL_S = 10.0
+POLL_MAX_ENV = "DDTCTL_READY_POLL_MAX_S"
 AUTH_CODES = (401, 403)   # the API refused our credentials: an answer, not a state to wait out
 
 
@@ -155,14 +158,25 @@ class ReadyReport:
         return dict(self.__dict__)
 
 
+def max_poll_interval(environ=os.environ) -> float:
+    """The longest wait between failed rounds: $DDTCTL_READY_POLL_MAX_S when it is a number from
+    1 to 10, else 10 s."""
+    try:
+        value = float(environ.get(POLL_MAX_ENV, ""))
+    except ValueError:
+        return MAX_POLL_INTERVAL_S
+    return value if 1.0 <= value <= MAX_POLL_INTERVAL_S else MAX_POLL_INTERVAL_S
+
+
 def wait_ready(host: Host, transport, manager, *, timeout_s: float | None = None, consecutive: int = 2,
-               max_interval_s: float = 10.0, on_round: Callable[[Probe], None] | None = None,
+               max_interval_s: float | None = None, on_round: Callable[[Probe], None] | None = None,
                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
                ) -> ReadyReport:
     """Block until `host` is ready. Raises RemoteError (service failed, exit 1) with the last log
     lines, or ReadinessTimeout (exit 4) naming the last unmet step after `timeout_s` seconds
     (default: the service's `ready_timeout_s`)."""
     timeout_s = host.service.ready_timeout_s if timeout_s is None else timeout_s
+    max_interval_s = max_poll_interval() if max_interval_s is None else max_interval_s
     start = clock()
     deadline = start + timeout_s
     first = manager.state()

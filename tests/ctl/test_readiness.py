@@ -12,7 +12,7 @@ import pytest
 
 from ddtctl.errors import ReadinessTimeout, RemoteError
 from ddtctl.inventory_schema import DdtreeService, Host, SglangService
-from ddtctl.ops.readiness import wait_ready
+from ddtctl.ops.readiness import max_poll_interval, wait_ready
 from ddtctl.ops.status import parse_metrics
 from ddtctl.ops.supervisor import LocalSupervisor, parse_show
 from ddtctl.ops.units import ServiceSpec, render_local
@@ -159,3 +159,10 @@ def test_ctrl_c_ends_a_readiness_wait_within_a_poll(tmp_path: Path) -> None:
     finally:
         cancel.reset()
         sup.stop()
+
+
+def test_the_longest_poll_wait_can_only_be_lowered() -> None:
+    assert max_poll_interval({}) == 10.0
+    assert max_poll_interval({"DDTCTL_READY_POLL_MAX_S": "2"}) == 2.0
+    for bad in ("0.5", "30", "nan", "x", ""):
+        assert max_poll_interval({"DDTCTL_READY_POLL_MAX_S": bad}) == 10.0, bad

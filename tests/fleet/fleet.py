@@ -113,6 +113,7 @@ class Fleet:
         self.known_hosts.write_text("".join(n.sshd.known_hosts_line + "\n" for n in self.nodes.values()))
         self.ssh_config.write_text("# hermetic: replaces ~/.ssh/config for ddtctl (DDTCTL_SSH_CONFIG)\n")
         self.home.mkdir(exist_ok=True)
+        self.share_wheel_cache()
         self.snapshot()
         hf_folder()                      # converted before the cache is bound into containers
         for spec in self.specs.values():
@@ -149,7 +150,8 @@ class Fleet:
         # binds made on /usr/bin before it
         binds = {"/usr/bin/nvidia-smi": FLEET_DIR / "nvidia-smi", "/usr/bin/systemctl": FLEET_DIR / "systemctl",
                  "/usr/bin/journalctl": FLEET_DIR / "journalctl", f"{EMU_LIB}/emu": FLEET_DIR / "emu",
-                 "/var/log/ddt-emu/nvidia-smi.json": self.scenario_file(spec.name)}
+                 "/var/log/ddt-emu/nvidia-smi.json": self.scenario_file(spec.name),
+                 "/etc/systemd/system.conf": self.manager_conf()}
         for path in (Path(sys.base_prefix), CACHE):
             if path.is_dir():
                 binds[str(path)] = self._stage(path) if _private(str(path)) else path
@@ -159,6 +161,25 @@ class Fleet:
             node_dir.mkdir(parents=True, exist_ok=True)
             config["mp0"] = f"{node_dir},mp=/srv/models/{SHARED_MODEL},ro=1"
         self.nodes[spec.node].create_container(spec.vmid, spec.name, binds=binds, config=config)
+
+    def share_wheel_cache(self) -> None:
+        """ddtctl's server-wheel cache ($DDTCTL_HOME/cache/wheels, keyed by the source identity) is
+        this process's (tests/fleet/node.py fleet_base), shared by its fleets: one `pip wheel` per
+        snapshot content instead of one per fleet. A fleet deploying other sources builds its own."""
+        wheels = self.home / "cache" / "wheels"
+        if not wheels.exists() and not wheels.is_symlink():
+            shared = fleet_base() / "wheels"
+            shared.mkdir(exist_ok=True)
+            wheels.parent.mkdir(parents=True, exist_ok=True)
+            wheels.symlink_to(shared, target_is_directory=True)
+
+    def manager_conf(self) -> Path:
+        """The containers' /etc/systemd/system.conf: its DefaultEnvironment= hands the test run's
+        OMP_NUM_THREADS (tests/conftest.py) to every service, as systemd hands its own to units."""
+        path = self.base / "system.conf"
+        threads = os.environ.get("OMP_NUM_THREADS")
+        path.write_text("[Manager]\n" + (f"DefaultEnvironment=OMP_NUM_THREADS={threads}\n" if threads else ""))
+        return path
 
     def _stage(self, path: Path) -> Path:
         """A read-only host bind of `path` under the fleet dir (see the module docstring)."""

@@ -72,7 +72,8 @@ class FreshFleet(Fleet):
         empty.touch()
         binds = {"/usr/bin/nvidia-smi": FLEET_DIR / "nvidia-smi", "/usr/bin/systemctl": FLEET_DIR / "systemctl",
                  "/usr/bin/journalctl": FLEET_DIR / "journalctl", f"{EMU_LIB}/emu": FLEET_DIR / "emu",
-                 "/var/log/ddt-emu/nvidia-smi.json": self.scenario_file(spec.name)}
+                 "/var/log/ddt-emu/nvidia-smi.json": self.scenario_file(spec.name),
+                 "/etc/systemd/system.conf": self.manager_conf()}
         for conf in ("/etc/pip.conf", "/etc/xdg/pip/pip.conf"):       # a new container has none
             if Path(conf).exists():
                 binds[conf] = empty

@@ -63,6 +63,9 @@ def test_show_value_prints_in_systemd_order_not_request_order(emu):
 def test_environment_is_clean_and_expanded_like_systemd(emu, tmp_path):
     env_file = tmp_path / "svc.env"
     env_file.write_text('# comment\nA="from file"\nD=\'$HOME %n\'\n')
+    conf = emu.root / "etc" / "systemd" / "system.conf"       # the manager's DefaultEnvironment=
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text('[Manager]\n#DefaultEnvironment=G=no\nDefaultEnvironment="F=from manager" A=manager\n')
     emu.unit("e.service", f"""[Service]
 Type=exec
 WorkingDirectory=/tmp
@@ -81,6 +84,7 @@ ExecStart=@SVC@ ${{A}} $A "$${{HOME}}" 100%% %N \\x41\\t ""
     env = seen["env"]
     assert (env["A"], env["B"], env["C"], env["D"], env["E"]) == ("from file", "e.service", "$$lit",
                                                                    "$HOME %n", "100%")
+    assert env["F"] == "from manager" and "G" not in env      # the unit's own A= wins
     assert "DDT_LEAK" not in env and env["PATH"].startswith("/usr/local/sbin") and env["INVOCATION_ID"]
     assert seen["cwd"] == "/tmp"
 

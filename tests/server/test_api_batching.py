@@ -24,6 +24,11 @@ N = 64
 MODES = ("ar", "dflash", "ddtree")
 
 
+def max_tokens(i: int) -> int:
+    """6 to 17 tokens: several verify rounds of every speculative stream, lengths that differ."""
+    return 6 + i % 12
+
+
 def _metric(server: ServerProcess, pattern: str) -> float:
     text = httpx.get(server.url("/metrics"), timeout=30).text
     match = re.search(rf"^{pattern} ([0-9.e+-]+)$", text, re.M)
@@ -38,16 +43,16 @@ def test_64_concurrent_streams_run_batched_and_equal_alone():
 
         def one(i: int) -> str:
             stream = client.completions.create(
-                model=model, prompt=f"Item {i}: the number {i * 7} is", max_tokens=8 + i % 24, temperature=0,
+                model=model, prompt=f"Item {i}: the number {i * 7} is", max_tokens=max_tokens(i), temperature=0,
                 stream=True, extra_body={"ignore_eos": True, "decoding": {"mode": MODES[i % 3]}})
             return "".join(c.choices[0].text for c in stream if c.choices)
 
         with ThreadPoolExecutor(N) as pool:
             together = list(pool.map(one, range(N)))
         steps = _metric(server, r'ddtree_step_seconds_count\{kind="decode"\}')
-        longest = max(8 + i % 24 for i in range(N))
+        longest = max(max_tokens(i) for i in range(N))
         assert steps <= 3 * longest, (steps, longest)   # one at a time: > sum(max_tokens) / tau steps
-        for i in (0, 1, 2, 31, 63):                      # alone (the server idle otherwise)
+        for i in (0, 1, 2, 11, 63):                      # alone (the server idle otherwise)
             assert one(i) == together[i], i
     finally:
         server.stop()

@@ -61,11 +61,13 @@ def report():
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
 def test_batched_rows_equal_one_request_bitwise(report):
     assert len(report) == 16 and all(r["bitwise"] for r in report), [r for r in report if not r["bitwise"]]
     assert max(r["splits"] for r in report) > 1   # the merge of several key splits is exercised
 
 
+@pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
 def test_batched_rows_match_reference(report):
     for r in report:
         assert r["err"] < (2e-5 if r["dtype"] == "torch.float32" else 3e-3), r

@@ -122,6 +122,7 @@ def _child(which: str) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
 def test_lengths_around_every_tile_and_split_boundary():
     res = _child("boundaries")
     assert len(res) == 12 + 10 + 3  # steps, trees (from 17 keys on), chains (255..257)
@@ -129,6 +130,7 @@ def test_lengths_around_every_tile_and_split_boundary():
         assert e < 2e-5, (key, e)  # NaN (a row read past the live length) fails here too
 
 
+@pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
 def test_a_block_longer_than_long_block_splits_little_and_matches():
     res = _child("long_block")
     splits = {key.split("/")[0]: int(key.rsplit("splits", 1)[1]) for key in res}
@@ -137,6 +139,7 @@ def test_a_block_longer_than_long_block_splits_little_and_matches():
         assert e < 2e-5, (key, e)
 
 
+@pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
 def test_steps_and_chains_at_16k_32k_and_each_models_maximum():
     res = _child("lengths")
     assert len(res) == 8
@@ -144,6 +147,7 @@ def test_steps_and_chains_at_16k_32k_and_each_models_maximum():
         assert e < 2e-5, (key, e)
 
 
+@pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
 def test_hybrid_chains_take_the_kernel_and_match_sdpa():
     res = _child("hybrid")
     assert res.pop("kernel_rows") == [1, 9, 550]  # every chain on the kernel with DDTREE_KERNELS=1 only

@@ -38,6 +38,11 @@ class Paths:
         return self._p("etc/systemd/system")
 
     @property
+    def manager_conf(self) -> Path:
+        """systemd-system.conf(5): the manager's settings (DefaultEnvironment=, proc.py)."""
+        return self._p("etc/systemd/system.conf")
+
+    @property
     def emu_dir(self) -> Path:
         return self._p("var/log/ddt-emu")
 

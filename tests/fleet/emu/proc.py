@@ -2,7 +2,8 @@
 
 Emulates systemd.exec(5):
 * the environment a system service starts with: a fixed PATH, LANG, INVOCATION_ID, NOTIFY_SOCKET
-  (when NotifyAccess= is not `none`), USER/LOGNAME/HOME/SHELL when User= is set, then
+  (when NotifyAccess= is not `none`), the manager's DefaultEnvironment= (/etc/systemd/system.conf,
+  systemd-system.conf(5)), USER/LOGNAME/HOME/SHELL when User= is set, then
   Environment=, then EnvironmentFile= (files override Environment=; `-` prefix = optional file).
   Nothing of the caller's environment leaks in (systemd services never see the ssh session's env).
 * WorkingDirectory= (default `/`; `-` prefix tolerates a missing directory), User=/Group=, stdin
@@ -28,7 +29,7 @@ import pwd
 import signal
 import subprocess
 
-from .syntax import expand_argv
+from .syntax import expand_argv, extract_words
 from .values import parse_env_file
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -40,10 +41,32 @@ class SpawnError(Exception):
         self.status, self.step, self.message = status, step, message
 
 
-def build_env(unit: dict, invocation: str, notify_socket: str | None) -> tuple[dict, list[str]]:
-    """The service environment, and journal warnings. Raises SpawnError(status=None) if a
-    required EnvironmentFile= is missing (systemd: "Failed to load environment files")."""
-    env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "INVOCATION_ID": invocation}
+def default_environment(conf_path) -> dict[str, str]:
+    """The manager's DefaultEnvironment= assignments of [Manager] in systemd-system.conf(5)
+    (a missing file: none; later lines override earlier ones)."""
+    try:
+        text = open(conf_path).read()
+    except OSError:
+        return {}
+    env, section = {}, ""
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("["):
+            section = line
+        elif section == "[Manager]" and line.startswith("DefaultEnvironment="):
+            for word in extract_words(line.partition("=")[2]):
+                key, sep, value = word.partition("=")
+                if sep and key:
+                    env[key] = value
+    return env
+
+
+def build_env(unit: dict, invocation: str, notify_socket: str | None,
+              defaults: dict[str, str] | None = None) -> tuple[dict, list[str]]:
+    """The service environment, and journal warnings. `defaults`: the manager's
+    DefaultEnvironment=. Raises SpawnError(status=None) if a required EnvironmentFile= is missing
+    (systemd: "Failed to load environment files")."""
+    env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "INVOCATION_ID": invocation, **(defaults or {})}
     if notify_socket and unit["notify_access"] != "none":
         env["NOTIFY_SOCKET"] = notify_socket
     if unit["user"]:

@@ -95,7 +95,8 @@ class Supervisor(ServiceIO):
                  StatusText="", MainPID=0)
         state.journal(self.p, self.name, f"Starting {desc}...")
         try:
-            env, warnings = proc.build_env(u, self.st["InvocationID"], self.notify_addr)
+            env, warnings = proc.build_env(u, self.st["InvocationID"], self.notify_addr,
+                                           proc.default_environment(self.p.manager_conf))
         except proc.SpawnError as exc:
             self.log(exc.message)
             self.log("Failed to spawn 'start' task: No such file or directory")
