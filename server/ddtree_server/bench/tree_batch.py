@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def _paths(tree) -> set:
@@ -87,6 +88,7 @@ def main(argv=None) -> None:
     for r in rows:
         print("| " + " | ".join(str(r[k]) for k in keys) + " |")
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         with open(a.out, "w") as f:
             json.dump({"device": str(device), "vocab": a.vocab, "rows": rows}, f, indent=1)
 
