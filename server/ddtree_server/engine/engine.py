@@ -31,7 +31,7 @@ from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.model import HybridTarget
 
 MODES = ("ar", "dflash", "ddtree")
-CUDA_TREE_BUDGET = 64  # default DDTree budget on CUDA (nodes)
+CUDA_TREE_BUDGET = 16  # default DDTree budget on CUDA (nodes; docs/benchmarks/h200-2026-12-02-gate-http/)
 CPU_MAX_RUNNING = 4    # default requests in one batch on the CPU
 CUDA_MAX_RUNNING = 64  # upper bound of the CUDA default (sized from free memory below it)
 KV_MEMORY_FRACTION = 0.5  # share of the free GPU memory the slots' caches may take (CUDA default)
@@ -52,7 +52,7 @@ class Engine:
         model_id: served model name; max_model_len: context window in tokens (prompt + output).
         tree_mode_available: False for targets that cannot verify trees (hybrid fallback).
         default_mode: None -> ddtree with a drafter and tree mode, else ar.
-        tree_budget: default DDTree node budget (None -> block_size - 1 on CPU, 64 on CUDA).
+        tree_budget: default DDTree node budget (None -> block_size - 1 on CPU, 16 on CUDA).
         eos_token_ids: stop tokens always added (unless ignore_eos).
         cuda_graphs: on CUDA, replay the target's forwards and the drafter's proposals from CUDA
             graphs (models/dense/graphs.py, models/drafter/graphs.py).
@@ -133,8 +133,10 @@ class Engine:
         self.messages: list[str] = []  # start-up lines (set by engine.factory.load_engine)
 
     def _default_budget(self) -> int | None:
-        """block_size - 1 nodes on CPU (verify cost grows with the node count); on CUDA the
-        batch-1 verify forward costs about the same for 1..256 nodes, so a wider tree is free."""
+        """block_size - 1 nodes on CPU (verify cost grows with the node count); CUDA_TREE_BUDGET on
+        CUDA: the fastest budget measured at batch 1 was 16-32 nodes (a 64-node tree accepts
+        more but its round costs more), and under load 16 nodes beat 64 (their rounds' rows
+        grow with the batch)."""
         if self.block_size is None:
             return None
         return CUDA_TREE_BUDGET if self.device.type == "cuda" else self.block_size - 1
