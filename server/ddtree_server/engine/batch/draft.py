@@ -21,17 +21,10 @@ def propose_batch(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: li
                   bonus: list[int], starts: list[int]) -> Tensor:
     """Draft logits ``[b, block_size - 1, vocab]``; afterwards ``caches[r].length == starts[r]``."""
     dev, bs = kpool.device, drafter.config.block_size
-    rows = [(c.length, s) for c, s in zip(caches, starts)]
-    for (c0, s), ctx in zip(rows, ctxs):
-        if c0 + ctx.shape[0] != s:
-            raise ValueError(f"context of {ctx.shape[0]} rows does not fill positions [{c0}, {s})")
-    feats = [c for c in ctxs if c.shape[0]]
-    if feats:
-        pos = torch.tensor([p for c0, s in rows for p in range(c0, s)], device=dev)
-        slot_c = torch.tensor([sl for (c0, s), sl in zip(rows, slots) for _ in range(c0, s)], device=dev)
-        append_context(drafter, kpool, vpool, torch.cat(feats), pos, slot_c)
-    for c, s in zip(caches, starts):
-        c.length = s
+    for c, ctx, s in zip(caches, ctxs, starts):
+        if c.length + ctx.shape[0] != s:
+            raise ValueError(f"context of {ctx.shape[0]} rows does not fill positions [{c.length}, {s})")
+    append_rows(drafter, kpool, vpool, caches, slots, ctxs)
     return draft_blocks(drafter, kpool, vpool, torch.tensor(slots, device=dev), torch.tensor(starts, device=dev),
                         torch.tensor(bonus, device=dev), max(starts) + bs)
 
@@ -43,18 +36,21 @@ def fold_context(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: lis
     ``propose_batch`` would write with them). Returns the kept rows: the newest of each request,
     so its next proposal brings 1 .. block_size rows (the drafter's graphs take it) and pending
     rows never grow with the length of a stretch of plain rounds."""
+    append_rows(drafter, kpool, vpool, caches, slots, [ctx[:-1] for ctx in ctxs])
+    return [ctx[-1:].clone() for ctx in ctxs]
+
+
+def append_rows(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: list[int], ctxs: list[Tensor]) -> None:
+    """Each request's context rows ``ctxs[r]`` at the positions after its draft cache's length
+    in slot ``slots[r]`` (one batched ``append_context``); the lengths advance past them."""
     dev = kpool.device
-    feats, pos, slot_c, kept = [], [], [], []
-    for cache, slot, ctx in zip(caches, slots, ctxs):
-        n = ctx.shape[0] - 1
-        feats.append(ctx[:n])
-        pos.extend(range(cache.length, cache.length + n))
-        slot_c.extend([slot] * n)
-        cache.length += n
-        kept.append(ctx[n:].clone())
-    append_context(drafter, kpool, vpool, torch.cat(feats), torch.tensor(pos, device=dev),
-                   torch.tensor(slot_c, device=dev))
-    return kept
+    if any(ctx.shape[0] for ctx in ctxs):
+        pos = torch.tensor([p for c, x in zip(caches, ctxs) for p in range(c.length, c.length + x.shape[0])],
+                           device=dev)
+        slot_c = torch.tensor([sl for sl, x in zip(slots, ctxs) for _ in range(x.shape[0])], device=dev)
+        append_context(drafter, kpool, vpool, torch.cat([x for x in ctxs if x.shape[0]]), pos, slot_c)
+    for c, x in zip(caches, ctxs):
+        c.length += x.shape[0]
 
 
 def append_context(drafter, kpool: Tensor, vpool: Tensor, ctx: Tensor, pos: Tensor, slot_c: Tensor) -> None:

@@ -148,7 +148,8 @@ class StepRunner:
         for r in live:
             r.round_nodes += self.last.nodes
         if len(drafting) < len(live):
-            self._fold([r for r in live if not any(r is d for d in drafting)])
+            drafted = set(map(id, drafting))
+            self._fold([r for r in live if id(r) not in drafted])
         return [got.get(id(r)) for r in reqs]
 
     def _fold(self, reqs: list[Request]) -> None:
