@@ -18,20 +18,9 @@ from ddtree_server.engine.engine import Engine
 
 from tests.server.batch_fixtures import (HIDDEN, LAYERS, MAX_LEN, check_alone_batched_ar, oracle_drafter, prompt_features,
                                          random_specs, real_drafter, run_alone, run_batched)
-from tests.server.hybrid_fixtures import tiny_hybrid
-from tests.server.tiny import EOS, ByteTokenizer, tiny_target
+from tests.server.tiny import EOS, ByteTokenizer
 
-
-@pytest.fixture(scope="module")
-def dense():
-    torch.set_num_threads(1)
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def hybrid():
-    torch.set_num_threads(1)
-    return tiny_hybrid("3gdn+attn", seed=21)
+pytest_plugins = ["tests.server.tiny_fixtures"]   # the dense / hybrid module fixtures
 
 
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])

@@ -17,20 +17,9 @@ from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
 
 from tests.server.batch_fixtures import LAYERS, MAX_LEN, oracle_drafter, random_specs, real_drafter, run_alone
-from tests.server.hybrid_fixtures import tiny_hybrid
-from tests.server.tiny import EOS, ByteTokenizer, tiny_target
+from tests.server.tiny import EOS, ByteTokenizer
 
-
-@pytest.fixture(scope="module")
-def dense():
-    torch.set_num_threads(1)
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def hybrid():
-    torch.set_num_threads(1)
-    return tiny_hybrid("3gdn+attn", seed=21)
+pytest_plugins = ["tests.server.tiny_fixtures"]   # the dense / hybrid module fixtures
 
 
 # ---------------------------------------------------------------------------- bookkeeping

@@ -14,29 +14,17 @@ import random
 from types import SimpleNamespace
 
 import pytest
-import torch
 from ddtree_server.engine.batch.policy import MAX_BACKOFF, Profile, SpecPolicy
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
 
 from tests.server.batch_fixtures import (LAYERS, MAX_LEN, check_alone_batched_ar, oracle_drafter, random_specs,
                                          real_drafter, run_batched)
-from tests.server.hybrid_fixtures import tiny_hybrid
-from tests.server.tiny import EOS, ByteTokenizer, tiny_target
+from tests.server.tiny import EOS, ByteTokenizer
+
+pytest_plugins = ["tests.server.tiny_fixtures"]   # the dense / hybrid module fixtures
 
 GPU_LIKE = Profile.linear(1.0, 0.004, per_request=0.01, draft=0.15, block=8)   # rows nearly free
-
-
-@pytest.fixture(scope="module")
-def dense():
-    torch.set_num_threads(1)
-    return tiny_target()
-
-
-@pytest.fixture(scope="module")
-def hybrid():
-    torch.set_num_threads(1)
-    return tiny_hybrid("3gdn+attn", seed=21)
 
 
 def _specs(seed: int, count: int) -> list[dict]:
