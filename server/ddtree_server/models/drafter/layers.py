@@ -40,6 +40,7 @@ class SwiGLU(nn.Module):
         super().__init__()
         if act not in ("silu", "swish"):
             raise ValueError(f"unsupported hidden_act {act!r} (only silu)")
+        self.intermediate_size = inter
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
