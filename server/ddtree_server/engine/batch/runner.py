@@ -151,9 +151,13 @@ class StepRunner:
             r.round_nodes += self.last.nodes
         if len(drafting) < len(live):
             drafted = set(map(id, drafting))
-            if self.dcaches is not None and self.dcaches.pooled:   # requests that skipped the drafter
-                fold_skipped(self.raw_drafter, self.dcaches, [r for r in live if id(r) not in drafted])
+            self._fold([r for r in live if id(r) not in drafted])
         return [got.get(id(r)) for r in reqs]
+
+    def _fold(self, reqs: list[Request]) -> None:
+        """Requests that skipped the drafter keep their context rows (``draft.fold_skipped``)."""
+        if self.dcaches is not None and self.dcaches.pooled:
+            fold_skipped(self.raw_drafter, self.dcaches, reqs)
 
     def _governed(self, req: Request) -> bool:
         return self.policy is not None and req.governed
