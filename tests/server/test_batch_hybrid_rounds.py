@@ -22,7 +22,8 @@ from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.engine import Engine
 from ddtree_server.models.hybrid.gdn_batch import POOLS
 
-from tests.server.batch_fixtures import MAX_LEN, check_alone_batched_ar, oracle_drafter, random_specs, run_alone, run_batched
+from tests.server.batch_fixtures import (MAX_LEN, check_alone_batched_ar, oracle_drafter, random_specs, real_drafter,
+                                         run_alone, run_batched)
 from tests.server.hybrid_fixtures import random_tree, tiny_hybrid, tiny_hybrid_ours
 from tests.server.tiny import EOS, ByteTokenizer
 
@@ -121,9 +122,8 @@ def test_cuda_captured_hybrid_chain_and_tree_rounds_equal_eager(monkeypatch):
     """On CUDA (fp32): DFlash chains and DDTree trees of several requests replay captured pending
     rounds, whose tokens equal the eager rounds' (``DDTREE_BATCH_GRAPHS=0``) and each request's alone."""
     model = tiny_hybrid_ours("qwen3.6x2", seed=4, device="cuda")
-    model.capture_layers = [1, 2]
     specs = [dict(s, arrive=0, cancel_after=None) for s in _spec_specs(seed=8, count=6)]
-    drafter, _ = oracle_drafter(model, specs)
+    drafter = real_drafter(model).to("cuda")   # random weights: chains and trees every round
     got = []
     for flag in ("1", "0"):
         monkeypatch.setenv("DDTREE_BATCH_GRAPHS", flag)
