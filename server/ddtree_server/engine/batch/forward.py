@@ -78,7 +78,8 @@ class Layout:
         self.starts, self.qo = per_dev[1, :-1].to(torch.int32), per_dev[3].to(torch.int32)
         self.slot_of_row = self.slots[self.req]
         self.tree = tree or any(b.mask is not None for b in blocks)
-        self.inner = torch.from_numpy(self.inner_host).to(device) if self.tree else None
+        self.inner_np = self.inner_host if self.tree else None   # host copy (hybrid_rounds.layout_windows)
+        self.inner = torch.from_numpy(self.inner_np).to(device) if self.tree else None
 
     @property
     def inner_host(self) -> np.ndarray:

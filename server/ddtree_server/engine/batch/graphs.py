@@ -139,7 +139,7 @@ class BatchGraphs:
         padded = pad_blocks(blocks, b_pad, n_pad, self.scratch)
         lay = Layout(padded, self.kpool.device, rmax=r, tree=tree)
         if self.gdn is not None and tree:
-            lay.win = layout_windows(padded, self.model.config.linear_conv_kernel_dim, lay.device)
+            lay.win = layout_windows(lay, self.model.config.linear_conv_kernel_dim)
         starts = lay.offsets[: len(blocks)]
         self.rounds += 1
         self.pending_rounds += self.gdn is not None and tree

@@ -29,7 +29,7 @@ from torch import Tensor
 from ddtree_server.engine.batch.commit import commit_paths
 from ddtree_server.engine.batch.forward import hybrid_layers
 from ddtree_server.models.hybrid import delta, gdn_batch, gdn_fast
-from ddtree_server.models.hybrid.gdn_groups import Chunks, windows
+from ddtree_server.models.hybrid.gdn_groups import Chunks, block_windows
 from ddtree_server.models.layers import kernels_usable
 
 
@@ -44,10 +44,12 @@ def plain_forward(model, kpool: Tensor, vpool: Tensor, lay, gdn: dict) -> tuple[
                          lambda mixer, proj, li: gdn_batch.step(mixer, proj, gdn, li, lay.slots))
 
 
-def layout_windows(blocks: list, kernel: int, device) -> Tensor:
-    """Long ``[N, K]``: every row's conv window in its slot's conv buffer (``gdn_groups.windows``)."""
-    win = np.concatenate([windows(b.mask, len(b.ids), kernel) for b in blocks])
-    return torch.from_numpy(win).to(device)
+def layout_windows(lay, kernel: int) -> Tensor:
+    """Long ``[N, K]``: every row's conv window in its slot's conv buffer (``gdn_groups.block_windows``
+    over the layout's tree masks, one numpy pass for all blocks)."""
+    req = np.repeat(np.arange(lay.b), lay.sizes)
+    win = block_windows(lay.inner_np, kernel)[req, np.arange(len(req)) - np.asarray(lay.offsets)[req]]
+    return torch.from_numpy(win).to(lay.device)
 
 
 def pending_forward(model, kpool: Tensor, vpool: Tensor, lay, gdn: dict) -> tuple[Tensor, Tensor | None]:
