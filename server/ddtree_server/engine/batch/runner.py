@@ -43,11 +43,12 @@ from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
 from ddtree_server.speculative.tree import DraftTree, root_only
 from ddtree_server.speculative.walk import accepted_tokens, walk
+from ddtree_server.speculative.walk_gpu import walk_all
 
 
 # "0": batched rounds never take graphs; "1": always the padded layout (graph-replayed on CUDA, run
 # eagerly elsewhere: the CPU tests of the padding); unset: on for targets on the kernel path
-# (hybrids: rounds of plain rows only, graphs.py)
+# (hybrids: plain rounds, and rounds of chains / trees with the chunk method: graphs.py)
 GRAPHS_ENV = "DDTREE_BATCH_GRAPHS"
 
 
@@ -137,13 +138,11 @@ class StepRunner:
         """One round for every request: its accepted tokens (path + bonus), None when its cache is
         full. ``speculate`` False: nobody drafts (a plain round, the speculation gate's choice)."""
         live = [r for r in reqs if self._room(r) >= 0]
-        # the per-request path (CUDA graphs bound to slot 0's storage) serves a lone request in
-        # slot 0; a lone request in another slot takes the batched path (no graph re-capture)
         if not live:
             return [None] * len(reqs)
         self.last = RoundInfo()
         drafting = [r for r in live if self._drafting(r)] if speculate else []   # before any forward
-        if not self.batched or (len(live) == 1 and live[0].slot == 0):
+        if not self.batched or (len(live) == 1 and live[0].slot == 0):   # slot 0's graphs (module docstring)
             got = {id(r): self._solo(r, drafting) for r in live}
         else:
             got = dict(zip(map(id, live), self._batched(live, drafting)))
@@ -238,9 +237,12 @@ class StepRunner:
         if plain and self.kind == "dense" and any(t.size > 1 for t in trees):   # one device walk + commit for all
             done = commit_greedy(k, v, caches, feats, reqs, trees, list(starts), logits.argmax(dim=-1), self._bufs)
             return [self._settle(r, t, *got) for r, t, got in zip(reqs, trees, done)]
-        choices = logits.argmax(dim=-1).tolist() if plain else None
-        walks = [self._walk(r, t, logits[a:a + t.size], None if choices is None else choices[a:a + t.size])
-                 for r, t, a in zip(reqs, trees, starts)]
+        if plain and any(t.size > 1 for t in trees):   # a hybrid round: every tree walked on the device at once
+            walks = walk_all(logits.argmax(dim=-1), trees, list(starts), self._bufs[0])
+        else:
+            choices = logits.argmax(dim=-1).tolist() if plain else None
+            walks = [self._walk(r, t, logits[a:a + t.size], None if choices is None else choices[a:a + t.size])
+                     for r, t, a in zip(reqs, trees, starts)]
         if self.kind == "hybrid" and self.model.method == "chunk" and max(t.size for t in trees) <= caches[0].cap:
             ctxs = commit_pending(k, v, self._gdn(), caches, feats, [r.slot for r in reqs], [r.s for r in reqs],
                                   list(starts), [p for p, _ in walks], self._bufs[1])   # every slot's keep at once

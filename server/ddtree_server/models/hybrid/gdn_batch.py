@@ -13,7 +13,8 @@ layer with a request axis instead of a loop over the requests:
   written to the slot's conv buffer rows K-1+i, each row's conv window (``tree.py``) gathered from
   its slot, then the tree-masked chunked rule over the blocks padded to the longest
   (``delta.tree_chunks``: a padding row has zero inputs and no ancestors); k, u, G go to the slot's
-  scratch for the commit (``HybridCache.keep`` folds the accepted path per slot, as alone);
+  scratch for the commit (``HybridCache.keep`` per slot, or ``engine/batch/hybrid_rounds.py:
+  commit_pending`` for all slots, folds the accepted path as alone);
 * the rest (the ``node`` method) keep the per-request mixer (``GatedDeltaNet.mix``).
 
 A request's rows are computed from its own slot and block only, so they equal its rows alone up
