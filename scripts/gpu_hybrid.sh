@@ -2,7 +2,9 @@
 # Hybrid (Qwen3.5 / Qwen3.6) checks on the GPU machine, in ~3 minutes:
 #   1. fp32 exactness with CUDA graphs and the fused GDN kernels on (tests/server/test_hybrid_gpu.py:
 #      ar == dflash == ddtree on a small random hybrid, both GDN tree methods; the kernels against
-#      the torch path at the Qwen3.6-27B GDN shape in fp32 and bf16);
+#      the torch path at the Qwen3.6-27B GDN shape in fp32 and bf16; tests/server/test_gdn_batch.py and
+#      test_batch_hybrid_rounds.py: batched plain, chain and tree rounds replayed from CUDA graphs ==
+#      eager rounds == each request alone);
 #   2. the GDN tree-verify benchmark at the Qwen3.6-27B shape (random weights, bf16, 1,024-token
 #      context), chunk method, kernels on and off: per-layer mixer / rule / decode step / GPU
 #      kernels per call, whole-target verify, round, plain step, DFlash verify (JSON "kernels").
@@ -33,7 +35,8 @@ cd "$REPO"
 set +e  # the benchmark runs even when exactness fails; the exit status is exactness's
 START=$SECONDS
 if python -c "import pytest" 2>/dev/null; then
-  python -m pytest -q -m gpu tests/server/test_hybrid_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/exactness.log"
+  python -m pytest -q -m gpu tests/server/test_hybrid_gpu.py tests/server/test_gdn_batch.py \
+    tests/server/test_batch_hybrid_rounds.py -p no:cacheprovider 2>&1 | tee "$OUT/exactness.log"
 else
   python tests/server/test_hybrid_gpu.py 2>&1 | tee "$OUT/exactness.log"
 fi

@@ -7,6 +7,9 @@ so that next-token distributions are peaked like a trained model's (long greedy 
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import torch
 
 from ddtree_server.models.hybrid.config import HybridConfig
@@ -116,3 +119,14 @@ def tiny_hybrid_ours(pattern: str = "3gdn+attn", seed: int = 0, method: str = "c
                 new = gain * r / p.shape[-1] ** 0.5 * (scale / gain if name == "lm_head.weight" else 1.0)
             p.copy_(new)
     return model
+
+
+def random_tree(rng: random.Random, n: int) -> np.ndarray:
+    """A random tree of n nodes (each node's parent drawn among the earlier ones): its bool
+    ancestor-or-self mask ``[n, n]``."""
+    anc = np.zeros((n, n), dtype=bool)
+    for i in range(n):
+        if i:
+            anc[i] = anc[rng.randrange(i)]
+        anc[i, i] = True
+    return anc

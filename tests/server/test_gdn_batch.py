@@ -20,18 +20,9 @@ from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.models.hybrid.gdn_batch import POOLS
 from ddtree_server.models.hybrid.gdn_groups import windows
 from ddtree_server.models.hybrid.tree import tree_meta
-from tests.server.hybrid_fixtures import tiny_hybrid
+from tests.server.hybrid_fixtures import random_tree, tiny_hybrid
 
 SLOTS, MAX_LEN = 7, 64
-
-
-def _tree(rng: random.Random, n: int) -> np.ndarray:
-    anc = np.zeros((n, n), dtype=bool)
-    for i in range(n):
-        if i:
-            anc[i] = anc[rng.randrange(i)]
-        anc[i, i] = True
-    return anc
 
 
 def _pool(model, seed: int) -> SlotPool:
@@ -64,7 +55,7 @@ def test_batched_gdn_rows_and_commits_equal_per_request(method):
         for j, slot in enumerate(slots):
             n = [1, 1, rng.randint(2, 7), rng.randint(2, 9), rng.randint(2, 9)][j] if trial < 2 or j > 1 else \
                 rng.randint(2, 5)   # the last trial: every block pending
-            mask = _tree(rng, n) if j == 4 or (j == 3 and trial % 2) else None
+            mask = random_tree(rng, n) if j == 4 or (j == 3 and trial % 2) else None
             blocks.append(Block(slot, rng.randint(3, 20), [rng.randrange(250) for _ in range(n)],
                                 list(range(n)) if mask is None else (mask.sum(1) - 1).tolist(), mask))
         pools = [_pool(model, seed=trial), _pool(model, seed=trial)]
@@ -89,7 +80,7 @@ def test_batched_gdn_rows_and_commits_equal_per_request(method):
 def test_host_conv_windows_equal_tree_meta():
     rng = random.Random(5)
     for n in (1, 2, 5, 17):
-        for mask in (None, _tree(rng, n)):
+        for mask in (None, random_tree(rng, n)):
             want = tree_meta(None if mask is None else torch.from_numpy(mask), n, 4, torch.device("cpu")).win
             assert np.array_equal(windows(mask, n, 4), want.numpy()), (n, mask)
 

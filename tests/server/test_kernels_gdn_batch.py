@@ -201,17 +201,22 @@ while eng.batch.busy:
     for r, ev in eng.batch.step():
         got[r.rid] += ev.token_ids
     sizes.append(eng.batch.last.batch)
+g = eng.batch.runner.graphs
 print(json.dumps({"alone": alone, "batched": [got[str(i)] for i in range(4)], "max_batch": max(sizes),
+                  "pending_rounds": g.pending_rounds if g is not None else 0,
                   "kernels": gdn_fast.kernels_on(torch.device("cpu"))}))
 """
 
 
 @pytest.mark.slow
-def test_hybrid_engine_batched_on_the_kernel_path_equals_alone():
+@pytest.mark.parametrize("padded", [False, True])
+def test_hybrid_engine_batched_on_the_kernel_path_equals_alone(padded):
     """The batch engine on a tiny hybrid with the Triton kernels on (interpreter): rounds of plain
     rows, chains and trees together (the batched GDN kernels, self-checked) give each request the
-    tokens of its solo rounds (the one-request kernels), and the kernels stay on."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "DDTREE_KERNELS": "1",
+    tokens of its solo rounds (the one-request kernels), and the kernels stay on. ``padded``: the
+    padded layout of the CUDA graphs (DDTREE_BATCH_GRAPHS=1, eager here): every block of a round
+    with drafts pending, padding chains sharing the scratch slot."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "DDTREE_KERNELS": "1", "DDTREE_BATCH_GRAPHS": "1" if padded else "0",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "server"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, "-c", _ENGINE_CHILD], env=env, cwd=ROOT, capture_output=True, text=True,
                          timeout=1200)
@@ -219,6 +224,7 @@ def test_hybrid_engine_batched_on_the_kernel_path_equals_alone():
     doc = json.loads(run.stdout.strip().splitlines()[-1])
     assert doc["kernels"] and doc["max_batch"] == 4 and all(len(a) == 6 for a in doc["alone"])
     assert doc["batched"] == doc["alone"]
+    assert (doc["pending_rounds"] > 0) == padded, doc
 
 
 def _compile(fn, types: dict, consts: dict, **options):

@@ -8,7 +8,8 @@ default budget); random drafter weights, so drafts are rarely accepted: the roun
 counts. Reported per b: step / round ms, aggregate plain tokens/s (b / step), and the projected
 DFlash tokens/s at each given tau (b * tau / round), with the ratio to batch 1. Batch 1 runs the
 per-request path (CUDA graphs + Triton kernels on the GPU); larger batches the batched forward
-(engine/batch/forward.py; graph-replayed for dense rounds and hybrid plain rounds).
+(engine/batch/forward.py), graph-replayed (engine/batch/graphs.py) for dense rounds and for hybrid
+plain, DFlash and DDTree rounds up to 2,560 rows (``DDTREE_BATCH_GRAPHS=0``: eager, to compare).
 """
 
 from __future__ import annotations

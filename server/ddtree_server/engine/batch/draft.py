@@ -40,6 +40,17 @@ def fold_context(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: lis
     return [ctx[-1:].clone() for ctx in ctxs]
 
 
+def fold_skipped(drafter, dcaches, reqs: list) -> None:
+    """Requests that skipped the drafter (plain rounds) keep their new context rows ``req.ctx`` for
+    its next proposal; from a block on they go into their slots of ``dcaches`` (``fold_context``)."""
+    due = [r for r in reqs if r.mode != "ar" and r.ctx is not None and r.ctx.shape[0] >= drafter.config.block_size]
+    if due:
+        kept = fold_context(drafter, dcaches.pool("k"), dcaches.pool("v"), [dcaches[r.slot] for r in due],
+                            [r.slot for r in due], [r.ctx for r in due])
+        for r, ctx in zip(due, kept):
+            r.ctx = ctx
+
+
 def append_rows(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: list[int], ctxs: list[Tensor]) -> None:
     """Each request's context rows ``ctxs[r]`` at the positions after its draft cache's length
     in slot ``slots[r]`` (one batched ``append_context``); the lengths advance past them."""

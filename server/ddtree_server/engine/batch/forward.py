@@ -14,7 +14,8 @@ trees pending until the cache's ``keep``), the ``node`` method per request on it
 Attention takes the split-K Triton kernel with a request axis where the kernel path is on (CUDA;
 ``kernels/attention_batch.py``: each slot read in place up to its live length, a request's rows
 bitwise those it gets alone), else a padded SDPA over the gathered slots (every device). CUDA
-graphs serve batch 1 only, through the per-request forward (``runner.py``).
+graphs of batched rounds replay these forwards in a padded layout (``graphs.py``; the hybrid ones
+from the layout alone: ``hybrid_rounds.py``).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ class Layout:
         self.starts, self.qo = per_dev[1, :-1].to(torch.int32), per_dev[3].to(torch.int32)
         self.slot_of_row = self.slots[self.req]
         self.tree = tree or any(b.mask is not None for b in blocks)
-        self.inner = torch.from_numpy(self.inner_host).to(device) if self.tree else None
+        self.inner_np = self.inner_host if self.tree else None   # host copy (hybrid_rounds.layout_windows)
+        self.inner = torch.from_numpy(self.inner_np).to(device) if self.tree else None
 
     @property
     def inner_host(self) -> np.ndarray:
@@ -213,25 +215,14 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
                                       [b.mask for b in lay.blocks], kernel, x.device)
         if groups.chunks is not None:   # the pending blocks' conv windows, for the commit (HybridCache.keep)
             gdn["win"][groups.chunks.slot_of_row, groups.chunks.local] = groups.chunks.win
-    logits, feats = _hybrid_layers(model, lay, x, kpool, vpool, mask, lambda mixer, proj, li: _gdn_rows(
+    logits, feats = hybrid_layers(model, lay, x, kpool, vpool, mask, lambda mixer, proj, li: _gdn_rows(
         mixer, proj, lay, caches, ctxs, li, gdn, groups))
     for blk, n, cache, ctx in zip(lay.blocks, lay.sizes, caches, ctxs):
         cache.begin(blk.s, n, blk.mask is not None, ctx.mode == "commit")
     return logits, feats
 
 
-def hybrid_plain_forward(model, kpool: Tensor, vpool: Tensor, lay, gdn: dict) -> tuple[Tensor, Tensor | None]:
-    """HybridTarget over blocks of ONE row each (plain decoding), committed at once, from the
-    layout's device tensors only (``lay``: a ``Layout``, or the static buffers of a CUDA graph,
-    ``graphs.py``); the caller settles the slots' caches before and records the rows after
-    (``HybridCache.settle`` / ``begin``). The GDN layers: ``gdn_batch.step`` on ``lay.slots``."""
-    x = model.embed_tokens(lay.ids)
-    mask = None if kernels_usable(model.config.head_dim, kpool) else lay.additive(model.rep, x.dtype)
-    return _hybrid_layers(model, lay, x, kpool, vpool, mask,
-                          lambda mixer, proj, li: gdn_batch.step(mixer, proj, gdn, li, lay.slots))
-
-
-def _hybrid_layers(model, lay, x: Tensor, kpool: Tensor, vpool: Tensor, mask, gdn_rows
+def hybrid_layers(model, lay, x: Tensor, kpool: Tensor, vpool: Tensor, mask, gdn_rows
                    ) -> tuple[Tensor, Tensor | None]:
     """The layer stack from the embeddings ``x``; ``gdn_rows(mixer, proj, li)``: a GDN layer's core output."""
     cos, sin = model.rope(lay.pos, x.dtype)

@@ -17,10 +17,13 @@ A request's rows are computed as unpadded: its attention sees only its own slot 
 projections are row-wise. Graphs exist on the Triton-kernel path only (CUDA); ``capture=False`` runs
 the same padded layout eagerly (the CPU tests of the padding).
 
-Hybrid (Qwen3.5 / 3.6) targets take graphs for rounds of one row per request (plain decoding):
-the GDN layers run on the pooled slot states with a request axis (``models/hybrid/gdn_batch.py``),
-the padding rows on the scratch slot's state (written, never read by a request); rounds with
-chains or trees run eagerly (``forward.hybrid_forward``).
+Hybrid (Qwen3.5 / 3.6) targets (``hybrid_rounds.py``): a round of one row per request (plain
+decoding) runs the GDN step with a request axis on the pooled slot states, committed at once; a
+round with chains or trees (``chunk`` method, blocks up to the verify scratch) keeps every block
+pending (one-row blocks too) and runs the batched tree-masked chunk rule over the padded blocks
+(tree masks and conv windows from static buffers), committed after the walk by
+``hybrid_rounds.commit_pending``. Padding rows write the scratch slot's state, conv rows and
+verify scratch, which no request reads.
 """
 
 from __future__ import annotations
@@ -28,11 +31,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ddtree_server.engine.batch.forward import Block, Layout, dense_forward, hybrid_plain_forward
+from ddtree_server.engine.batch.forward import Block, Layout, dense_forward
+from ddtree_server.engine.batch.hybrid_rounds import layout_windows, pending_forward, plain_forward
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 17, 24, 33, 48, 65, 80)
-TOTAL_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024)
+# past 1,024 rows every 256 (a round there is compute-bound: padding rows cost their GEMM time);
+# 2,560: 32 trees of 80 nodes (DDTree budget 64 at batch 32 is 2,080 rows)
+TOTAL_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, 1280,
+                 1536, 1792, 2048, 2304, 2560)
 MAX_ROWS = TOTAL_BUCKETS[-1]   # rows of one graph (its logits are [N_pad, vocab])
 
 
@@ -72,10 +79,12 @@ class _Static:
     kernel path of ``dense_forward`` reads."""
 
     FIELDS = ("ids", "pos", "dest", "slot_of_row", "starts", "qo", "slots")
+    PENDING = ("req", "row", "win")   # a hybrid round of pending blocks (hybrid_rounds.pending_forward)
 
     def __init__(self, lay: Layout):
         self.b, self.rmax, self.tree = lay.b, lay.rmax, lay.tree
-        for name in self.FIELDS:
+        self.fields = self.FIELDS + (self.PENDING if getattr(lay, "win", None) is not None else ())
+        for name in self.fields:
             setattr(self, name, getattr(lay, name).clone())
         self.inner = lay.inner.clone() if lay.tree else None
         self.graph = None
@@ -83,7 +92,7 @@ class _Static:
         self.feats: Tensor | None = None
 
     def load(self, lay: Layout) -> None:
-        for name in self.FIELDS:
+        for name in self.fields:
             getattr(self, name).copy_(getattr(lay, name), non_blocking=True)
         if self.inner is not None:
             self.inner.copy_(lay.inner, non_blocking=True)
@@ -94,39 +103,48 @@ class BatchGraphs:
     last slot is the scratch slot (see the module docstring)."""
 
     def __init__(self, model, kpool: Tensor, vpool: Tensor, *, capture: bool = True, gdn: dict | None = None):
-        """``gdn``: the pooled GDN tensors of a hybrid target (``forward.hybrid_plain_forward``):
-        then only rounds of one row per request (plain decoding) take the padded layout."""
+        """``gdn``: the pooled GDN tensors of a hybrid target (``hybrid_rounds.py``): then rounds of
+        one row per request, and of pending blocks up to the verify scratch (``chunk`` method)."""
         self.model, self.kpool, self.vpool, self.capture, self.gdn = model, kpool, vpool, capture, gdn
+        self.cap = gdn["kk"].shape[2] if gdn is not None and "kk" in gdn else 0   # 0: no pending graphs
         self.scratch = kpool.shape[0] - 1
         self._static: dict[tuple, _Static] = {}
         self._pool = None
         self.rounds = 0    # forwards through the padded layout (replayed or, without capture, eager)
+        self.pending_rounds = 0   # of them, hybrid rounds of pending blocks (chains / trees)
 
     def shape(self, blocks: list[Block]) -> tuple[int, int, int, bool] | None:
         """(B, N_pad, r, tree) of the padded layout, or None when the round runs eagerly."""
         sizes = [len(b.ids) for b in blocks]
         got = padded_shape(sizes)
-        if got is None or (self.gdn is not None and max(sizes) > 1):
-            return None
-        return (*got, any(b.mask is not None for b in blocks))
+        if got is None or self.gdn is None:
+            return None if got is None else (*got, any(b.mask is not None for b in blocks))
+        if max(sizes) == 1:
+            return (*got, False)
+        return (*got, True) if got[2] <= self.cap else None   # a hybrid's tree flag: pending blocks
 
     def forward(self, blocks: list[Block], shape: tuple[int, int, int, bool], caches: list | None = None
                 ) -> tuple[Tensor, Tensor | None, list[int]]:
         """Logits ``[N_pad, vocab]`` and features of the padded layout (views of static buffers,
         valid until the next forward), and each block's first row in them. ``caches``: the blocks'
-        slot caches of a hybrid target (settled before, their plain rows recorded as committed after)."""
+        slot caches of a hybrid target (settled before; after, plain rows recorded as committed, the
+        blocks of a pending round as pending: ``hybrid_rounds.commit_pending``)."""
         for c in caches if self.gdn is not None else ():
             c.settle()
         out = self._forward(blocks, shape)
         for c, blk in zip(caches, blocks) if self.gdn is not None else ():
-            c.begin(blk.s, 1, False, True)
+            c.begin(blk.s, len(blk.ids), blk.mask is not None, not shape[3])
         return out
 
     def _forward(self, blocks: list[Block], shape: tuple[int, int, int, bool]) -> tuple[Tensor, Tensor | None, list[int]]:
         b_pad, n_pad, r, tree = shape
-        lay = Layout(pad_blocks(blocks, b_pad, n_pad, self.scratch), self.kpool.device, rmax=r, tree=tree)
+        padded = pad_blocks(blocks, b_pad, n_pad, self.scratch)
+        lay = Layout(padded, self.kpool.device, rmax=r, tree=tree)
+        if self.gdn is not None and tree:
+            lay.win = layout_windows(lay, self.model.config.linear_conv_kernel_dim)
         starts = lay.offsets[: len(blocks)]
         self.rounds += 1
+        self.pending_rounds += self.gdn is not None and tree
         if not self.capture:
             logits, feats = self._run(lay)
             return logits, feats, starts
@@ -141,7 +159,8 @@ class BatchGraphs:
 
     def _run(self, lay) -> tuple[Tensor, Tensor | None]:
         if self.gdn is not None:
-            return hybrid_plain_forward(self.model, self.kpool, self.vpool, lay, self.gdn)
+            run = pending_forward if lay.tree else plain_forward
+            return run(self.model, self.kpool, self.vpool, lay, self.gdn)
         return dense_forward(self.model, self.kpool, self.vpool, lay)
 
     def _capture(self, lay: Layout) -> _Static:

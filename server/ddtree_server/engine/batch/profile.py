@@ -56,7 +56,7 @@ def measure(runner, rows=None) -> Profile:
         caches = [runner.caches[i] for i in range(len(sizes))]
         shape = runner.graphs.shape(blocks) if runner.graphs is not None else None
         if shape is not None:   # the rounds' own path: the graph of this padded layout
-            runner.graphs.forward(blocks, shape)
+            runner.graphs.forward(blocks, shape, caches)
         elif runner.kind == "dense":
             dense_forward(runner.model, k, v, Layout(blocks, dev))
         else:

@@ -4,7 +4,8 @@ A decode round over requests R: drafts for the speculative ones (one batched dra
 their trees (``trees.py``; DDTree: every request's at once on the device with one copy back;
 governed requests: the policy's plan), ONE target
 forward over every request's rows (``forward.py``), each request's choice over its rows
-(``Request.choose``), the acceptance walk and the commit (KV compaction / GDN fold per slot).
+(``Request.choose``), the acceptance walk and the commit (KV compaction / GDN fold; for all
+slots at once: dense greedy rounds ``commit.py``, hybrid rounds ``hybrid_rounds.commit_pending``).
 A round of one request in slot 0 (and every round of a target without a batched forward) runs
 the per-request forward on the slot's cache, which on CUDA is the Triton-kernel + CUDA-graph path
 (its graphs are bound to slot 0's storage; a lone request in another slot runs batched).
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from ddtree_server.engine import decode
 from ddtree_server.engine.batch.commit import commit_greedy
-from ddtree_server.engine.batch.draft import fold_context, propose_batch
+from ddtree_server.engine.batch.draft import fold_skipped, propose_batch
 from ddtree_server.engine.batch.forward import (
     Block,
     Layout,
@@ -28,6 +29,7 @@ from ddtree_server.engine.batch.forward import (
 )
 from ddtree_server.engine.batch.draft_graphs import DraftGraphs
 from ddtree_server.engine.batch.graphs import BatchGraphs
+from ddtree_server.engine.batch.hybrid_rounds import commit_pending
 from ddtree_server.engine.batch.policy import SpecPolicy
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk
@@ -41,11 +43,12 @@ from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
 from ddtree_server.speculative.tree import DraftTree, root_only
 from ddtree_server.speculative.walk import accepted_tokens, walk
+from ddtree_server.speculative.walk_gpu import walk_all
 
 
 # "0": batched rounds never take graphs; "1": always the padded layout (graph-replayed on CUDA, run
 # eagerly elsewhere: the CPU tests of the padding); unset: on for targets on the kernel path
-# (hybrids: rounds of plain rows only, graphs.py)
+# (hybrids: plain rounds, and rounds of chains / trees with the chunk method: graphs.py)
 GRAPHS_ENV = "DDTREE_BATCH_GRAPHS"
 
 
@@ -135,13 +138,11 @@ class StepRunner:
         """One round for every request: its accepted tokens (path + bonus), None when its cache is
         full. ``speculate`` False: nobody drafts (a plain round, the speculation gate's choice)."""
         live = [r for r in reqs if self._room(r) >= 0]
-        # the per-request path (CUDA graphs bound to slot 0's storage) serves a lone request in
-        # slot 0; a lone request in another slot takes the batched path (no graph re-capture)
         if not live:
             return [None] * len(reqs)
         self.last = RoundInfo()
         drafting = [r for r in live if self._drafting(r)] if speculate else []   # before any forward
-        if not self.batched or (len(live) == 1 and live[0].slot == 0):
+        if not self.batched or (len(live) == 1 and live[0].slot == 0):   # slot 0's graphs (module docstring)
             got = {id(r): self._solo(r, drafting) for r in live}
         else:
             got = dict(zip(map(id, live), self._batched(live, drafting)))
@@ -153,16 +154,9 @@ class StepRunner:
         return [got.get(id(r)) for r in reqs]
 
     def _fold(self, reqs: list[Request]) -> None:
-        """Requests that skipped the drafter (plain rounds) keep their new context rows for its next
-        proposal; from a block on they go into its cache (``draft.fold_context``)."""
-        if self.dcaches is None or not self.dcaches.pooled:
-            return
-        due = [r for r in reqs if r.mode != "ar" and r.ctx is not None and r.ctx.shape[0] >= self.block_size]
-        if due:
-            kept = fold_context(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
-                                [self.dcaches[r.slot] for r in due], [r.slot for r in due], [r.ctx for r in due])
-            for r, ctx in zip(due, kept):
-                r.ctx = ctx
+        """Requests that skipped the drafter keep their context rows (``draft.fold_skipped``)."""
+        if self.dcaches is not None and self.dcaches.pooled:
+            fold_skipped(self.raw_drafter, self.dcaches, reqs)
 
     def _governed(self, req: Request) -> bool:
         return self.policy is not None and req.governed
@@ -205,7 +199,7 @@ class StepRunner:
         tree = self._trees([req], [req] if draft is not None else [], draft, device=False)[0]
         ids, pos, mask = decode.tree_inputs(tree, s, self.device, self._inputs_buf)
         logits, feats = self.target.forward(cache, ids, pos, tree_mask=mask)
-        return self._commit(req, tree, logits, feats, None, self._rows_buf)
+        return self._commit(req, tree, self._walk(req, tree, logits, None), feats, self._rows_buf)
 
     def _batched(self, reqs: list[Request], spec: list[Request]) -> list[list[int]]:
         logits = chains = None
@@ -243,23 +237,25 @@ class StepRunner:
         if plain and self.kind == "dense" and any(t.size > 1 for t in trees):   # one device walk + commit for all
             done = commit_greedy(k, v, caches, feats, reqs, trees, list(starts), logits.argmax(dim=-1), self._bufs)
             return [self._settle(r, t, *got) for r, t, got in zip(reqs, trees, done)]
-        choices = logits.argmax(dim=-1).tolist() if plain else None
-        out = []
-        for r, t, a in zip(reqs, trees, starts):
-            b = a + t.size
-            out.append(self._commit(r, t, logits[a:b], None if feats is None else feats[a:b],
-                                    None if choices is None else choices[a:b]))
-        return out
+        if plain and any(t.size > 1 for t in trees):   # a hybrid round: every tree walked on the device at once
+            walks = walk_all(logits.argmax(dim=-1), trees, list(starts), self._bufs[0])
+        else:
+            choices = logits.argmax(dim=-1).tolist() if plain else None
+            walks = [self._walk(r, t, logits[a:a + t.size], None if choices is None else choices[a:a + t.size])
+                     for r, t, a in zip(reqs, trees, starts)]
+        if self.kind == "hybrid" and self.model.method == "chunk" and max(t.size for t in trees) <= caches[0].cap:
+            ctxs = commit_pending(k, v, self._gdn(), caches, feats, [r.slot for r in reqs], [r.s for r in reqs],
+                                  list(starts), [p for p, _ in walks], self._bufs[1])   # every slot's keep at once
+            return [self._settle(r, t, p, b, ctx) for r, t, (p, b), ctx in zip(reqs, trees, walks, ctxs)]
+        return [self._commit(r, t, w, None if feats is None else feats[a:a + t.size])
+                for r, t, w, a in zip(reqs, trees, walks, starts)]
 
-    def _commit(self, req: Request, tree: DraftTree, logits: Tensor, feats: Tensor | None,
-                choices: list[int] | None, staging=None) -> list[int]:
+    def _commit(self, req: Request, tree: DraftTree, walked: tuple[list[int], int], feats: Tensor | None,
+                staging=None) -> list[int]:
         """Choice, acceptance walk, KV / GDN commit to the path; the request's new s, bonus, ctx.
         ``staging``: a pinned buffer for the path rows (batch 1 only: the round's choice syncs
         before the buffer is reused; several commits of one batched round would race on it)."""
-        s = req.s
-        if choices is None:
-            choices = req.choose(logits, tree.parents, tree.tokens, [s + d + 1 for d in tree.depths])
-        path, bonus = walk(tree, choices)
+        s, (path, bonus) = req.s, walked
         k = len(path)
         cache = self.caches[req.slot]
         if tree.size == 1:  # one row: the forward appended it (committed at once on hybrids)
@@ -272,6 +268,12 @@ class StepRunner:
             cache.keep(s, path, rows)
             ctx = None if feats is None else feats.index_select(0, rows)
         return self._settle(req, tree, path, bonus, ctx, copy=True)
+
+    def _walk(self, req: Request, tree: DraftTree, logits: Tensor, choices: list[int] | None) -> tuple[list[int], int]:
+        """The request's choice over its rows (unless ``choices`` are given) and acceptance walk."""
+        if choices is None:
+            choices = req.choose(logits, tree.parents, tree.tokens, [req.s + d + 1 for d in tree.depths])
+        return walk(tree, choices)
 
     def _settle(self, req: Request, tree: DraftTree, path: list[int], bonus: int, ctx: Tensor | None,
                 copy: bool = False) -> list[int]:

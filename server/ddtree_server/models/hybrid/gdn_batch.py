@@ -13,7 +13,8 @@ layer with a request axis instead of a loop over the requests:
   written to the slot's conv buffer rows K-1+i, each row's conv window (``tree.py``) gathered from
   its slot, then the tree-masked chunked rule over the blocks padded to the longest
   (``delta.tree_chunks``: a padding row has zero inputs and no ancestors); k, u, G go to the slot's
-  scratch for the commit (``HybridCache.keep`` folds the accepted path per slot, as alone);
+  scratch for the commit (``HybridCache.keep`` per slot, or ``engine/batch/hybrid_rounds.py:
+  commit_pending`` for all slots, folds the accepted path as alone);
 * the rest (the ``node`` method) keep the per-request mixer (``GatedDeltaNet.mix``).
 
 A request's rows are computed from its own slot and block only, so they equal its rows alone up
@@ -115,27 +116,35 @@ def step(mixer, proj: Tensor, gdn: dict, li: int, slots: Tensor) -> Tensor:
 
 def _check_step(mixer, proj: Tensor, conv: Tensor, state: Tensor, slots: Tensor, key: tuple) -> bool:
     """Self-check of the step kernels on one request (its rows do not depend on the others, and
-    the padding rows of a captured round share the scratch slot); restores its slot. False (and
-    the GDN kernels off) on a mismatch or an exception."""
-    k1 = mixer.kernel - 1
-    views = (conv[:, :k1], state)
-    before = [t[slots].clone() for t in views]
-    want = step_torch(mixer, proj, conv, state, slots)
-    ref = [t[slots].clone() for t in views]
-    for t, b in zip(views, before):
+    the padding rows of a captured round share the scratch slot)."""
+    views = (conv[:, :mixer.kernel - 1], state)
+    return _self_check(lambda: step_torch(mixer, proj, conv, state, slots),
+                       lambda: step_fused(mixer, proj, conv, state, slots), views, slots,
+                       lambda ref: [gdn_fast.rel_err(t[slots], r) for t, r in zip(views, ref)], key, "step", proj.dtype)
+
+
+def _self_check(torch_run, fused_run, touched: list, slots: Tensor, compare, key: tuple, what: str, dtype) -> bool:
+    """Run the torch reference and the kernels from the same ``touched`` tensors of ``slots``
+    (restored after each), compare the outputs and ``compare(ref)`` (the touched slots after the
+    reference); True (and ``key`` checked) within the tolerance of ``dtype`` (the projections'),
+    else False and the GDN kernels off."""
+    before = [t[slots].clone() for t in touched]
+    want = torch_run()
+    ref = [t[slots].clone() for t in touched]
+    for t, b in zip(touched, before):
         t[slots] = b
     try:
-        got = step_fused(mixer, proj, conv, state, slots)
-        errs = [gdn_fast.rel_err(got, want)] + [gdn_fast.rel_err(t[slots], r) for t, r in zip(views, ref)]
+        got = fused_run()
+        errs = [gdn_fast.rel_err(got, want)] + compare(ref)
     except Exception as exc:  # noqa: BLE001 - a kernel that does not compile or run here: torch path
         errs = [f"{type(exc).__name__}: {exc}"]
-    for t, b in zip(views, before):
+    for t, b in zip(touched, before):
         t[slots] = b
-    tol = gdn_fast.TOLERANCE.get(proj.dtype, 2e-2)
+    tol = gdn_fast.TOLERANCE.get(dtype, 2e-2)
     if all(isinstance(e, float) and e <= tol for e in errs):
         _checked.add(key)
         return True
-    gdn_fast.disable(f"GDN kernels disabled: batched step self-check relative errors {errs} > {tol}")
+    gdn_fast.disable(f"GDN kernels disabled: batched {what} self-check relative errors {errs} > {tol}")
     return False
 
 
@@ -152,30 +161,26 @@ def chunk_fused(mixer, proj: Tensor, conv: Tensor, state: Tensor, kk: Tensor, uu
 def chunk(mixer, proj: Tensor, gdn: dict, li: int, ch: Chunks) -> Tensor:
     """Pending blocks on GDN layer ``li`` of the pools ``gdn`` (state, conv, kk, uu, GG): the
     kernels where the GDN kernels are on (the first group of each longest-block size self-checked
-    against ``chunk_torch``; a mismatch turns the GDN kernels off), else ``chunk_torch``."""
+    on its first block against ``chunk_torch``, outside CUDA-graph capture; a mismatch turns the
+    GDN kernels off), else ``chunk_torch``."""
     views = [gdn[n][:, li] for n in ("conv", "state", "kk", "uu", "GG")]
     if not gdn_fast.kernels_on(proj.device):
         return chunk_torch(mixer, proj, *views, ch)
     key = ("batch-chunk", ch.r, proj.dtype, str(proj.device), mixer.hk, mixer.hv, mixer.dk, mixer.dv, mixer.kernel)
-    if key in _checked:
-        return chunk_fused(mixer, proj, *views, ch)
-    touched = [views[0]] + views[2:]   # conv rows and the scratch of the group's slots
-    before = [t[ch.slots].clone() for t in touched]
-    want = chunk_torch(mixer, proj, *views, ch)
-    ref = [t[ch.slots].clone() for t in touched]
-    for t, b in zip(touched, before):
-        t[ch.slots] = b
-    try:
-        got = chunk_fused(mixer, proj, *views, ch)
-        errs = [gdn_fast.rel_err(got, want)] + [gdn_fast.rel_err(t[ch.slot_of_row, ch.local], r[ch.req, ch.local])
-                                                for t, r in zip(touched[1:], ref[1:])]
-    except Exception as exc:  # noqa: BLE001 - a kernel that does not compile or run here: torch path
-        got, errs = None, [f"{type(exc).__name__}: {exc}"]
-    tol = gdn_fast.TOLERANCE.get(proj.dtype, 2e-2)
-    if got is not None and all(isinstance(e, float) and e <= tol for e in errs):
-        _checked.add(key)
-        return got
-    gdn_fast.disable(f"GDN kernels disabled: batched chunk self-check relative errors {errs} > {tol}")
-    for t, r in zip(touched, ref):
-        t[ch.slots] = r
-    return want
+    if key not in _checked and (gdn_fast.capturing(proj.device) or not _check_chunk(mixer, proj, views, ch, key)):
+        return chunk_torch(mixer, proj, *views, ch)
+    return chunk_fused(mixer, proj, *views, ch)
+
+
+def _check_chunk(mixer, proj: Tensor, views: list, ch: Chunks, key: tuple) -> bool:
+    """Self-check of the chunk kernels on the group's first block alone (its rows depend on its own
+    slot only, and the padding blocks of a padded round share the scratch slot's scratch, so only
+    a lone block compares)."""
+    n = int(ch.qo[1])
+    one = Chunks(ch.rows, ch.req[:n], ch.local[:n], ch.slot_of_row[:n], ch.slots[:1], ch.qo[:2], ch.win[:n],
+                 ch.anc[:1], ch.r)
+    touched = [views[0]] + views[2:]   # conv rows and the scratch of the block's slot
+    return _self_check(lambda: chunk_torch(mixer, proj[:n], *views, one),
+                       lambda: chunk_fused(mixer, proj[:n], *views, one), touched, one.slots,
+                       lambda ref: [gdn_fast.rel_err(t[one.slot_of_row, one.local], r[0, one.local])
+                                    for t, r in zip(touched[1:], ref[1:])], key, "chunk", proj.dtype)

@@ -19,18 +19,22 @@ def windows(mask: np.ndarray | None, n: int, kernel: int) -> np.ndarray:
     """``tree_meta(...).win`` on the host: long ``[n, K]``, node i's K conv-window rows in the
     layer's conv buffer (rows 0..K-2 the committed conv state, K-1+j node j), following the node's
     ancestors (``mask`` bool ``[n, n]`` ancestor-or-self; None: a chain)."""
+    return block_windows((np.tri(n, dtype=bool) if mask is None else mask)[None], kernel)[0]
+
+
+def block_windows(anc: np.ndarray, kernel: int) -> np.ndarray:
+    """``windows`` of B blocks at once from their ancestor-or-self masks ``anc`` bool ``[B, r, r]``
+    (a block of n < r rows in the corner; its rows past n get the committed rows): ``[B, r, K]``."""
+    b, r, _ = anc.shape
     k1 = kernel - 1
-    idx = np.arange(n)
-    if mask is None:
-        parent = idx - 1
-    else:
-        strict = np.tril(mask, -1)
-        parent = np.where(strict.any(axis=1), n - 1 - np.argmax(strict[:, ::-1], axis=1), -1)
-    up = np.concatenate((np.maximum(np.arange(k1) - 1, 0), np.where(parent >= 0, parent + k1, k1 - 1)))
-    cols = [idx + k1]
+    strict = np.tril(anc, -1)
+    parent = np.where(strict.any(axis=2), r - 1 - np.argmax(strict[:, :, ::-1], axis=2), -1)   # [B, r]
+    up = np.concatenate((np.broadcast_to(np.maximum(np.arange(k1) - 1, 0), (b, k1)),
+                         np.where(parent >= 0, parent + k1, k1 - 1)), axis=1)                  # [B, K-1+r]
+    cols = [np.broadcast_to(np.arange(r) + k1, (b, r))]
     for _ in range(k1):
-        cols.append(up[cols[-1]])
-    return np.stack(cols[::-1], axis=1)
+        cols.append(np.take_along_axis(up, cols[-1], axis=1))
+    return np.stack(cols[::-1], axis=2)
 
 
 @dataclass
@@ -79,14 +83,14 @@ def _chunks(blocks: list[int], offsets: list[int], slots: list[int], masks: list
     rows = np.asarray([offsets[i] for i in blocks])[req] + local
     slot = np.asarray([slots[i] for i in blocks])
     qo = np.cumsum([0] + sizes)
-    win = np.concatenate([windows(masks[i], n, kernel) for i, n in zip(blocks, sizes)])
-    host = np.concatenate((rows, req, local, slot[req], slot, qo, win.reshape(-1)))
-    dev = torch.from_numpy(host).to(device)
-    m = len(rows)
-    rows_d, req_d, local_d, slot_d = dev[: 4 * m].view(4, m)
     anc = np.zeros((b, r, r), dtype=bool)
     tri = np.tri(r, dtype=bool)
     for j, (i, n) in enumerate(zip(blocks, sizes)):
         anc[j, :n, :n] = masks[i] if masks[i] is not None else tri[:n, :n]
+    win = block_windows(anc, kernel)[req, local]
+    host = np.concatenate((rows, req, local, slot[req], slot, qo, win.reshape(-1)))
+    dev = torch.from_numpy(host).to(device)
+    m = len(rows)
+    rows_d, req_d, local_d, slot_d = dev[: 4 * m].view(4, m)
     return Chunks(rows_d, req_d, local_d, slot_d, dev[4 * m: 4 * m + b], dev[4 * m + b: 4 * m + 2 * b + 1],
                   dev[4 * m + 2 * b + 1:].view(m, kernel), torch.from_numpy(anc).to(device), r)
