@@ -1,0 +1,133 @@
+"""engine/batch/solo_round.py: the batch-1 DDTree round on the device equals the host round.
+
+Two engines over the same weights step in lockstep, one with the device round (top-K, device tree,
+verify inputs into the graphed target's static buffers, walk, fixed-shape commit; eager on the
+CPU), one with today's host round (heap tree, host walk, ``KVCache.keep``). After every step the
+emitted tokens, the cache length, slot 0's live K/V rows and the drafter's next context rows are
+bitwise equal (fp32, CPU; draft logits without exact ties), and the tokens equal ``ar``'s.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree_server.engine.engine import Engine
+from ddtree_server.engine.sampling import SamplingParams
+from ddtree_server.models.dense.graphs import GraphedTarget
+from tests.server.tiny import VOCAB, ByteTokenizer, OracleDrafter
+
+pytest_plugins = ["tests.server.tiny_fixtures"]
+ROUNDS = 20
+
+
+class NoisyOracle(OracleDrafter):
+    """The oracle's logits plus seeded noise (no exact ties, so the device tree is the heap's)."""
+
+    def propose(self, cache, ctx, bonus_token, start_pos):
+        g = torch.Generator().manual_seed(start_pos)
+        logits = super().propose(cache, ctx, bonus_token, start_pos)
+        return logits + torch.randn(logits.shape, generator=g)
+
+
+def _engine(model, tok, drafter, max_len, device_round=True, **kw):
+    graphed = GraphedTarget(model, capture=False)
+    eng = Engine(graphed, tok, drafter, max_model_len=max_len, max_running=1, **kw)
+    runner = eng.batch.runner
+    assert runner.solo is not None
+    if not device_round:
+        runner.solo = None
+    else:
+        calls = runner.device_rounds = []
+        run = runner.solo.run
+        runner.solo.run = lambda *a: calls.append(a[-1]) or run(*a)
+    return eng
+
+
+def _lockstep(dev, host, prompt, budget, rounds=ROUNDS, kv=True):
+    """Step both engines until ``rounds`` decode rounds; compare after every step. Returns the tokens."""
+    params = SamplingParams(max_tokens=10_000, ignore_eos=True)
+    reqs = [e.make_request(prompt, params, mode="ddtree", tree_budget=budget) for e in (dev, host)]
+    for e, r in zip((dev, host), reqs):
+        e.batch.add(r)
+    got: list[list[int]] = [[], []]
+    while reqs[0].rounds < rounds and not reqs[0].finished:
+        for i, e in enumerate((dev, host)):
+            got[i] += [t for _, ev in e.batch.step() for t in ev.token_ids]
+        a, b = reqs
+        assert got[0] == got[1] and a.s == b.s and a.bonus == b.bonus, (budget, a.rounds)
+        ca, cb = dev.batch.runner.caches[0], host.batch.runner.caches[0]
+        assert ca.length == cb.length
+        if kv:
+            assert torch.equal(ca.k[:, :, :ca.length], cb.k[:, :, :cb.length])
+            assert torch.equal(ca.v[:, :, :ca.length], cb.v[:, :, :cb.length])
+            assert (a.ctx is None) == (b.ctx is None) and (a.ctx is None or torch.equal(a.ctx, b.ctx))
+        assert a.kinds == b.kinds and a.nodes == b.nodes
+    for e, r in zip((dev, host), reqs):
+        e.batch.abort(r)
+    return got[0]
+
+
+def _ar(model, tok, prompt, n, max_len):
+    eng = Engine(GraphedTarget(model, capture=False), tok, max_model_len=max_len)
+    return [t for ev in eng.generate(prompt, SamplingParams(max_tokens=n, ignore_eos=True)) for t in ev.token_ids]
+
+
+@pytest.mark.parametrize("budget", [1, 4, 16, 64])
+def test_tiny_device_round_equals_host_round(dense, budget):
+    tok, prompt = ByteTokenizer(), list(b"device rounds")
+    ref = _ar(dense, tok, prompt, 200, 400)
+    make = lambda: NoisyOracle(len(prompt), ref, vocab=VOCAB, hidden=64, layer_ids=[1, 2], block_size=8)  # noqa: E731
+    dev, host = _engine(dense, tok, make(), 400), _engine(dense, tok, make(), 400, device_round=False)
+    got = _lockstep(dev, host, prompt, budget)
+    assert got == ref[:len(got)] and len(dev.batch.runner.device_rounds) >= ROUNDS
+    assert len(got) > 1.5 * ROUNDS or budget == 1   # the oracle's trees are accepted: paths move rows
+    dense.capture_layers = []
+
+
+def test_tiny_near_the_length_limit_and_fallback(dense):
+    """Room below the budget: the device round's live nodes are capped (the padded graph of the
+    budget); a budget past the target's largest bucket keeps the host round. Tokens equal ar."""
+    tok, prompt = ByteTokenizer(), list(b"the end")
+    ref = _ar(dense, tok, prompt, 100, 60)
+    for budget, buckets in ((16, None), (40, (1, 2, 4, 8, 16))):
+        drafter = NoisyOracle(len(prompt), ref, vocab=VOCAB, hidden=64, layer_ids=[1, 2], block_size=8)
+        graphed = GraphedTarget(dense, capture=False, **({"buckets": buckets} if buckets else {}))
+        eng = Engine(graphed, tok, drafter, max_model_len=60)
+        calls, run = [], eng.batch.runner.solo.run
+        eng.batch.runner.solo.run = lambda *a, run=run, calls=calls: calls.append(a[-1]) or run(*a)
+        toks = [t for ev in eng.generate(prompt, SamplingParams(max_tokens=100, ignore_eos=True), mode="ddtree",
+                                         tree_budget=budget) for t in ev.token_ids]
+        assert toks == ref, budget
+        assert calls and (min(calls) < budget if buckets is None else True)
+    dense.capture_layers = []
+
+
+@pytest.fixture(scope="module")
+def shipped(smollm2):
+    from ddtree_server.models import default
+    from ddtree_server.models.drafter.load import load_drafter
+
+    cfg = smollm2.config
+    d = load_drafter(default.default_drafter_dir(), embed_tokens=smollm2.model.embed_tokens,
+                     lm_head=smollm2.model.lm_head, target_hidden_size=cfg.hidden_size,
+                     target_num_layers=cfg.num_hidden_layers, target_vocab_size=cfg.vocab_size,
+                     device="cpu", dtype=smollm2.model.embed_tokens.weight.dtype)
+    yield d
+    smollm2.model.capture_layers = []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [1, 4, 16, 64])
+def test_smollm2_device_round_equals_host_round(smollm2, shipped, budget):
+    kw = {"eos_token_ids": smollm2.eos_token_ids}
+    dev = _engine(smollm2.model, smollm2.tokenizer, shipped, 256, **kw)
+    host = _engine(smollm2.model, smollm2.tokenizer, shipped, 256, device_round=False, **kw)
+    prompt = dev.encode("Write a Python function that returns the n-th Fibonacci number iteratively.")
+    got = _lockstep(dev, host, prompt, budget)
+    assert len(dev.batch.runner.device_rounds) >= ROUNDS
+    if budget == 16:   # end to end: the engine's tokens equal plain decoding's
+        ar = [t for ev in dev.generate(prompt, SamplingParams(max_tokens=len(got), ignore_eos=True), mode="ar")
+              for t in ev.token_ids]
+        assert got == ar
+        assert len(got) > 1.5 * ROUNDS   # the shipped drafter is accepted
