@@ -131,3 +131,92 @@ def test_smollm2_device_round_equals_host_round(smollm2, shipped, budget):
               for t in ev.token_ids]
         assert got == ar
         assert len(got) > 1.5 * ROUNDS   # the shipped drafter is accepted
+
+
+def test_bench_stages_of_the_device_round():
+    """``bench --random-shape`` times the device round and the runner's rounds with / without it
+    when the target is graphed (here the static path run eagerly on the CPU)."""
+    from ddtree_server.bench.random_shape import StageOptions, run_random_shape
+    from ddtree_server.bench.shapes import get_shape
+    from ddtree_server.models.random_init import drafter_from_config, target_from_config
+
+    shape = get_shape("tiny")
+    target = target_from_config(shape.target, device="cpu", dtype="fp32")
+    drafter = drafter_from_config(shape.drafter, target, device="cpu", dtype="fp32", seed=1)
+    eng = Engine(GraphedTarget(target, capture=False), None, drafter, max_model_len=200, eos_token_ids=[],
+                 max_running=1)
+    doc = run_random_shape(shape, StageOptions(context=24, iters=2, warmup=1, budgets=(4,)), device="cpu",
+                           engine=eng, tau={"ddtree": 2.0}, log=lambda s: None)
+    stages = doc["stages"]
+    assert {"device_round_4", "round_ddtree_4_device", "round_ddtree_4_host"} <= set(stages)
+    assert stages["device_round_4"]["rows"] == 5 and stages["device_round_4"]["weight_bytes"] > 0
+    assert "ddtree-4_device" in doc["derived"]["projected_speedup"]
+
+
+class _Boost:
+    """Wraps a drafter's propose: the known greedy continuation ``ref`` raised to the top of two
+    draft rows in three, below a decoy in the second (so random weights accept paths through
+    second-ranked nodes and the commit moves rows)."""
+
+    def __init__(self, propose, prompt_len, ref):
+        self.propose, self.prompt_len, self.ref = propose, prompt_len, ref
+
+    def __call__(self, cache, ctx, bonus_token, start_pos):
+        logits = self.propose(cache, ctx, bonus_token, start_pos).clone()
+        for j in range(logits.shape[0]):
+            idx = start_pos + j + 1 - self.prompt_len
+            if 0 <= idx < len(self.ref) and idx % 3:
+                top = logits[j].max()
+                logits[j, self.ref[idx]] = top + 4.0
+                if idx % 3 == 2:
+                    logits[j, (self.ref[idx] + 1) % logits.shape[1]] = top + 4.5
+        return logits
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("budget", [16, 64])
+def test_cuda_graph_replay_equals_eager_device_round(budget):
+    """SmolLM2-shaped random weights (fp32, the kernel path): the device round replayed from its CUDA
+    graph gives bitwise the tokens, live K/V rows and context rows of the same round run eagerly,
+    over 30 rounds."""
+    from ddtree_server.bench.shapes import get_shape
+    from ddtree_server.engine.batch.solo_round import SoloRound
+    from ddtree_server.models.random_init import drafter_from_config, target_from_config
+
+    shape = get_shape("smollm2-135m")
+    target = target_from_config(shape.target, device="cuda", dtype="fp32")
+    drafter = drafter_from_config(shape.drafter, target, device="cuda", dtype="fp32", seed=1)
+    prompt = torch.randint(0, shape.target["vocab_size"], (100,), generator=torch.Generator().manual_seed(0)).tolist()
+    make = lambda: Engine(target, None, drafter, max_model_len=1024, eos_token_ids=[], max_running=1)  # noqa: E731
+    ar = make()
+    req = ar.make_request(prompt, SamplingParams(max_tokens=400, ignore_eos=True), mode="ar")
+    req.slot = 0
+    ar.batch.runner.prefill(req)
+    ref = [req.bonus]
+    with torch.inference_mode():
+        while len(ref) < 400:
+            ref += ar.batch.runner.round([req])[0]
+    graph, eager = make(), make()
+    assert graph.batch.runner.solo.capture
+    eager.batch.runner.solo = SoloRound(eager.target, capture=False)
+    reqs = []
+    for e in (graph, eager):
+        e.drafter.propose = _Boost(e.drafter.propose, len(prompt), ref)
+        r = e.make_request(prompt, SamplingParams(max_tokens=400, ignore_eos=True), mode="ddtree", tree_budget=budget)
+        r.slot = 0
+        e.batch.runner.prefill(r)
+        reqs.append(r)
+    got = [[reqs[0].bonus], [reqs[1].bonus]]
+    with torch.inference_mode():
+        for _ in range(30):
+            for i, e in enumerate((graph, eager)):
+                got[i] += e.batch.runner.round([reqs[i]])[0]
+            a, b = reqs
+            ca, cb = graph.batch.runner.caches[0], eager.batch.runner.caches[0]
+            assert got[0] == got[1] and a.s == b.s == ca.length == cb.length
+            assert torch.equal(ca.k[:, :, :a.s], cb.k[:, :, :b.s]) and torch.equal(ca.v[:, :, :a.s], cb.v[:, :, :b.s])
+            assert torch.equal(a.ctx, b.ctx)
+    assert got[0] == ref[:len(got[0])]   # greedy: the tokens are plain decoding's
+    assert len(got[0]) > 45   # the boosted drafts are accepted (paths of several rows)
+    target.capture_layers = []
