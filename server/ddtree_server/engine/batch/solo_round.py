@@ -57,9 +57,9 @@ class SoloResult:
 class _Round:
     """Static inputs / outputs of one (width, target bucket) and its graph."""
 
-    def __init__(self, width: int, st, draft: Tensor):
+    def __init__(self, width: int, st, draft: Tensor, capture: bool):
         self.width, self.st = width, st
-        self.draft = torch.zeros_like(draft)   # [L, vocab]
+        self.draft = torch.zeros_like(draft) if capture else None   # [L, vocab] (the graph's input)
         self.scal = torch.zeros(3, dtype=torch.long, device=draft.device)   # root token, s, cap
         self.graph = None
         self.out: Tensor | None = None
@@ -88,7 +88,7 @@ class SoloRound:
         rd = self._rounds.get(key)
         if rd is None or rd.st is not st:
             with torch.inference_mode(False):   # normal tensors: updatable in and out of inference mode
-                rd = _Round(width, st, draft)
+                rd = _Round(width, st, draft, self.capture)
             self._rounds[key] = rd
         return rd
 
@@ -107,7 +107,7 @@ class SoloRound:
         n = rd.st.n
         if self.capture:
             self._host = self._host if self._host is not None else torch.empty(3, dtype=torch.long, pin_memory=True)
-            self._host.copy_(torch.tensor((root, s, cap)))
+            self._host.numpy()[:] = (root, s, cap)   # free again: the last round ended with a wait
             rd.scal.copy_(self._host, non_blocking=True)
             rd.draft.copy_(draft)
             if rd.graph is None:
