@@ -103,6 +103,28 @@ def test_tiny_near_the_length_limit_and_fallback(dense):
     dense.capture_layers = []
 
 
+def test_sampled_processed_and_hybrid_rounds_keep_the_host_round(dense, hybrid):
+    """A sampled request (T > 0) and one with a logits processor (logprobs) never take the device
+    round and give the host round's tokens; a hybrid target has no device round."""
+    from ddtree_server.models.hybrid.graphs import GraphedHybrid
+
+    tok, prompt = ByteTokenizer(), list(b"sampled")
+    ref = _ar(dense, tok, prompt, 60, 200)
+    for params in (SamplingParams(max_tokens=40, temperature=0.8, seed=3, ignore_eos=True),
+                   SamplingParams(max_tokens=40, logprobs=2, ignore_eos=True)):
+        outs = []
+        for device_round in (True, False):
+            drafter = NoisyOracle(len(prompt), ref, vocab=VOCAB, hidden=64, layer_ids=[1, 2], block_size=8)
+            eng = _engine(dense, tok, drafter, 200, device_round)
+            outs.append([t for ev in eng.generate(prompt, params, mode="ddtree", tree_budget=8) for t in ev.token_ids])
+            if device_round:
+                assert eng.batch.runner.device_rounds   # asked, and declined (None)
+        assert outs[0] == outs[1] and len(outs[0]) == 40
+    drafter = NoisyOracle(len(prompt), ref, vocab=VOCAB, hidden=64, layer_ids=[1, 2], block_size=8)
+    assert Engine(GraphedHybrid(hybrid, capture=False), tok, drafter, max_model_len=100).batch.runner.solo is None
+    dense.capture_layers = []
+
+
 @pytest.fixture(scope="module")
 def shipped(smollm2):
     from ddtree_server.models import default
