@@ -139,20 +139,28 @@ def shipped(smollm2):
     smollm2.model.capture_layers = []
 
 
+SMOL_PROMPT = "Write a Python function that returns the n-th Fibonacci number iteratively."
+
+
+@pytest.fixture(scope="module")
+def smol_ar(smollm2):
+    """Plain decoding's tokens of the prompt on the same (static-path) target."""
+    eng = Engine(GraphedTarget(smollm2.model, capture=False), smollm2.tokenizer, max_model_len=256)
+    ids = eng.encode(SMOL_PROMPT)
+    return ids, [t for ev in eng.generate(ids, SamplingParams(max_tokens=150, ignore_eos=True)) for t in ev.token_ids]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
-def test_smollm2_device_round_equals_host_round(smollm2, shipped, budget):
+def test_smollm2_device_round_equals_host_round(smollm2, shipped, smol_ar, budget):
     kw = {"eos_token_ids": smollm2.eos_token_ids}
     dev = _engine(smollm2.model, smollm2.tokenizer, shipped, 256, **kw)
     host = _engine(smollm2.model, smollm2.tokenizer, shipped, 256, device_round=False, **kw)
-    prompt = dev.encode("Write a Python function that returns the n-th Fibonacci number iteratively.")
+    prompt, ar = smol_ar
     got = _lockstep(dev, host, prompt, budget)
     assert len(dev.batch.runner.device_rounds) >= ROUNDS
-    if budget == 16:   # end to end: the engine's tokens equal plain decoding's
-        ar = [t for ev in dev.generate(prompt, SamplingParams(max_tokens=len(got), ignore_eos=True), mode="ar")
-              for t in ev.token_ids]
-        assert got == ar
-        assert len(got) > 1.5 * ROUNDS   # the shipped drafter is accepted
+    assert got == ar[:len(got)]   # the engine's tokens are plain decoding's
+    assert len(got) > (1.5 if budget > 1 else 1.2) * ROUNDS   # the shipped drafter is accepted
 
 
 def test_bench_stages_of_the_device_round():
