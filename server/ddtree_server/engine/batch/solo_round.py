@@ -23,6 +23,7 @@ decoding's either way.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ from torch import Tensor
 from ddtree_server.speculative.tree_gpu import ancestor_mask, build_trees_device, topk_logp
 from ddtree_server.speculative.walk_gpu import walk_rows
 
+log = logging.getLogger(__name__)
 SOLO_ENV = "DDTREE_SOLO_ROUND"   # "0": batch-1 ddtree rounds keep the host path (A/B measurements)
 HEAD = 4   # packed result: accepted count, live nodes, chain flag, bonus; then N path rows, N path tokens
 
@@ -72,6 +74,7 @@ class SoloRound:
 
     def __init__(self, target, capture: bool):
         self.target, self.capture = target, capture
+        self.enabled = True   # False after a capture error: the host round from then on
         self._rounds: dict[tuple, _Round] = {}
         self._ptr = None
         self._pool = None
@@ -98,7 +101,7 @@ class SoloRound:
         tree budget, ``cap`` live nodes (min(budget, room)). Returns None, with nothing done, where
         the device round does not apply (not a greedy ``ddtree`` request without a processor, cap
         < 1, or the target's padded forward of width + 1 rows does not fit): the host round's turn."""
-        if req.mode != "ddtree" or cap < 1 or not req.params.greedy or req.processor is not None:
+        if not self.enabled or req.mode != "ddtree" or cap < 1 or not req.params.greedy or req.processor is not None:
             return None
         root, s, width = req.bonus, req.s, req.budget
         rd = self._get(cache, width, draft)
@@ -111,7 +114,12 @@ class SoloRound:
             rd.scal.copy_(self._host, non_blocking=True)
             rd.draft.copy_(draft)
             if rd.graph is None:
-                self._capture(rd, cache)
+                try:
+                    self._capture(rd, cache)
+                except RuntimeError as exc:   # the cache is as before (warm-up rows are spare rows)
+                    log.warning("device round disabled (CUDA graph capture failed): %s", exc)
+                    self.enabled = False
+                    return None
             rd.graph.replay()
             if self._back is None or self._back.numel() < rd.out.numel():
                 self._back = torch.empty(rd.out.numel(), dtype=torch.long, pin_memory=True)
