@@ -250,3 +250,35 @@ def test_cuda_graph_replay_equals_eager_device_round(budget):
     assert got[0] == ref[:len(got[0])]   # greedy: the tokens are plain decoding's
     assert len(got[0]) > 45   # the boosted drafts are accepted (paths of several rows)
     target.capture_layers = []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("budget", [16, 64])
+def test_cuda_smollm2_device_round_equals_host_round(budget):
+    """The real SmolLM2 + shipped drafter on CUDA in fp32 with CUDA graphs: the device round gives
+    the host round's tokens, cache and context rows over 30 rounds, and plain decoding's tokens."""
+    from ddtree_server.models import default
+    from ddtree_server.models.default import DEFAULT_GGUF_SHA256, DefaultModelError, default_gguf_path
+    from ddtree_server.models.drafter.load import load_drafter
+    from ddtree_server.models.load import load_target
+
+    try:
+        loaded = load_target(gguf=default_gguf_path(verify=True), gguf_sha256=DEFAULT_GGUF_SHA256, device="cuda",
+                             dtype="fp32")
+    except DefaultModelError as exc:
+        pytest.skip(str(exc))
+    cfg, model = loaded.config, loaded.model
+    drafter = load_drafter(default.default_drafter_dir(), embed_tokens=model.embed_tokens, lm_head=model.lm_head,
+                           target_hidden_size=cfg.hidden_size, target_num_layers=cfg.num_hidden_layers,
+                           target_vocab_size=cfg.vocab_size, device="cuda", dtype=torch.float32)
+    make = lambda: Engine(model, loaded.tokenizer, drafter, max_model_len=512, max_running=1,  # noqa: E731
+                          eos_token_ids=loaded.eos_token_ids)
+    dev, host = make(), make()
+    assert dev.batch.runner.solo is not None and dev.batch.runner.solo.capture
+    host.batch.runner.solo = None
+    prompt = dev.encode(SMOL_PROMPT)
+    got = _lockstep(dev, host, prompt, budget, rounds=30)
+    ar = [t for ev in dev.generate(prompt, SamplingParams(max_tokens=len(got), ignore_eos=True), mode="ar")
+          for t in ev.token_ids]
+    assert got == ar and len(got) > 45
