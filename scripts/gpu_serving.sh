@@ -14,7 +14,8 @@
 #   OUT_DIR  reports land in OUT_DIR/<step>/ (JSON + markdown), the log in OUT_DIR/serving.log
 # Set DDTREE_COMMIT to the commit being measured (the GPU copy has no .git); DDTREE_STEPS to a
 # comma-separated subset of the steps (concurrency,batch-smol,batch-8b,batch-27b,interference-8b,
-# constrained,http,http-switch5ms,gpu-tests,tree-batch) to run only those; DDTREE_LEVELS the
+# constrained,http,http-switch5ms,gpu-tests,tree-batch,stages-8b,stages-27b,ctx-8b,ctx-27b,admission) to run
+# only those; DDTREE_LEVELS the
 # concurrency levels of the closed loop (default 1,8,32,64).
 set -uo pipefail
 [[ $# -eq 3 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
@@ -46,6 +47,16 @@ step concurrency 200 $B --gguf "$GGUF" --drafter "$DRAFTER" --concurrency "${DDT
 step batch-smol 40 $B --random-shape smollm2-135m --batch 1,8,32,64 --context-len 512 --iters 20 --out "$OUT/batch"
 step batch-8b 55 $B --random-shape qwen3-8b --batch 1,8,32 --context-len 1024 --iters 10 --out "$OUT/batch"
 step batch-27b 150 $B --random-shape qwen3.6-27b --batch 1,8,32 --context-len 1024 --iters 5 --out "$OUT/batch"
+# batch-1 round stages (plain step, DFlash, DDTree verify / round) and long contexts at the user shapes
+step stages-8b 90 $B --random-shape qwen3-8b --context-len 1024 --iters 10 --budgets 16,64 --stem stages-qwen3-8b --out "$OUT/stages"
+step stages-27b 150 $B --random-shape qwen3.6-27b --context-len 1024 --iters 5 --budgets 16,64 --stem stages-qwen3.6-27b --out "$OUT/stages"
+for n in 4096 32768; do
+  step ctx-8b 90 $B --random-shape qwen3-8b --context-len $n --iters 5 --budgets 16,64 --stem ctx-qwen3-8b-$n --out "$OUT/ctx"
+  step ctx-27b 150 $B --random-shape qwen3.6-27b --context-len $n --iters 3 --budgets 16,64 --stem ctx-qwen3.6-27b-$n --out "$OUT/ctx"
+done
+for s in qwen3-8b qwen3.6-27b; do
+  step admission 90 python3 -m ddtree_server.bench.admission --shape $s --contexts 4096,32768 --commit "$COMMIT" --out "$OUT/admission"
+done
 step gpu-tests 150 env PYTHONPATH="$REPO:$PYTHONPATH" python3 -m pytest -q -p no:xdist -p no:cacheprovider \
   tests/server/test_gdn_batch.py tests/server/test_kernels_gdn_batch.py tests/server/test_kernels_batch.py \
   tests/server/test_chunked_prefill.py -k "cuda or kernel or graph"

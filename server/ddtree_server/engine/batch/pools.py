@@ -59,8 +59,8 @@ class SlotPool:
         fields = _tensor_fields(template)
         self.tensors = {}
         for i, (_, name, t) in enumerate(fields):
-            pool = torch.zeros((slots, *t.shape), dtype=t.dtype, device=t.device)
-            pool[:] = t
+            pool = torch.empty((slots, *t.shape), dtype=t.dtype, device=t.device)
+            pool.copy_(t.expand_as(pool))   # every slot a fresh cache (one pass over the memory)
             self.tensors[f"{i}:{name}"] = pool
         self.caches = []
         for s in range(slots):

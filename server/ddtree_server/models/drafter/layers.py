@@ -6,22 +6,47 @@ Parameter names equal the z-lab checkpoint keys below `layers.{i}.` (docs/ddtree
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, rotate_half
 
 from ddtree_server.models.drafter.config import DrafterConfig
 from ddtree_server.models.layers import RMSNorm
 
 
-def hf_config(cfg: DrafterConfig) -> Qwen3Config:
+def hf_config(cfg: DrafterConfig):
+    """The drafter's sizes as a transformers ``Qwen3Config`` (only for RoPE types other than the
+    default, whose inverse frequencies transformers computes; its import costs ~2 s)."""
+    from transformers import Qwen3Config
+
     return Qwen3Config(
         vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, hidden_act=cfg.hidden_act,
         rms_norm_eps=cfg.rms_norm_eps, rope_parameters=dict(cfg.rope_parameters),
         max_position_embeddings=cfg.max_position_embeddings, attention_bias=cfg.attention_bias)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """``[-x2, x1]`` of the two halves of the last axis (the half-split RoPE layout)."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class SwiGLU(nn.Module):
+    """Qwen3's MLP, ``down(silu(gate(x)) * up(x))``, with the checkpoint's separate gate / up names."""
+
+    def __init__(self, hidden: int, inter: int, act: str) -> None:
+        super().__init__()
+        if act not in ("silu", "swish"):
+            raise ValueError(f"unsupported hidden_act {act!r} (only silu)")
+        self.intermediate_size = inter
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -73,12 +98,12 @@ class DFlashAttention(nn.Module):
 class DFlashLayer(nn.Module):
     """Pre-norm decoder layer; the context features join the keys/values without a per-layer norm."""
 
-    def __init__(self, cfg: DrafterConfig, hf_cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = DFlashAttention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.mlp = Qwen3MLP(hf_cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size, cfg.hidden_act)
 
     def finish(self, x: Tensor, attn_out: Tensor) -> Tensor:
         """Residual add of the attention output, then the MLP sub-block."""

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from ddtree_server.models.drafter.attention import visibility
 from ddtree_server.models.drafter.config import DrafterConfig
 from ddtree_server.models.drafter.layers import DFlashLayer, hf_config
-from ddtree_server.models.layers import RMSNorm, attention_backends
+from ddtree_server.models.layers import RMSNorm, attention_backends, rope_inv_freq
 
 
 class DraftCache:
@@ -52,16 +51,17 @@ class DFlashDrafter(nn.Module):
     def __init__(self, config: DrafterConfig, embed_tokens: nn.Module, lm_head: nn.Module) -> None:
         super().__init__()
         self.config = config
-        hf_cfg = hf_config(config)
         self.fc = nn.Linear(config.context_width, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.layers = nn.ModuleList(DFlashLayer(config, hf_cfg) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self._shared = (embed_tokens, lm_head)  # a tuple: not registered as submodules
+        rope = dict(config.rope_parameters)
+        plain = rope.get("rope_type", rope.get("type", "default")) == "default"
         with torch.device("cpu"):  # real numbers even when the module is built on the meta device
-            rot = Qwen3RotaryEmbedding(hf_cfg)
-        self._inv_freq = rot.inv_freq.detach().float().cpu()  # kept in fp32 whatever the module dtype
-        self._rope_scale = float(rot.attention_scaling)
+            inv_freq, scale = rope_inv_freq(config if plain else hf_config(config))
+        self._inv_freq = inv_freq.float()  # kept in fp32 whatever the module dtype
+        self._rope_scale = float(scale)
         self._inv_freq_dev: dict[torch.device, Tensor] = {}
         self.kinds = [config.attention_kind(i) for i in range(config.num_hidden_layers)]
         self._rope_tab: dict[tuple, tuple[Tensor, Tensor]] = {}
