@@ -2,7 +2,7 @@
 acceptance lengths, projected speedups; JSON, markdown and a bar plot.
 
 Bytes a stage must read from device memory (the floor of its time at a given bandwidth):
-* target forwards (`forward_1`, `plain_step`, `verify_*`): every target weight the forward
+* target forwards (`forward_1`, `plain_step`, `verify_*`, `device_round_*`): every target weight the forward
   touches (decoder layers, final norm, LM head; the embedding table only when tied, as the LM
   head) plus the K/V rows attention reads (`kv_len` rows, K and V, every layer);
 * `draft`: the drafter's own weights, the target's LM head (block logits) and its K/V window;
@@ -52,7 +52,7 @@ def model_bytes(engine) -> dict[str, int]:
 def stage_bytes(name: str, row: dict, sizes: dict[str, int]) -> tuple[int, int]:
     """(weight bytes, K/V bytes) a stage reads; (0, 0) for host-side stages."""
     kv = row.get("kv_len", 0)
-    if name in ("forward_1", "plain_step") or name.startswith("verify_"):
+    if name in ("forward_1", "plain_step") or name.startswith(("verify_", "device_round_")):
         return sizes["target"], kv * sizes["target_kv_row"]
     if name == "draft":
         return sizes["drafter"] + sizes["lm_head"], kv * sizes["drafter_kv_row"]

@@ -15,7 +15,9 @@ device before and after every call, and summarised by the median (and p10 / p90)
   (random weights rarely accept anything, so the path is set, not found), `KVCache.keep` and the
   feature gather, as `spec_loop` does;
 * `round_ar`, `round_dflash`, `round_ddtree_B`: one `next()` of the real decode generators (the
-  whole round; no detokenisation or stop checks, which the Engine adds).
+  whole round; no detokenisation or stop checks, which the Engine adds);
+* graphed dense targets: `device_round_B`, `round_ddtree_B_device`, `round_ddtree_B_host` (the batch-1
+  device round and the step runner's rounds with and without it: bench/solo_stages.py).
 
 With random weights acceptance is ~1 token a round, so rounds see 1 new context row: the
 isolated `draft` stage uses `ctx_rows` (default 4, about a real tau) instead.
@@ -29,6 +31,7 @@ from typing import Callable
 
 import torch
 
+from ddtree_server.bench import solo_stages
 from ddtree_server.bench.shapes import Shape
 from ddtree_server.bench.timing import time_calls
 
@@ -158,6 +161,8 @@ def measure(engine, opts: StageOptions, log: Callable[[str], None] = lambda s: N
             next(gen)  # prefill
             run(name, lambda: next(gen))
             gen.close()
+        if drafter is not None:   # last: they run on the runner's slot cache (bench/solo_stages.py)
+            solo_stages.runner_round_stages(engine, opts.budgets, prompt, run)
     return out
 
 
@@ -215,6 +220,7 @@ def _spec_stages(engine, opts, cache, feats, prompt, run, out, decode, chooser, 
 
         run(f"commit_ddtree_{b}", commit, setup, rows=len(path))
     rewind(cache, s)
+    solo_stages.device_round_stages(engine, opts.budgets, cache, logits, s, bonus, run, rewind)
 
 
 def parse_tau(text: str | None) -> dict[str, float]:

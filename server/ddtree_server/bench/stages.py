@@ -5,7 +5,9 @@ Measured in a separate profiling pass, never in the timed runs: the engine's dra
 target `forward` and the decode module's tree builders are wrapped with CUDA-synchronised timers
 for the duration of one request, then restored. The first target forward of the request is the
 prefill and is excluded. commit = decode time - draft - tree - verify. Synchronising after every
-stage adds a little time; the split is for proportions, the timed runs give the speeds.
+stage adds a little time; the split is for proportions, the timed runs give the speeds. Batch-1
+greedy ddtree rounds on a graphed dense target run tree build, verify and walk + commit as one
+device round (engine/batch/solo_round.py): its whole time counts as verify (tree build 0).
 """
 
 from __future__ import annotations
@@ -51,10 +53,15 @@ def _instrumented(engine, timer: _Timer):
     drafter.propose = timer.wrap("draft", orig_prop)
     decode.ddtree_builder = timer.wrap("tree", saved["dd"])
     decode.dflash_builder = timer.wrap("tree", saved["df"])
+    solo = engine.batch.runner.solo
+    if solo is not None:
+        solo.run = timer.wrap("verify", solo.run)
     try:
         yield
     finally:
         decode.ddtree_builder, decode.dflash_builder = saved["dd"], saved["df"]
+        if solo is not None:
+            del solo.run
         if had_fwd:
             target.forward = orig_fwd
         else:

@@ -132,15 +132,18 @@ def build_ddtree_device(topk_logp: Tensor, topk_ids: Tensor, root: Tensor | int,
 
 
 def ancestor_mask(parents: Tensor, depth_max: int) -> Tensor:
-    """Bool ``[n, n]`` ancestor-or-self mask from parents ``[n]`` (root's parent -1), by following
-    each node's parent ``depth_max`` times (fixed work, no data-dependent loop)."""
+    """Bool ``[n, n]`` ancestor-or-self mask from parents ``[n]`` (root's parent -1) of trees at
+    most ``depth_max`` deep, by pointer doubling (fixed work, no data-dependent loop): the rows
+    cover ancestors up to 2^t steps away after t rounds of ``mask |= mask[jump]; jump = jump[jump]``."""
     n = parents.shape[0]
-    up = parents.clamp(min=0)  # the root points to itself
     mask = torch.eye(n, dtype=torch.bool, device=parents.device)
-    cur = torch.arange(n, device=parents.device)
-    for _ in range(depth_max):
-        cur = up[cur]
-        mask.scatter_(1, cur[:, None], True)
+    if depth_max <= 0:
+        return mask
+    jump = parents.clamp(min=0)  # node 0 (the root) points to itself
+    mask.scatter_(1, jump[:, None], True)   # self and parent
+    for _ in range(max(depth_max - 1, 0).bit_length()):
+        mask = mask | mask.index_select(0, jump)
+        jump = jump[jump]
     return mask
 
 

@@ -3,8 +3,9 @@ round, request after request), fixed work and ONE packed device-to-host copy; eq
 ``walk.walk`` per tree.
 
 Parent-compare form: a node is on the accepted path iff every node on its root path (itself
-included, the root excepted) carries the target's choice at its parent. ``depth_max`` rounds of
-``acc = root | (acc[parent] & match)`` settle it; the path's last node (accepted, no accepted
+included, the root excepted) carries the target's choice at its parent. Pointer doubling settles
+it in ceil(log2(depth_max)) rounds of ``acc &= acc[jump]; jump = jump[jump]`` (jump: the 2^t-th
+ancestor, a root its own), not depth_max rounds of one step each; the path's last node (accepted, no accepted
 child) gives the bonus: the target's choice there. Node indices grow from parent to child, so a
 tree's accepted nodes in index order are its path.
 """
@@ -29,11 +30,12 @@ def walk_rows(choices: Tensor, tokens: Tensor, parents: Tensor, depth_max: int) 
         tree's last path row and -1 elsewhere.
     """
     root = parents < 0
-    up = parents.clamp(min=0)
-    match = tokens == choices[up]
-    acc = root
-    for _ in range(depth_max):
-        acc = root | (acc[up] & match)
+    up = torch.where(root, torch.arange(parents.shape[0], device=parents.device), parents)   # a root: itself
+    acc = root | (tokens == choices[up])   # the node's own edge carries its parent's choice
+    jump = up
+    for _ in range(max(depth_max - 1, 0).bit_length()):   # pointer doubling: after t rounds, 2^t path nodes
+        acc = acc & acc[jump]
+        jump = jump[jump]
     kids = torch.zeros_like(up).scatter_add_(0, up, (acc & ~root).long())
     leaf = acc & (kids == 0)
     return torch.stack((acc.long(), torch.where(leaf, choices, -1)))

@@ -8,7 +8,9 @@ forward over every request's rows (``forward.py``), each request's choice over i
 slots at once: dense greedy rounds ``commit.py``, hybrid rounds ``hybrid_rounds.commit_pending``).
 A round of one request in slot 0 (and every round of a target without a batched forward) runs
 the per-request forward on the slot's cache, which on CUDA is the Triton-kernel + CUDA-graph path
-(its graphs are bound to slot 0's storage; a lone request in another slot runs batched).
+(its graphs are bound to slot 0's storage; a lone request in another slot runs batched); a greedy
+``ddtree`` round there on a graphed dense target runs on the device after the drafter, one CUDA
+graph and one copy back (``solo_round.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
+from ddtree_server.engine.batch.solo_round import SOLO_ENV, SoloRound
 from ddtree_server.engine.batch.trees import RoundInfo, kind_of, own_trees
+from ddtree_server.models.dense.graphs import GraphedTarget
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.gdn_batch import POOLS
@@ -85,6 +89,9 @@ class StepRunner:
             self.draft_graphs = DraftGraphs(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
                                             capture=cuda) if dgraphs else None
         self.batched = self.kind is not None
+        # batch 1's greedy DDTree round after the drafter on the device (dense, graphed: solo_round.py)
+        self.solo = SoloRound(target, capture=cuda and target.capture) if self.kind == "dense" and isinstance(
+            target, GraphedTarget) and drafter is not None and os.environ.get(SOLO_ENV, "").strip() != "0" else None
         # pinned buffers for small copies: batch 1's verify inputs and path rows; the batched walk's / commit's indices
         self._inputs_buf, self._rows_buf, *self._bufs = [decode.Staging() for _ in range(4)] if cuda else [None] * 4
         # the speculation policy governs ddtree requests (policy.py); it needs the batched forward
@@ -192,10 +199,16 @@ class StepRunner:
         cache, s = self.caches[req.slot], req.s
         draft = None
         if any(r is req for r in drafting):
-            draft = self.drafter.propose(self.dcaches[req.slot], req.ctx, req.bonus, s)[None]
+            draft = self.drafter.propose(self.dcaches[req.slot], req.ctx, req.bonus, s)
             req.ctx = None
-        # batch 1 keeps the host heap: one request's heap is cheaper than the device build's
-        # sequential per-depth kernels launched eagerly (docs/ddtree.md)
+            got = self.solo.run(cache, draft, req, min(req.budget, self._room(req))) \
+                if self.solo is not None and not self._governed(req) else None
+            if got is not None:   # None: not a greedy ddtree round, or its padded forward does not fit
+                self.last.nodes += got.nodes
+                self.last.kinds[got.kind] += 1
+                return self._record(req, got.path, got.tokens, got.bonus, got.nodes + 1, got.kind, got.ctx)
+            draft = draft[None]
+        # the host round: one request's heap (cheaper than the device build's kernels launched eagerly)
         tree = self._trees([req], [req] if draft is not None else [], draft, device=False)[0]
         ids, pos, mask = decode.tree_inputs(tree, s, self.device, self._inputs_buf)
         logits, feats = self.target.forward(cache, ids, pos, tree_mask=mask)
@@ -279,14 +292,17 @@ class StepRunner:
                 copy: bool = False) -> list[int]:
         """The request's state after its committed path: ctx (``ctx``: the path's feature rows;
         ``copy``: they are a view to copy), s, bonus, emitted tokens and counters; returns the tokens."""
+        return self._record(req, path, accepted_tokens(tree, path, bonus), bonus, tree.size, kind_of(tree), ctx, copy)
+
+    def _record(self, req: Request, path: list[int], out: list[int], bonus: int, size: int, kind: str,
+                ctx: Tensor | None, copy: bool = False) -> list[int]:
         k = len(path)
         if req.mode != "ar" and ctx is not None:   # a request that skipped the drafter keeps its rows
             req.ctx = (ctx.clone() if copy else ctx) if req.ctx is None else torch.cat((req.ctx, ctx))
         req.s, req.bonus = req.s + k, bonus
-        out = accepted_tokens(tree, path, bonus)
         req.accept(out, path)
-        req.nodes += tree.size - 1
-        req.kinds[kind_of(tree)] += 1
+        req.nodes += size - 1
+        req.kinds[kind] += 1
         if self._governed(req):
             self.policy.observe(req, k - 1)
         return out

@@ -110,6 +110,22 @@ class GraphedTarget:
             return None
         return s + n_pad if self._fast() else min(max(MIN_KV, 1 << (s + n_pad - 1).bit_length()), limit)
 
+    def static_inputs(self, cache: KVCache, n: int) -> _Static | None:
+        """The static buffers of the bucket that a forward of n rows after ``cache.length`` takes
+        (``ids`` / ``pos`` ``[N]``, the cache length ``s``, the ``[N, N]`` ``block``: padding rows
+        see only themselves), for a caller that writes them on the device itself (inside its own
+        CUDA graph) and then runs ``run_static``; None where that forward runs eagerly."""
+        kv_len = self.kv_rows(cache, cache.length, n)
+        if kv_len is None:
+            return None
+        return self._get(cache, self._bucket(n), 0 if self._fast() else kv_len)
+
+    def run_static(self, st: _Static, cache: KVCache) -> tuple[Tensor, Tensor | None]:
+        """The layer stack over ``st``'s buffers as they are, without replaying the bucket's own
+        graph (so a caller's capture records it): logits ``[N, vocab]``, features ``[N, F]``. The
+        cache length is the caller's to set."""
+        return self._run(st, cache)
+
     def _get(self, cache: KVCache, n_pad: int, kv_len: int) -> _Static:
         ptr = cache.k.data_ptr()
         if ptr != self._cache_ptr:  # graphs captured the old cache's addresses

@@ -1,0 +1,188 @@
+"""The batch-1 DDTree round after the drafter, all on the device (greedy requests, dense targets).
+
+One request in slot 0 of a dense target on the graphed path (``GraphedTarget``), mode ``ddtree``,
+greedy, no logits processor: from the drafter's logits ``[L, vocab]`` on, the round's work stays on
+the device until ONE device-to-host copy at its end (accepted count, path rows, path tokens, bonus):
+
+1. ``log_softmax`` + top-K (K = min(width, vocab)) and ``build_trees_device`` (b = 1, width = the
+   request's tree budget); the first ``cap = min(budget, room)`` nodes are live (device scalar);
+2. the verify inputs straight into the target's static buffers of bucket N >= width + 1
+   (``GraphedTarget.static_inputs``): ids, positions s + depth, the ``[N, N]`` ancestor mask (rows
+   past the live nodes see only themselves, as the target's padding rows do);
+3. the target's layer stack (``GraphedTarget.run_static``), argmax, ``walk_rows``;
+4. the commit with fixed shapes: the tree's rows in path order (accepted rows first, then the rest)
+   are copied to ``s .. s+N-1`` (rows past the path are dead: the host then sets the cache length
+   to s + len(path)), and the same order gathers the feature rows of the drafter's next context.
+
+On CUDA steps 1-4 are ONE CUDA graph per (width, target bucket) replayed every round, after two
+small copies into its static inputs (the draft logits; root token, s and cap in one pinned copy).
+Elsewhere the same code runs eagerly. Trees equal the host heap's up to exact ties
+(speculative/tree_gpu.py); the walk follows the target's argmax, so the tokens are plain greedy
+decoding's either way.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ddtree_server.speculative.tree_gpu import ancestor_mask, build_trees_device, topk_logp
+from ddtree_server.speculative.walk_gpu import walk_rows
+
+log = logging.getLogger(__name__)
+SOLO_ENV = "DDTREE_SOLO_ROUND"   # "0": batch-1 ddtree rounds keep the host path (A/B measurements)
+HEAD = 4   # packed result: accepted count, live nodes, chain flag, bonus; then N path rows, N path tokens
+
+
+@dataclass
+class SoloResult:
+    """One round: the accepted path (node rows, root first), the emitted tokens (accepted drafts,
+    then the bonus), the bonus, draft nodes verified, whether the tree was a chain, and the path's
+    feature rows (fresh storage)."""
+
+    path: list[int]
+    tokens: list[int]
+    bonus: int
+    nodes: int
+    chain: bool
+    ctx: Tensor | None
+
+    @property
+    def kind(self) -> str:
+        """The tree's kind (``trees.KINDS``)."""
+        return "plain" if self.nodes == 0 else "chain" if self.chain else "tree"
+
+
+class _Round:
+    """Static inputs / outputs of one (width, target bucket) and its graph."""
+
+    def __init__(self, width: int, st, draft: Tensor, capture: bool):
+        self.width, self.st = width, st
+        self.draft = torch.zeros_like(draft) if capture else None   # [L, vocab] (the graph's input)
+        self.scal = torch.zeros(3, dtype=torch.long, device=draft.device)   # root token, s, cap
+        self.graph = None
+        self.out: Tensor | None = None
+        self.ctx: Tensor | None = None
+
+
+class SoloRound:
+    """The device round of a graphed dense target (``target``: GraphedTarget); ``capture``: CUDA
+    graphs (else eager, e.g. on the CPU)."""
+
+    def __init__(self, target, capture: bool):
+        self.target, self.capture = target, capture
+        self.enabled = True   # False after a capture error: the host round from then on
+        self._rounds: dict[tuple, _Round] = {}
+        self._ptr = None
+        self._pool = None
+        self._host = self._back = None   # pinned buffers of the input scalars and of the result (CUDA)
+
+    def _get(self, cache, width: int, draft: Tensor) -> _Round | None:
+        st = self.target.static_inputs(cache, width + 1)
+        if st is None:
+            return None
+        if cache.k.data_ptr() != self._ptr:   # graphs captured another cache's addresses
+            self._rounds.clear()
+            self._ptr = cache.k.data_ptr()
+        key = (width, id(st), tuple(draft.shape), draft.dtype)
+        rd = self._rounds.get(key)
+        if rd is None or rd.st is not st:
+            with torch.inference_mode(False):   # normal tensors: updatable in and out of inference mode
+                rd = _Round(width, st, draft, self.capture)
+            self._rounds[key] = rd
+        return rd
+
+    def run(self, cache, draft: Tensor, req, cap: int) -> SoloResult | None:
+        """One round after the drafter for ``req`` (its cache ``cache`` holds its s committed
+        tokens; its bonus token is the root at position s): draft logits ``[L, vocab]``, width = its
+        tree budget, ``cap`` live nodes (min(budget, room)). Returns None, with nothing done, where
+        the device round does not apply (not a greedy ``ddtree`` request without a processor, cap
+        < 1, or the target's padded forward of width + 1 rows does not fit): the host round's turn."""
+        if not self.enabled or req.mode != "ddtree" or cap < 1 or not req.params.greedy or req.processor is not None:
+            return None
+        root, s, width = req.bonus, req.s, req.budget
+        rd = self._get(cache, width, draft)
+        if rd is None:
+            return None
+        n = rd.st.n
+        if self.capture:
+            self._host = self._host if self._host is not None else torch.empty(3, dtype=torch.long, pin_memory=True)
+            self._host.numpy()[:] = (root, s, cap)   # free again: the last round ended with a wait
+            rd.scal.copy_(self._host, non_blocking=True)
+            rd.draft.copy_(draft)
+            if rd.graph is None:
+                try:
+                    self._capture(rd, cache)
+                except RuntimeError as exc:   # the cache is as before (warm-up rows are spare rows)
+                    log.warning("device round disabled (CUDA graph capture failed): %s", exc)
+                    self.enabled = False
+                    return None
+            rd.graph.replay()
+            if self._back is None or self._back.numel() < rd.out.numel():
+                self._back = torch.empty(rd.out.numel(), dtype=torch.long, pin_memory=True)
+            back = self._back[:rd.out.numel()]
+            back.copy_(rd.out, non_blocking=True)
+            torch.cuda.current_stream().synchronize()   # the round's one wait
+            host = back.tolist()
+        else:
+            rd.scal.copy_(torch.tensor((root, s, cap)))
+            host = self._body(rd, cache, draft).tolist()
+        k, nodes, chain, bonus = host[:HEAD]
+        cache.length = s + k
+        path, toks = host[HEAD:HEAD + k], host[HEAD + n:HEAD + n + k]
+        ctx = None if rd.ctx is None else rd.ctx[:k].clone()
+        return SoloResult(path, toks[1:] + [bonus], bonus, nodes, bool(chain), ctx)
+
+    def _capture(self, rd: _Round, cache) -> None:
+        # warm-up writes K/V (and their compaction) only into spare rows past the real capacity;
+        # the real inputs are written back before the replay
+        real = rd.scal.clone()
+        rd.scal[1].fill_(cache.k.shape[2] - rd.st.n)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._body(rd, cache, rd.draft)
+        torch.cuda.current_stream().wait_stream(side)
+        rd.scal.copy_(real)
+        rd.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(rd.graph, pool=self._pool):
+            self._body(rd, cache, rd.draft)
+        self._pool = rd.graph.pool()
+
+    def _body(self, rd: _Round, cache, draft: Tensor) -> Tensor:
+        """Steps 1-4 of the module docstring with fixed shapes and no host synchronisation; sets
+        ``rd.out`` (the packed result ``[HEAD + 2N]``) and ``rd.ctx`` (``[N, F]``: the path's
+        feature rows first) and returns ``rd.out``."""
+        st, c = rd.st, rd.width
+        n, depth_max, dev = st.n, draft.shape[0], draft.device
+        root, s, cap = rd.scal[0:1], rd.scal[1], rd.scal[2]
+        vals, ids = topk_logp(draft, c)
+        tokens, depths, parents, counts = build_trees_device(vals[None], ids[None], c)
+        live_nodes = torch.minimum(counts[0], cap)
+        rows = torch.arange(n, device=dev)
+        live = rows <= live_nodes                                   # the root and the first cap nodes
+        zero, pad = torch.zeros(1, dtype=torch.long, device=dev), torch.zeros(n - 1 - c, dtype=torch.long, device=dev)
+        tok = torch.cat((root, tokens[0], pad))
+        dep = torch.cat((zero, depths[0], pad))
+        par = torch.cat((zero - 1, parents[0], pad))                # the root's parent -1
+        # verify inputs: rows past the live nodes see only themselves (each its own "parent")
+        st.ids.copy_(torch.where(live, tok, 0))
+        st.pos.copy_(dep + s)
+        st.s.copy_(s)
+        st.block.copy_(ancestor_mask(torch.where(live, par, rows), depth_max))
+        logits, feats = self.target.run_static(st, cache)
+        # walk: dead rows hang under the root with token -1, which no choice matches
+        acc, bonus = walk_rows(logits.argmax(dim=-1), torch.where(live, tok, -1), torch.where(live, par, 0), depth_max)
+        order = torch.sort(acc, descending=True, stable=True).indices   # path rows first, in index order
+        dst = rows + s
+        for kv in (cache.k, cache.v):
+            kv.index_copy_(2, dst, kv.index_select(2, order + s))
+        k = acc.sum()[None]
+        chain = ((parents[0] == rows[:c]) | ~live[1:c + 1]).all()[None].long()
+        rd.out = torch.cat((k, live_nodes[None], chain, bonus.max()[None], order, tok.gather(0, order)))
+        rd.ctx = None if feats is None else feats.index_select(0, order)
+        return rd.out
