@@ -86,6 +86,7 @@ class SoloRound:
             return None
         if cache.k.data_ptr() != self._ptr:   # graphs captured another cache's addresses
             self._rounds.clear()
+            self._pool = None   # their memory pool died with them: a new graph starts a new one
             self._ptr = cache.k.data_ptr()
         key = (width, id(st), tuple(draft.shape), draft.dtype)
         rd = self._rounds.get(key)

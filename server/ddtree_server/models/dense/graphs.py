@@ -130,6 +130,7 @@ class GraphedTarget:
         ptr = cache.k.data_ptr()
         if ptr != self._cache_ptr:  # graphs captured the old cache's addresses
             self._static.clear()
+            self._pool = None   # the pool died with its graphs: reusing its handle fails in capture
             self._cache_ptr = ptr
             if self._arange_kv.numel() < cache.k.shape[2]:
                 self._arange_kv = torch.arange(cache.k.shape[2], device=cache.k.device)

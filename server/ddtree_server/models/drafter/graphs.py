@@ -134,6 +134,7 @@ class GraphedDrafter:
     def _get(self, cache: DraftCache, n_pad: int, kv_len: int) -> _Static:
         if cache.k.data_ptr() != self._cache_ptr:  # graphs captured another cache's addresses
             self._static.clear()
+            self._pool = None   # the pool died with its graphs: reusing its handle fails in capture
             self._cache_ptr = cache.k.data_ptr()
         st = self._static.get((n_pad, kv_len))
         if st is None:
