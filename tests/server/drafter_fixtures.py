@@ -90,3 +90,15 @@ def qwen36_drafter_config(hidden: int = 64, vocab: int = 260, mask: int = 257,
                max_position_embeddings=4096)
     cfg["dflash_config"] = {"mask_token_id": mask, "target_layer_ids": list(layer_ids)}
     return cfg
+
+
+def shipped_drafter(loaded, device: str = "cpu", dtype: torch.dtype | None = None):
+    """The shipped drafter (``server/ddtree_server/assets/drafter``) on a loaded SmolLM2 (the
+    ``smollm2`` fixture or ``models.default``'s loader: ``.config`` and ``.model``)."""
+    from ddtree_server.models import default
+    from ddtree_server.models.drafter.load import load_drafter
+
+    cfg, model = loaded.config, loaded.model
+    return load_drafter(default.default_drafter_dir(), embed_tokens=model.embed_tokens, lm_head=model.lm_head,
+                        target_hidden_size=cfg.hidden_size, target_num_layers=cfg.num_hidden_layers,
+                        target_vocab_size=cfg.vocab_size, device=device, dtype=dtype or model.embed_tokens.weight.dtype)

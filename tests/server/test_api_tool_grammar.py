@@ -16,9 +16,9 @@ import pytest
 from ddtree_server.api.prompts import chat_prompt, grammar_for
 from ddtree_server.api.schemas import ChatCompletionRequest
 from ddtree_server.engine.engine import Engine
-from ddtree_server.models import default
 from tests.server.processor_cases import SPEC_CASES, decode, first_diff
 from tests.server.test_api_tool_render import NATIVE
+from tests.server.drafter_fixtures import shipped_drafter
 
 pytestmark = pytest.mark.slow
 
@@ -31,13 +31,7 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
 
 @pytest.fixture(scope="module")
 def engine(smollm2):
-    from ddtree_server.models.drafter.load import load_drafter
-
-    cfg = smollm2.config
-    drafter = load_drafter(default.default_drafter_dir(), embed_tokens=smollm2.model.embed_tokens,
-                           lm_head=smollm2.model.lm_head, target_hidden_size=cfg.hidden_size,
-                           target_num_layers=cfg.num_hidden_layers, target_vocab_size=cfg.vocab_size,
-                           device="cpu", dtype=smollm2.model.embed_tokens.weight.dtype)
+    drafter = shipped_drafter(smollm2)
     yield Engine(smollm2.model, smollm2.tokenizer, drafter, max_model_len=2048,
                  eos_token_ids=smollm2.eos_token_ids)
     smollm2.model.capture_layers = []

@@ -15,6 +15,7 @@ from ddtree_server.engine.sampling import SamplingParams
 from tests.server.batch_fixtures import MAX_LEN, check_alone_batched_ar, real_drafter
 from tests.server.hybrid_fixtures import tiny_hybrid
 from tests.server.tiny import EOS, ByteTokenizer, tiny_target
+from tests.server.drafter_fixtures import shipped_drafter
 
 BUDGETS = [1, 2, 3, 7, 16, 33, 64, None]
 
@@ -62,13 +63,9 @@ def test_device_trees_equal_alone_and_ar(kind, builds):
 
 @pytest.mark.slow
 def test_smollm2_shipped_drafter_device_trees_equal_alone_and_ar(smollm2, builds):
-    from ddtree_server.models import default
-    from ddtree_server.models.drafter.load import load_drafter
 
-    cfg, model = smollm2.config, smollm2.model
-    drafter = load_drafter(default.default_drafter_dir(), embed_tokens=model.embed_tokens, lm_head=model.lm_head,
-                           target_hidden_size=cfg.hidden_size, target_num_layers=cfg.num_hidden_layers,
-                           target_vocab_size=cfg.vocab_size, device="cpu", dtype=model.embed_tokens.weight.dtype)
+    model = smollm2.model
+    drafter = shipped_drafter(smollm2)
     texts = ["def fib(n):", "The capital of France is", "1, 2, 3, 4,", "import numpy as np\n", "Once upon a time"]
     try:
         engine = Engine(model, smollm2.tokenizer, drafter, max_model_len=160, max_running=4,

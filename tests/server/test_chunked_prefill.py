@@ -23,6 +23,7 @@ import torch
 
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
+from tests.server.drafter_fixtures import shipped_drafter
 from tests.server.hybrid_fixtures import tiny_hybrid
 from tests.server.tiny import EOS, VOCAB, ByteTokenizer, tiny_target
 
@@ -199,14 +200,7 @@ def test_graphed_static_path_chunks_equal_whole(target, chunk):
 def test_smollm2_shipped_drafter_chunked_equals_whole(smollm2):
     """The real SmolLM2 and its shipped drafter: a chunked prompt gives the whole-prompt tokens
     and the same rounds (the drafter saw the same prompt context)."""
-    from ddtree_server.models import default
-    from ddtree_server.models.drafter.load import load_drafter
-
-    cfg = smollm2.config
-    drafter = load_drafter(default.default_drafter_dir(), embed_tokens=smollm2.model.embed_tokens,
-                           lm_head=smollm2.model.lm_head, target_hidden_size=cfg.hidden_size,
-                           target_num_layers=cfg.num_hidden_layers, target_vocab_size=cfg.vocab_size,
-                           device="cpu", dtype=smollm2.model.embed_tokens.weight.dtype)
+    drafter = shipped_drafter(smollm2)
     try:
         runs = []
         for chunk in (0, 13):

@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from ddtree_server.engine.engine import Engine
-from ddtree_server.models import default
 from tests.server.processor_cases import PENALTIES, SCHEMAS, SPEC_CASES, decode, first_diff
+from tests.server.drafter_fixtures import shipped_drafter
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +25,7 @@ ASK = ("Describe a fictional person as JSON with the fields of this schema, valu
 
 @pytest.fixture(scope="module")
 def engine(smollm2):
-    from ddtree_server.models.drafter.load import load_drafter
-
-    cfg = smollm2.config
-    drafter = load_drafter(default.default_drafter_dir(), embed_tokens=smollm2.model.embed_tokens,
-                           lm_head=smollm2.model.lm_head, target_hidden_size=cfg.hidden_size,
-                           target_num_layers=cfg.num_hidden_layers, target_vocab_size=cfg.vocab_size,
-                           device="cpu", dtype=smollm2.model.embed_tokens.weight.dtype)
+    drafter = shipped_drafter(smollm2)
     yield Engine(smollm2.model, smollm2.tokenizer, drafter, max_model_len=1024,
                  eos_token_ids=smollm2.eos_token_ids)
     smollm2.model.capture_layers = []

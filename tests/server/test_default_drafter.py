@@ -13,6 +13,7 @@ import pytest
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.models import default
+from tests.server.drafter_fixtures import shipped_drafter
 
 pytestmark = pytest.mark.slow
 
@@ -35,13 +36,7 @@ def test_shipped_drafter_files_and_size():
 
 @pytest.fixture(scope="module")
 def drafter(smollm2):
-    from ddtree_server.models.drafter.load import load_drafter
-
-    cfg = smollm2.config
-    d = load_drafter(default.default_drafter_dir(), embed_tokens=smollm2.model.embed_tokens,
-                     lm_head=smollm2.model.lm_head, target_hidden_size=cfg.hidden_size,
-                     target_num_layers=cfg.num_hidden_layers, target_vocab_size=cfg.vocab_size,
-                     device="cpu", dtype=smollm2.model.embed_tokens.weight.dtype)
+    d = shipped_drafter(smollm2)
     yield d
     smollm2.model.capture_layers = []
 

@@ -16,6 +16,7 @@ from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.models.dense.graphs import GraphedTarget
 from tests.server.tiny import VOCAB, ByteTokenizer, OracleDrafter
+from tests.server.drafter_fixtures import shipped_drafter
 
 pytest_plugins = ["tests.server.tiny_fixtures"]
 ROUNDS = 20
@@ -141,14 +142,7 @@ def test_sampled_processed_and_hybrid_rounds_keep_the_host_round(dense, hybrid):
 
 @pytest.fixture(scope="module")
 def shipped(smollm2):
-    from ddtree_server.models import default
-    from ddtree_server.models.drafter.load import load_drafter
-
-    cfg = smollm2.config
-    d = load_drafter(default.default_drafter_dir(), embed_tokens=smollm2.model.embed_tokens,
-                     lm_head=smollm2.model.lm_head, target_hidden_size=cfg.hidden_size,
-                     target_num_layers=cfg.num_hidden_layers, target_vocab_size=cfg.vocab_size,
-                     device="cpu", dtype=smollm2.model.embed_tokens.weight.dtype)
+    d = shipped_drafter(smollm2)
     yield d
     smollm2.model.capture_layers = []
 
@@ -272,9 +266,7 @@ def test_cuda_graph_replay_equals_eager_device_round(budget):
 def test_cuda_smollm2_device_round_equals_host_round(budget):
     """The real SmolLM2 + shipped drafter on CUDA in fp32 with CUDA graphs: the device round gives
     the host round's tokens, cache and context rows over 30 rounds, and plain decoding's tokens."""
-    from ddtree_server.models import default
     from ddtree_server.models.default import DEFAULT_GGUF_SHA256, DefaultModelError, default_gguf_path
-    from ddtree_server.models.drafter.load import load_drafter
     from ddtree_server.models.load import load_target
 
     try:
@@ -282,10 +274,8 @@ def test_cuda_smollm2_device_round_equals_host_round(budget):
                              dtype="fp32")
     except DefaultModelError as exc:
         pytest.skip(str(exc))
-    cfg, model = loaded.config, loaded.model
-    drafter = load_drafter(default.default_drafter_dir(), embed_tokens=model.embed_tokens, lm_head=model.lm_head,
-                           target_hidden_size=cfg.hidden_size, target_num_layers=cfg.num_hidden_layers,
-                           target_vocab_size=cfg.vocab_size, device="cuda", dtype=torch.float32)
+    model = loaded.model
+    drafter = shipped_drafter(loaded, device="cuda", dtype=torch.float32)
     make = lambda: Engine(model, loaded.tokenizer, drafter, max_model_len=512, max_running=1,  # noqa: E731
                           eos_token_ids=loaded.eos_token_ids)
     dev, host = make(), make()

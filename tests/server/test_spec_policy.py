@@ -21,6 +21,7 @@ from ddtree_server.engine.sampling import SamplingParams
 from tests.server.batch_fixtures import (LAYERS, MAX_LEN, check_alone_batched_ar, oracle_drafter, random_specs,
                                          real_drafter, run_batched)
 from tests.server.tiny import EOS, ByteTokenizer
+from tests.server.drafter_fixtures import shipped_drafter
 
 pytest_plugins = ["tests.server.tiny_fixtures"]   # the dense / hybrid module fixtures
 
@@ -202,13 +203,9 @@ def test_bench_runs_the_policy_as_a_method(dense):
 def test_smollm2_with_the_shipped_drafter_keeps_trees_and_equals_ar(smollm2):
     """The real SmolLM2 and the shipped drafter (CPU fp32): the policy keeps its trees (under a
     profile where rows are nearly free, as on a GPU) and every request's text equals ``ar``."""
-    from ddtree_server.models import default
-    from ddtree_server.models.drafter.load import load_drafter
 
-    cfg, model = smollm2.config, smollm2.model
-    drafter = load_drafter(default.default_drafter_dir(), embed_tokens=model.embed_tokens, lm_head=model.lm_head,
-                           target_hidden_size=cfg.hidden_size, target_num_layers=cfg.num_hidden_layers,
-                           target_vocab_size=cfg.vocab_size, device="cpu", dtype=model.embed_tokens.weight.dtype)
+    model = smollm2.model
+    drafter = shipped_drafter(smollm2)
     engine = Engine(model, smollm2.tokenizer, drafter, max_model_len=512, eos_token_ids=smollm2.eos_token_ids,
                     max_running=2, spec_policy="auto", profile=Profile.linear(1.0, 0.002, draft=0.1))
     questions = ["Write a Python function that returns the n-th Fibonacci number iteratively.",

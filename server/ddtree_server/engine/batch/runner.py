@@ -38,14 +38,14 @@ from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
 from ddtree_server.engine.batch.solo_round import SOLO_ENV, SoloRound
-from ddtree_server.engine.batch.trees import RoundInfo, kind_of, own_trees
+from ddtree_server.engine.batch.trees import RoundInfo, kind_of, round_trees
 from ddtree_server.models.dense.graphs import GraphedTarget
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.gdn_batch import POOLS
 from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
-from ddtree_server.speculative.tree import DraftTree, root_only
+from ddtree_server.speculative.tree import DraftTree
 from ddtree_server.speculative.walk import accepted_tokens, walk
 from ddtree_server.speculative.walk_gpu import walk_all
 
@@ -173,27 +173,8 @@ class StepRunner:
 
     def _trees(self, reqs: list[Request], drafted: list[Request], logits: Tensor | None,
                chains: list | None = None, device: bool = True) -> list[DraftTree]:
-        """Every request's tree: the policy's plan for the governed drafted ones (one global node
-        budget), the request's own mode for the others, the root alone for those without a draft.
-        ``device``: the ddtree trees come from the batched device builder (else the host heap)."""
-        row = {id(r): i for i, r in enumerate(drafted)}
-        own = [r for r in drafted if not self._governed(r)]
-        out = dict(zip(map(id, own), own_trees(own, [row[id(r)] for r in own], logits, chains,
-                                               [min(r.budget, self._room(r)) for r in own], device)))
-        gov = [r for r in drafted if self._governed(r)]
-        if gov:
-            caps = [max(min(r.budget, self._room(r)), 0) for r in gov]
-            idx = [row[id(r)] for r in gov]
-            logp, ids = decode.topk_tables(logits[idx] if len(idx) < len(drafted) else logits, max(max(caps), 1))
-            plan = self.policy.plan(len(reqs), sum(t.size - 1 for t in out.values()), len(drafted),
-                                    list(zip(logp.tolist(), ids.tolist())), caps, [r.bonus for r in gov], gov)
-            out.update(zip(map(id, gov), plan.trees))
-            self.last.expected = plan.expected
-        trees = [out[id(r)] if id(r) in out else root_only(r.bonus) for r in reqs]
-        for t in trees:
-            self.last.nodes += t.size - 1
-            self.last.kinds[kind_of(t)] += 1
-        return trees
+        """Every request's tree of the round (``trees.round_trees``; counted in ``self.last``)."""
+        return round_trees(reqs, drafted, logits, chains, self._room, self.policy, self.last, device)
 
     def _solo(self, req: Request, drafting: list[Request]) -> list[int]:
         cache, s = self.caches[req.slot], req.s

@@ -3,7 +3,9 @@ trees of the requests that choose their own (not governed by the speculation pol
 ``--spec-policy fixed``): ``ddtree`` requests get best-first trees, all of the round's at once from
 ONE device build and ONE packed device-to-host copy (speculative/tree_gpu.py ``draft_trees``; or
 each from the host heap, the batch-1 path); ``dflash`` requests the chain of their draft argmaxes;
-a cap of 0 gives the root alone."""
+a cap of 0 gives the root alone. ``round_trees``: every request's tree of a round, the speculation
+policy's plan for the requests it governs (one global node budget) and the own trees above for
+the others."""
 
 from __future__ import annotations
 
@@ -57,3 +59,31 @@ def own_trees(reqs: list, rows: list[int], logits: Tensor, chains: list | None, 
             trees[i] = tree
     return [t if t is not None else one_tree(r, logits[rows[i]], None if chains is None else chains[rows[i]], caps[i])
             for i, (r, t) in enumerate(zip(reqs, trees))]
+
+
+def round_trees(reqs: list, drafted: list, logits: Tensor | None, chains: list | None, room, policy,
+                info: RoundInfo, device: bool = True) -> list[DraftTree]:
+    """Every request's tree of a round: the policy's plan for the governed drafted ones (one global
+    node budget), the request's own mode for the others, the root alone for those without a draft.
+    ``room(req)``: the draft nodes its cache can still take; ``policy``: the SpecPolicy or None;
+    ``info``: the round's counts, updated here. ``device``: the ddtree trees come from the batched
+    device builder (else the host heap)."""
+    governed = (lambda r: r.governed) if policy is not None else (lambda r: False)
+    row = {id(r): i for i, r in enumerate(drafted)}
+    own = [r for r in drafted if not governed(r)]
+    out = dict(zip(map(id, own), own_trees(own, [row[id(r)] for r in own], logits, chains,
+                                           [min(r.budget, room(r)) for r in own], device)))
+    gov = [r for r in drafted if governed(r)]
+    if gov:
+        caps = [max(min(r.budget, room(r)), 0) for r in gov]
+        idx = [row[id(r)] for r in gov]
+        logp, ids = decode.topk_tables(logits[idx] if len(idx) < len(drafted) else logits, max(max(caps), 1))
+        plan = policy.plan(len(reqs), sum(t.size - 1 for t in out.values()), len(drafted),
+                           list(zip(logp.tolist(), ids.tolist())), caps, [r.bonus for r in gov], gov)
+        out.update(zip(map(id, gov), plan.trees))
+        info.expected = plan.expected
+    trees = [out[id(r)] if id(r) in out else root_only(r.bonus) for r in reqs]
+    for t in trees:
+        info.nodes += t.size - 1
+        info.kinds[kind_of(t)] += 1
+    return trees
