@@ -41,6 +41,16 @@ MEASURED = {
     "tests/server/test_batch_soak.py": 120.0,           # 10,000 requests through the batch engine
     "tests/server/test_batch_trees.py::test_smollm2_shipped_drafter_device_trees_equal_alone_and_ar": 30.0,
     "tests/server/test_walk_gpu.py": 8.0,
+    # SmolLM2 (and the interpreter) in module groups: their fixtures keep the module on one worker
+    "tests/server/test_constrained_smollm2.py": 45.0,   # ~10 tests of grammars x modes on SmolLM2
+    "tests/server/test_chunked_prefill.py": 12.0,
+    "tests/server/test_chunked_prefill.py::test_chunks_on_the_kernel_path_equal_whole": 110.0,
+    "tests/server/test_solo_round.py": 5.0,
+    "tests/server/test_solo_round.py::test_smollm2_device_round_equals_host_round": 45.0,
+    "tests/server/test_default_drafter.py": 25.0,
+    "tests/server/test_kernels_gdn_batch.py::test_hybrid_engine_batched_on_the_kernel_path_equals_alone": 120.0,
+    "tests/server/test_kernels_gdn_batch.py::test_batched_tree_kernels_are_batch_invariant_and_match_torch": 60.0,
+    "tests/server/test_kernels_gdn.py": 30.0,
     "tests/server/test_api_auth.py::test_empty_key_logs_that_authentication_is_off": 15.0,
     "tests/server/test_api_auth.py::test_a_key_logs_that_authentication_is_on_without_the_key": 15.0,
 }

@@ -159,7 +159,7 @@ def smol_ar(smollm2):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("budget", [1, 4, 16, 64])
+@pytest.mark.parametrize("budget", [4, 64])   # every budget 1-64 on the tiny target above (cheap)
 def test_smollm2_device_round_equals_host_round(smollm2, shipped, smol_ar, budget):
     kw = {"eos_token_ids": smollm2.eos_token_ids}
     dev = _engine(smollm2.model, smollm2.tokenizer, shipped, 256, **kw)
