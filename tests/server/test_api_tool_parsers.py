@@ -111,6 +111,35 @@ def test_unclosed_call_that_parses_is_a_call():
     assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Lima"}
 
 
+@pytest.mark.parametrize("tail", ["<", "</", "</tool", "</tool_call"])
+def test_a_call_cut_inside_its_closing_tag_is_a_call(tail):
+    """max_tokens may end the answer inside ``</tool_call>``: the JSON is whole, the call counts."""
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lima"}}\n' + tail
+    message = same_when_split(text, **HERMES)
+    assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Lima"}
+    assert message.get("content") is None
+
+
+def test_forced_tool_grammars_allow_calls_only():
+    """A forced tool choice's grammar has no free text around the calls (compiler.calls_only), in
+    every markup and reasoning mode, with and without parallel calls."""
+    from xgrammar import builtin_structural_tag as tags
+
+    from ddtree_server.constrained.compiler import MARKUPS, calls_only
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER.parameters}}]
+    for model in MARKUPS.values():
+        for reasoning in ("disabled", "enabled", "auto"):
+            for parallel in (True, False):
+                tag = tags.get_model_structural_tag(model, tools=tools, tool_choice="required",
+                                                    reasoning=reasoning, parallel_tool_calls=parallel)
+                before = tag.model_dump_json()
+                tag.format = calls_only(tag.format)
+                after = tag.model_dump_json()
+                assert '"triggered_tags"' in before and '"triggered_tags"' not in after
+                assert '"tags_with_separator"' in after
+
+
 def test_arguments_given_as_a_json_string_and_parameters_key():
     assert hermes.parse('{"name": "f", "arguments": "{\\"x\\": 1}"}', {}) == ("f", '{"x": 1}')
     assert hermes.parse('{"name": "f", "parameters": {"x": 1}}', {}) == ("f", '{"x": 1}')

@@ -71,7 +71,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 def test_forced_tool_choice_calls_a_tool_streamed_and_plain(api_client, choice, name):
     """A tool-call grammar (constrained decoding) makes even this model call; the streamed
     deltas add up to the plain answer; the call's result fed back gets a text answer."""
-    kwargs = dict(tools=[WEATHER, READ], tool_choice=choice)
+    # "required" with one call: with parallel calls allowed the answer may go on with more calls
+    # (nothing else: constrained/compiler.calls_only) until the model ends it; SmolLM2 repeats its call
+    kwargs = dict(tools=[WEATHER, READ], tool_choice=choice, **({"parallel_tool_calls": False} if name is None else {}))
     plain = api_client.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=64, **kwargs)
     choice_ = plain.choices[0]
     assert choice_.finish_reason == "tool_calls" and choice_.message.tool_calls

@@ -77,7 +77,8 @@ def test_tool_call_grammars(engine):
         grammar = engine.grammars.tool_calls(tools, choice, markup=markup, parallel=False)
         ref, _, _ = decode(engine, ids, mode="ar", max_tokens=120, grammar=grammar)
         text = engine.tokenizer.decode(ref, skip_special_tokens=True)
-        assert text.startswith("<tool_call>\n") and text.endswith("</tool_call>"), text
+        assert text.startswith("<tool_call>\n") and text.endswith(("</tool_call>", "</tool_call>\n")), text
+        text = text.removesuffix("\n")   # the calls, a newline at most, then the end (compiler.calls_only)
         if markup == "hermes":
             call = json.loads(text[len("<tool_call>\n"):-len("</tool_call>")])
             assert call["name"] in ("get_weather", "get_time") and isinstance(call["arguments"], dict)

@@ -15,7 +15,8 @@ undecided: text that may be the start of a tag is held back until the next piece
   the arguments; a block that does not parse is passed on as plain content (never an error);
   whitespace around calls is dropped, and so is a stray `</tool_call>` after a call (loose
   grammars and small models repeat it); with `parallel_tool_calls: false` only the first call is
-  kept. A block left open at the end is parsed as if it were closed, else returned as content.
+  kept. A block left open at the end (also one cut inside its closing tag) is parsed as if it were
+  closed, else returned as content.
 """
 
 from __future__ import annotations
@@ -158,8 +159,9 @@ class OutputParser:
         if self.state == "reasoning":
             if rest:
                 self._emit(out, {"reasoning_content": rest})
-        elif self.state == "tool":
-            self._call(out, rest, closed=False)
+        elif self.state == "tool":   # an answer cut inside the closing tag: the block without its start
+            cut = rest[:len(rest) - partial_tail(rest, CALL_CLOSE)]
+            self._call(out, cut if cut != rest and self.parse(cut, self.functions) else rest, closed=False)
         else:
             self._content(out, rest)
         if self.held_ws and not self.calls:

@@ -184,8 +184,31 @@ class GrammarCompiler:
                 max_whitespace_cnt=MAX_TOOL_WHITESPACE)
         except (ValueError, TypeError) as exc:
             raise GrammarError(f"tools: {exc}", "tools") from None
+        tag.format = calls_only(tag.format)
         compiled = self._compile("tool-call", "tools", self._xgr.compile_structural_tag, tag)
         return Grammar("tool_calls", compiled)
+
+
+def calls_only(fmt):
+    """A forced tool choice's answer is its calls and nothing after them: xgrammar's model tags
+    leave free text around the calls (``triggered_tags``: any text, a call where a trigger
+    appears), so a forced answer ran on after its call until max_tokens (finish_reason "length",
+    made-up text as content). Each ``triggered_tags`` that must call (``at_least_one``) becomes
+    ``tags_with_separator``: the calls one after another, a newline between them (as the
+    templates join them), a newline at most, then the end of the answer (only EOS may follow)."""
+    from xgrammar import structural_tag as st
+
+    if isinstance(fmt, st.TriggeredTagsFormat) and fmt.at_least_one:
+        calls = st.TagsWithSeparatorFormat(tags=fmt.tags, separator="\n", at_least_one=True,
+                                           stop_after_first=fmt.stop_after_first)
+        return st.SequenceFormat(elements=[calls, st.OptionalFormat(content=st.ConstStringFormat(value="\n"))])
+    for name in ("elements", "content"):   # sequences (a reasoning block first) and nested tags
+        inner = getattr(fmt, name, None)
+        if isinstance(inner, list):
+            setattr(fmt, name, [calls_only(f) for f in inner])
+        elif inner is not None and hasattr(inner, "type"):
+            setattr(fmt, name, calls_only(inner))
+    return fmt
 
 
 def _functions(tools: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
