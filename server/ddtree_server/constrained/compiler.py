@@ -27,6 +27,8 @@ structural tags for both tool-call markups.
 
 from __future__ import annotations
 
+import re
+
 import concurrent.futures as futures
 import json
 import threading
@@ -100,6 +102,9 @@ class GrammarCompiler:
         except (RuntimeError, ValueError, TypeError) as exc:   # xgrammar's refusal of a schema
             detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
             detail = detail.split("] ", 1)[-1] if detail.startswith("[") else detail
+            # a failed C++ check reads "/project/cpp/<file>.cc:974: Check failed: (cond) <why>": keep <why>
+            detail = re.sub(r"^\S+\.(?:cc|cpp|h):\d+:\s*", "", detail)
+            detail = detail.split(" is false: ", 1)[-1] if detail.startswith("Check failed:") else detail
             raise GrammarError(f"{param}: this server cannot compile the {what}: {detail}", param) from None
 
     def _json_grammar(self, schema_text: str, strict: bool):
