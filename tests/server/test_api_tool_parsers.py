@@ -242,3 +242,4 @@ def test_format_follows_the_family():
     assert choose_format("{% if tools %}{{ tools }}{% endif %}", "qwen3_5").name == "qwen_xml"
     fallback = choose_format("{{ messages }}", "llama")
     assert fallback.name == "hermes" and not fallback.native
+

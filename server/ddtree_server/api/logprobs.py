@@ -11,6 +11,7 @@ replacement; ``bytes`` carries the exact bytes, so a character split over tokens
 
 from __future__ import annotations
 
+import codecs
 from typing import Any, Sequence
 
 
@@ -46,11 +47,13 @@ def completion_logprobs(texts: TokenTexts, entries: Sequence[Any], offset: int =
     """The completions `choices[].logprobs` object; ``offset``: characters of text before these
     tokens (a stream's earlier chunks), for ``text_offset``."""
     tokens, values, tops, offsets = [], [], [], []
+    # offsets count characters of the decoded text, not of each token's own text: a character
+    # split over tokens (byte pieces) sits at one index, which its tokens share
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     for e in entries:
-        text = texts.text(e.token_id)
-        tokens.append(text)
+        tokens.append(texts.text(e.token_id))
         values.append(e.logprob)
         tops.append({texts.text(t): v for t, v in e.top})
         offsets.append(offset)
-        offset += len(text)
+        offset += len(decoder.decode(texts.raw(e.token_id)))
     return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
