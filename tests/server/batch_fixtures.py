@@ -90,6 +90,20 @@ def run_batched(engine, specs):
     return got, events
 
 
+def run_together(engine, jobs, params) -> tuple[list[list[int]], list[int]]:
+    """``jobs`` (prompt ids, mode) all added at once and stepped until done: each job's tokens and
+    the batch size of every step (``params()``: a fresh SamplingParams per request)."""
+    reqs = [engine.make_request(ids, params(), mode=m, rid=str(i)) for i, (ids, m) in enumerate(jobs)]
+    for r in reqs:
+        engine.batch.add(r)
+    got, sizes = {r.rid: [] for r in reqs}, []
+    while engine.batch.busy:
+        for r, ev in engine.batch.step():
+            got[r.rid] += ev.token_ids
+        sizes.append(engine.batch.last.batch)
+    return [got[str(i)] for i in range(len(jobs))], sizes
+
+
 def check_alone_batched_ar(engine, specs, ar_engine):
     got, finish = run_batched(engine, specs)
     assert max(engine.batch.runner.caches.tensors["0:k"].shape[0], 1) < len(specs)

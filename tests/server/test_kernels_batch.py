@@ -79,6 +79,7 @@ from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.models.drafter.config import DrafterConfig
 from ddtree_server.models.drafter.model import DFlashDrafter
+from tests.server.batch_fixtures import run_together
 from tests.server.tiny import EOS, VOCAB, ByteTokenizer, tiny_target
 
 torch.set_num_threads(1)
@@ -93,16 +94,9 @@ eng = Engine(t, ByteTokenizer(), d, eos_token_ids=[EOS], max_model_len=64, max_r
 jobs = [(list(b"abc def"), "ar"), (list(b"hello hello"), "ddtree"), (list(b"xy"), "dflash")]
 p = lambda: SamplingParams(max_tokens=6, ignore_eos=True)
 alone = [[x for ev in eng.generate(ids, p(), mode=m) for x in ev.token_ids] for ids, m in jobs]
-reqs = [eng.make_request(ids, p(), mode=m, rid=str(i)) for i, (ids, m) in enumerate(jobs)]
-for r in reqs:
-    eng.batch.add(r)
-got, sizes = {r.rid: [] for r in reqs}, []
-while eng.batch.busy:
-    for r, ev in eng.batch.step():
-        got[r.rid] += ev.token_ids
-    sizes.append(eng.batch.last.batch)
+batched, sizes = run_together(eng, jobs, p)
 from ddtree_server.models.layers import kernels_usable
-print(json.dumps({"alone": alone, "batched": [got[str(i)] for i in range(3)], "max_batch": max(sizes),
+print(json.dumps({"alone": alone, "batched": batched, "max_batch": max(sizes),
                   "kernels": kernels_usable(16, t.embed_tokens.weight)}))
 """
 

@@ -178,6 +178,7 @@ from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.models.drafter.config import DrafterConfig
 from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid import gdn_fast
+from tests.server.batch_fixtures import run_together
 from tests.server.hybrid_fixtures import tiny_hybrid
 from tests.server.tiny import EOS, ByteTokenizer
 
@@ -197,16 +198,9 @@ for padded in ("0", "1"):   # the eager batched layout, then the padded layout o
     eng = Engine(t, ByteTokenizer(), d, eos_token_ids=[EOS], max_model_len=64, max_running=4)
     if "alone" not in out:   # solo rounds take the one-request kernels whatever the layout
         out["alone"] = [[x for ev in eng.generate(ids, p(), mode=m) for x in ev.token_ids] for ids, m in jobs]
-    reqs = [eng.make_request(ids, p(), mode=m, rid=str(i)) for i, (ids, m) in enumerate(jobs)]
-    for r in reqs:
-        eng.batch.add(r)
-    got, sizes = {r.rid: [] for r in reqs}, []
-    while eng.batch.busy:
-        for r, ev in eng.batch.step():
-            got[r.rid] += ev.token_ids
-        sizes.append(eng.batch.last.batch)
+    batched, sizes = run_together(eng, jobs, p)
     g = eng.batch.runner.graphs
-    out[padded] = {"batched": [got[str(i)] for i in range(4)], "max_batch": max(sizes),
+    out[padded] = {"batched": batched, "max_batch": max(sizes),
                    "pending_rounds": g.pending_rounds if g is not None else 0}
 out["kernels"] = gdn_fast.kernels_on(torch.device("cpu"))
 print(json.dumps(out))
