@@ -62,14 +62,18 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), w, self.eps)
 
 
+def check_silu(act: str) -> None:
+    """The MLPs here are SwiGLU: any other ``hidden_act`` is a ValueError."""
+    if act not in ("silu", "swish"):
+        raise ValueError(f"unsupported hidden_act {act!r} (only silu)")
+
+
 class MLP(nn.Module):
     """SwiGLU with a fused gate/up projection: ``down(silu(gate(x)) * up(x))``."""
 
     def __init__(self, config):
         super().__init__()
-        act = getattr(config, "hidden_act", "silu")
-        if act not in ("silu", "swish"):
-            raise ValueError(f"unsupported hidden_act {act!r} (only silu)")
+        check_silu(getattr(config, "hidden_act", "silu"))
         bias = bool(getattr(config, "mlp_bias", False))
         self.inter = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ddtree_server.models.drafter.config import DrafterConfig
-from ddtree_server.models.layers import RMSNorm
+from ddtree_server.models.layers import RMSNorm, check_silu
 
 
 def hf_config(cfg: DrafterConfig):
@@ -38,8 +38,7 @@ class SwiGLU(nn.Module):
 
     def __init__(self, hidden: int, inter: int, act: str) -> None:
         super().__init__()
-        if act not in ("silu", "swish"):
-            raise ValueError(f"unsupported hidden_act {act!r} (only silu)")
+        check_silu(act)
         self.intermediate_size = inter
         self.gate_proj = nn.Linear(hidden, inter, bias=False)
         self.up_proj = nn.Linear(hidden, inter, bias=False)
