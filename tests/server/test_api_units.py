@@ -412,3 +412,26 @@ def test_metrics_of_the_speculation_policy():
     assert 'ddtree_request_rounds_total{kind="plain"} 4.0' in text
     assert 'ddtree_request_rounds_total{kind="tree"} 2.0' in text
     assert "ddtree_verified_draft_nodes_total 50.0" in text and "ddtree_accepted_draft_tokens_total 6.0" in text
+
+
+def test_a_burst_fills_free_slots_before_the_queue_limit():
+    """Jobs that free engine slots take at the next step boundary do not count against
+    --max-queue: with 3 free slots and max_queue 2, five jobs arriving during one step are
+    accepted and the sixth is 429 (QueueFull); one slot taken by a running job lowers that by one."""
+    from ddtree_server.api.worker import Job, QueueFull
+
+    async def burst(running: int) -> int:
+        worker = Worker(load=lambda status: None, warmup=lambda engine: None, max_queue=2, max_concurrency=3)
+        worker.state, worker._running = "ready", running   # as after loading, `running` jobs in the engine
+        accepted = 0
+        for i in range(10):
+            try:
+                worker.submit(Job(rid=f"r{i}", prompt_ids=[1], params=None))
+            except QueueFull:
+                break
+            accepted += 1
+        return accepted
+
+    assert asyncio.run(burst(0)) == 5
+    assert asyncio.run(burst(1)) == 4
+    assert asyncio.run(burst(3)) == 2

@@ -104,7 +104,7 @@ class Worker:
                  on_step: Callable[[Any], None] | None = None,
                  progress: Callable[[], float | None] | None = None) -> None:
         self._load, self._warmup = load, warmup
-        self._queue: queue.Queue[Job] = queue.Queue(maxsize=max(max_queue, 1))
+        self._queue: queue.Queue[Job] = queue.Queue()   # bounded in submit: max_queue + free slots
         self._max_queue, self._max_concurrency = max_queue, max_concurrency
         self.stall_seconds = float(stall_seconds)
         self._waiting: dict[str, float] = {}       # rid -> submitted_at of queued jobs, oldest first
@@ -134,12 +134,12 @@ class Worker:
         with self._lock:
             if self.state != "ready":
                 raise NotAccepting(self.state)
-            if self._queue.qsize() >= self._max_queue and self._running >= (self._max_concurrency or 1):
+            # jobs in the queue that free engine slots will take at the next step boundary are not
+            # waiting: a burst that arrives during one step fills the free slots, then the queue
+            free = max((self._max_concurrency or 1) - self._running, 0)
+            if self._queue.qsize() >= self._max_queue + free:
                 raise QueueFull(f"{self._max_queue} requests are already waiting")
-            try:
-                self._queue.put_nowait(job)
-            except queue.Full:
-                raise QueueFull(f"{self._max_queue} requests are already waiting") from None
+            self._queue.put_nowait(job)
             self._inflight += 1
             self._waiting[job.rid] = job.submitted_at
             self._jobs[job.rid] = job
