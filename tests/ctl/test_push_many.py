@@ -125,8 +125,8 @@ def test_fifty_small_files_cost_the_commands_of_five(node, ssh, tmp_path, monkey
         folder = f"/srv/pm/count-{n}-{os.getpid()}"
         res = sync_model(ct, "wheelhouse", src, folder)
         assert (res.files_sent, res.bytes_sent) == (n + 3, sum(e["size"] for e in local_manifest(src).values()))
-        assert _tree(ct, folder) == _local_tree(src)
         counts[n] = [(kind, _cmd(argv)) for kind, argv in counting.calls]
+        assert _tree(ct, folder) == _local_tree(src)
         counting.calls.clear()
         again = sync_model(ct, "wheelhouse", src, folder)
         assert (again.files_sent, again.bytes_sent, again.changed) == (0, 0, False)
