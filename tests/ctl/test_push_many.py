@@ -4,8 +4,9 @@ Containers of the pct emulation over a real sshd (tests/fleet/node.py), a node o
 this machine: the batched manifest sync (one tar stream, one sha256sum, one mv per folder) leaves
 the same tree and manifest as the per-file push, a re-run sends nothing, and a 50-file sync costs
 the same small number of remote commands as a 5-file one. Faults by class: the peer killed or
-frozen mid-stream, the remote tar killed (a closed pipe), a full disk (a 1 MiB tmpfs bound into
-the container) and a staged file corrupted before verification: each is a clear error of
+frozen mid-stream, the remote tar killed (a closed pipe) or stuck past the deadline, a full disk
+(a 1 MiB tmpfs bound into the container) and a staged file corrupted before verification: each
+is a clear error of
 push_file's classes, no final name changes, and the staging folder is removed (or, when the peer
 is gone, ignored by the next sync and removed once stale).
 """
@@ -282,6 +283,40 @@ def test_the_remote_tar_killed_mid_stream(node, ssh, tmp_path, monkeypatch):
     assert killed
     _unchanged(ct, folder, v1)
     assert ".incoming" not in ct.run(["ls", "-a", folder]).text
+
+
+def test_a_stuck_remote_tar_ends_at_the_deadline(node, tmp_path, monkeypatch):
+    """A live connection whose tar never finishes (a hung disk): timeout(1) inside the container
+    stops it at the stream's deadline (CHUNK_TIMEOUT cut to 2 s here): CommandTimeout, nothing placed."""
+    from ddtctl.errors import CommandTimeout
+    from ddtctl.remote import push_many
+
+    monkeypatch.setenv("DDTCTL_HOME", str(tmp_path / "home"))
+    slow = tmp_path / "slow_tar"
+    slow.write_text('#!/bin/sh\n[ -e /srv/slow-tar ] && sleep 30\nexec /usr/bin/tar "$@"\n')
+    slow.chmod(0o755)
+    conf = node.state / "lxc" / "743.conf"
+    if conf.exists():
+        node.pct("stop", "743", check=False)
+        conf.unlink()
+    node.create_container(743, "ct743", binds={"/usr/local/bin/tar": slow})
+    transport = node.transport()
+    try:
+        ct = ContainerTransport(transport, 743)
+        v1, v2 = _v1_then_v2(tmp_path)
+        sync_model(ct, "m", v1, "/srv/m")
+        ct.run(["touch", "/srv/slow-tar"]).check()
+        monkeypatch.setattr(push_many, "CHUNK_TIMEOUT", 2.0)
+        t0 = time.monotonic()
+        with pytest.raises(CommandTimeout, match=r"sending \d+ files into /srv/m/.incoming-\w+ timed out after 2 s"):
+            sync_model(ct, "m", v2, "/srv/m")
+        assert time.monotonic() - t0 < 15
+        _unchanged(ct, "/srv/m", v1)
+        assert ".incoming" not in ct.run(["ls", "-a", "/srv/m"]).text
+    finally:
+        transport.close()
+        node.pct("stop", "743", check=False)
+        conf.unlink()
 
 
 @pytest.mark.parametrize("fault", ["killed", "frozen"])
