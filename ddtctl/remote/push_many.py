@@ -17,8 +17,9 @@ through SSH into a container). Each batch (at most BATCH_BYTES bytes, ARGV_BYTES
 5. ``rm -rf -- <staging>``.
 
 Any failure (a killed or frozen peer, a full disk, a hash mismatch, a closed pipe, a deadline)
-removes the staging folder when the destination still answers, leaves every final name as it
-was, and raises what push_file raises: TransferError (tar failed, sha256 mismatch), RemoteError /
+removes the staging folder when the destination still answers, leaves every final name of the
+batch as it was (only a failure inside step 4, or a later batch's, can leave some names with
+their new, verified content: never a half-written file), and raises what push_file raises: TransferError (tar failed, sha256 mismatch), RemoteError /
 CommandTimeout (a step failed or ran out of time), UnreachableError (the connection is gone;
 the stream is retried over a new connection, WRITE_ATTEMPTS in all, as push_file's writes are),
 OSError (a local file cannot be read). A staging folder that could not be removed (the peer
