@@ -17,6 +17,8 @@ MEASURED = {
     "tests/fleet/test_recovery.py": 50.0,
     "tests/fleet/test_fleet_e2e.py": 50.0,
     "tests/fleet/test_router_fleet.py": 50.0,
+    "tests/ctl/test_push_many.py": 4.0,                  # a 9 MiB per-file push into a container
+    "tests/ctl/test_push_many_faults.py": 6.0,           # own nodes for the peer faults
     # the Triton interpreter (test_kernels_engine: one child per test)
     "tests/server/test_kernels_engine.py::test_kernel_path_is_exact": 80.0,
     "tests/server/test_kernels_engine.py::test_target_kernel_path_equals_sdpa": 75.0,

@@ -13,7 +13,8 @@ plan's is reinstalled). Modes (inventory `packages:`, `PackageSettings`):
   interpreter (facts from `release_probe facts`: version, glibc, machine) and caches the result
   under $DDTCTL_HOME/cache/wheelhouse/<key>/, key = sha256 of (requirements, Python, platform
   tags, index settings); `push_wheelhouse` syncs it to `<root>/wheelhouse/` on the target with
-  the weights' manifest sync (only new wheels are sent; wheels no longer needed are removed).
+  the weights' manifest sync (only new wheels are sent, those below 8 MiB in one tar stream;
+  wheels no longer needed are removed).
   pip then installs with `--no-index --find-links <root>/wheelhouse`.
 * `system` (default for local hosts): `--system-site-packages` venv and `pip --no-index
   --no-deps`: the interpreter already has every dependency (`make install` did it).

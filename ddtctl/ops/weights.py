@@ -8,8 +8,10 @@ one `find -printf`). Weights are verified by content, cheaply: a file is sent wh
 entry or its size on the target differs; it is re-hashed on the target (and sent when its sha256
 differs) when its mtime or inode differs from the recorded ones (a same-size overwrite such as
 `dd conv=notrunc` changes the mtime), and `verify=True` (`deploy --verify`) re-hashes every file.
-`Transport.put` streams, resumes and verifies each file (it skips a file whose size and sha256
-already match). Local digests are cached in $DDTCTL_HOME/cache/sha256.json by
+Files below 8 MiB go together: hashed on the target in one command and sent as one verified tar
+stream per batch (ops/weights_send.py, remote/push_many.py); larger ones with `Transport.put`,
+which streams, resumes and verifies each file (it skips a file whose size and sha256 already
+match). Local digests are cached in $DDTCTL_HOME/cache/sha256.json by
 (path, size, mtime), so unchanged multi-GB weights are hashed once.
 
 `shared` mode: weights go to the node once (`<models_root>/<name>`) and are bind-mounted read-only
@@ -23,13 +25,13 @@ import json
 import os
 import posixpath
 import re
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddtctl.errors import RemoteError, UsageError
 from ddtctl.inventory import ddtctl_home
+from ddtctl.ops.weights_send import send_files, write_manifest
 from ddtctl.remote.push import local_sha256
 
 MANIFEST = ".ddtctl-manifest.json"
@@ -198,29 +200,16 @@ def sync_model(transport, name: str, source: Path, dest: str, *, dry_run: bool =
         result.files_sent, result.bytes_sent = len(send), sum(manifest[r]["size"] for r in send)
         result.notes.append("dry run: nothing sent" + (f", {len(rehash)} would be re-hashed" if rehash else ""))
         return result
-    repaired = 0
-    for rel in send + rehash:
-        local_file = source if source.is_file() else source / rel
-        target = dest if source.is_file() else posixpath.join(dest, rel)
-        cb = progress_factory(f"{name}: {rel}", manifest[rel]["size"]) if progress_factory else None
-        put = transport.put(local_file, target, mode=0o644, progress=cb)   # hashes first: skips an equal file
-        result.files_sent += 0 if put.skipped else 1
-        result.bytes_sent += put.bytes_sent
-        result.files_rehashed += rel in rehash
-        repaired += rel in rehash and not put.skipped
+    repaired = send_files(transport, name, source, dest, folder, manifest, send, rehash, observed, result,
+                          progress_factory)
     if rehash:
         result.notes.append(f"{len(rehash)} re-hashed on the target"
                             + ("" if verify else " (changed there since the last push)")
                             + (f", {repaired} differed and were sent again" if repaired > 0 else ", all intact"))
     if send or rehash or remote != manifest:
         after = _observe(transport, source, folder, dest)
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-            json.dump({"files": manifest, "observed": {r: after.get(r) for r in manifest}}, fh, indent=1,
-                      sort_keys=True)
-        try:
-            transport.put(Path(fh.name), manifest_path, mode=0o644)
-        finally:
-            os.unlink(fh.name)
+        write_manifest(transport, folder, manifest_path, {"files": manifest,
+                                                          "observed": {r: after.get(r) for r in manifest}})
     return result
 
 

@@ -8,6 +8,8 @@
 3. verify the sha256 of ``<dest>.part`` on the destination with ``sha256sum``;
 4. ``chmod`` + atomic ``mv -T`` onto ``<dest>``.
 
+That is ~6 remote commands per file; many small files go together instead (remote/push_many.py).
+
 :class:`ExecFileOps` implements the primitives with fixed argv (``stat``, ``sha256sum``, ``mkdir -p``,
 ``rm -f``, ``chmod``, ``mv``) run through any ``run`` callable, and writes chunks with
 ``dd of=<part> bs=1M seek=<offset> oflag=seek_bytes conv=notrunc status=none`` fed on stdin (GNU
