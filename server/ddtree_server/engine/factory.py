@@ -74,7 +74,9 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
                     spec_policy=spec_policy, spec_gate=spec_gate)
     chunk = engine.batch.prefill_chunk
     messages.append(f"batching: up to {engine.max_concurrency} running requests per step, "
-                    f"{engine.batch.slot_bytes / 2**20:.1f} MiB per slot; prefill "
+                    f"{engine.batch.slot_bytes / 2**20:.1f} MiB per slot"
+                    + (f" + {engine.batch.scratch_bytes / 2**20:.1f} MiB round scratch" if engine.batch.scratch_bytes else "")
+                    + "; prefill "
                     + (f"chunks of {chunk} tokens per step" if chunk else "of whole prompts"))
     messages.append(f"default mode {engine.default_mode}" + (
         f", tree budget {engine.tree_budget}" if engine.default_mode == "ddtree" else "")
