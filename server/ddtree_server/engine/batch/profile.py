@@ -72,7 +72,7 @@ def measure(runner, rows=None) -> Profile:
         return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
 
     seconds = list(itertools.accumulate((_time(lambda n=n: forward(split(n)), dev) for n in rows), max))
-    many = min(slots, 16)
+    many = min(slots, 16, per_block)
     per_request = 0.0
     if many > 1:
         per_request = max((_time(lambda: forward([1] * many), dev) - _time(lambda: forward([many]), dev))
