@@ -28,7 +28,7 @@ SLOTS, MAX_LEN = 7, 64
 def _pool(model, seed: int, batched: bool) -> SlotPool:
     """The batched side's slots share one round scratch (chunk method), as the engine's do; the
     per-request side's have their own."""
-    scratch = model.new_scratch(64) if batched and model.method == "chunk" else None
+    scratch = model.new_scratch(128) if batched and model.method == "chunk" else None   # cap 80 as own
     pool = SlotPool(lambda: model.new_cache(MAX_LEN, scratch=scratch), SLOTS)
     pool.scratch = scratch
     g = torch.Generator().manual_seed(seed)
