@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ddtree_server.api.metrics import Metrics
 from ddtree_server.engine.batch import trees
-from ddtree_server.engine.engine import Engine
+from ddtree_server.engine.batch.pools import slot_cache_bytes
+from ddtree_server.engine.engine import Engine, slots_for
 from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
 
 from tests.server.batch_fixtures import MAX_LEN, check_alone_batched_ar, oracle_drafter, random_specs
@@ -59,9 +61,23 @@ def test_hybrid_slot_bytes_leave_out_the_round_scratch():
     ptrs = {(c.kk.data_ptr(), c.uu.data_ptr(), c.GG.data_ptr(), c.win.data_ptr()) for c in runner.caches.caches}
     assert ptrs == {tuple(runner.scratch.tensors()[n].data_ptr() for n in ("kk", "uu", "GG", "win"))}
     assert all(c.cap == cap for c in runner.caches.caches)
-    # a standalone cache keeps its own scratch of TREE_ROWS rows
+    # a standalone cache keeps its own scratch of TREE_ROWS rows; the slot's bytes leave it out
     own = target.new_cache(MAX_LEN + 1)
     assert not own.scratch.shared and own.cap == 80
+    assert slot_cache_bytes(own) == kv + gdn * hv * dk * dv * 4 + gdn * (k - 1 + 80) * cfg.conv_dim * 4
+    # the CUDA sizing's figures (Engine._slot_bytes): a slot as the engine allocates it at the
+    # default rows (3 slots: 240 rows, cap 80), the scratch once at its most rows (1,024)
+    default = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=3)
+    assert default.batch.runner.scratch.rows == 240
+    assert default._slot_bytes() == (default.slot_bytes, 1024 * scratch // 40)
+    # /metrics: the slot and the round scratch apart
+    m = Metrics()
+    m.observe_memory(engine.batch.memory)
+    text = m.render().decode()
+    assert f"ddtree_slot_bytes {float(slot)}" in text and f"ddtree_round_scratch_bytes {float(scratch)}" in text
+    # CUDA sizing: the scratch counted once, then whole slots
+    assert slots_for(10 * slot + scratch, slot, 1.0, once=scratch) == 10
+    assert slots_for(10 * slot + scratch - 1, slot, 1.0, once=scratch) == 9
 
 
 @pytest.mark.parametrize("padded", ["0", "1"])
