@@ -1,6 +1,6 @@
 """The hybrid verify scratch of the batch engine is one per ROUND, not one per slot (engine/batch/runner.py,
 models/hybrid/cache.py ``VerifyScratch``): a slot's bytes are its KV, committed GDN state and conv
-rows (computed here from the config); the scratch is allocated once per engine and every slot's
+state (computed here from the config); the scratch is allocated once per engine and every slot's
 cache views it; a round whose trees would need more rows than the scratch has is cut to fit
 (``trees.fit_rows``: each tree a prefix of its nodes) and stays exact: over 20+ rounds with
 arrivals, cancellations and slot reuse, eager and in the padded layout of the CUDA graphs (run
@@ -50,21 +50,22 @@ def test_hybrid_slot_bytes_leave_out_the_round_scratch():
         cfg.linear_conv_kernel_dim
     cap = 40   # the slots' pending blocks: min(TREE_ROWS, the scratch's rows)
     kv = 2 * attn * cfg.num_key_value_heads * (MAX_LEN + 1) * cfg.head_dim * 4
-    slot = kv + gdn * hv * dk * dv * 4 + gdn * (k - 1 + cap) * cfg.conv_dim * 4
-    scratch = 40 * (gdn * hv * (dk + dv + 1) * 4 + k * 8)
+    slot = kv + gdn * hv * dk * dv * 4 + gdn * (k - 1) * cfg.conv_dim * 4
+    scratch = 40 * (gdn * hv * (dk + dv + 1) * 4 + gdn * cfg.conv_dim * 4 + k * 8)
     assert runner.caches.slot_bytes == engine.batch.slot_bytes == engine.slot_bytes == slot
     assert engine.batch.scratch_bytes == engine.batch.memory.scratch_bytes == runner.scratch.nbytes == scratch
     # allocated once: no pooled scratch tensor, every slot's cache views the engine's one scratch
-    for name in ("kk", "uu", "GG", "win"):
+    for name in ("kk", "uu", "GG", "win", "inputs"):
         with pytest.raises(KeyError):
             runner.caches.pool(name)
-    ptrs = {(c.kk.data_ptr(), c.uu.data_ptr(), c.GG.data_ptr(), c.win.data_ptr()) for c in runner.caches.caches}
-    assert ptrs == {tuple(runner.scratch.tensors()[n].data_ptr() for n in ("kk", "uu", "GG", "win"))}
+    names = ("kk", "uu", "GG", "win", "inputs")
+    ptrs = {tuple(getattr(c, n).data_ptr() for n in names) for c in runner.caches.caches}
+    assert ptrs == {tuple(runner.scratch.tensors()[n].data_ptr() for n in names)}
     assert all(c.cap == cap for c in runner.caches.caches)
     # a standalone cache keeps its own scratch of TREE_ROWS rows; the slot's bytes leave it out
     own = target.new_cache(MAX_LEN + 1)
     assert not own.scratch.shared and own.cap == 80
-    assert slot_cache_bytes(own) == kv + gdn * hv * dk * dv * 4 + gdn * (k - 1 + 80) * cfg.conv_dim * 4
+    assert slot_cache_bytes(own) == slot
     # the CUDA sizing's figures (Engine._slot_bytes): a slot as the engine allocates it at the
     # default rows (3 slots: 240 rows, cap 80), the scratch once at its most rows (1,024)
     default = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=3)

@@ -11,13 +11,13 @@ window ``win[t]`` (rows of the slot's conv buffer, ``models/hybrid/tree.py``). T
 ``kk / uu / GG`` is the round's (one for all requests): block j's rows from ``base[j]`` (its row
 offset in the round).
 
-* ``pre_rows``: grid ``(m, 2 Hk + Hv)``: conv + SiLU over the window (block rows read from
-  ``proj``), the row's inputs to its slot's conv buffer row K-1+i, q / k l2 norms, v, beta, and
-  the path-cumsum gate G into the block's ``GG`` scratch rows;
+* ``pre_rows``: grid ``(m, 2 Hk + Hv)``: conv + SiLU over the window (committed rows from the
+  slot's conv state, block rows from ``proj``), the row's inputs to the scratch's ``inputs``, q /
+  k l2 norms, v, beta, and the path-cumsum gate G into the block's ``GG`` scratch rows;
 * ``tree_rules``: the prep kernel per (value head, row block, request) and the solve kernel per
   (value head, V tile, request) of ``gdn_tree.py`` on each request's rows: k per value head and the
   solved u go to its block's ``kk`` / ``uu`` scratch rows, the state is read from its slot.
-Layer views: conv ``[slots, K-1+cap, C]``, state ``[slots, Hv, Dk, Dv]`` (slot stride free, the
+Layer views: conv ``[slots, K-1, C]``, state ``[slots, Hv, Dk, Dv]`` (slot stride free, the
 rest contiguous), kk ``[rows, Hv, Dk]``, uu ``[rows, Hv, Dv]``, GG ``[rows, Hv]`` (contiguous rows).
 """
 
@@ -36,8 +36,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _pre_rows_kernel(proj_ptr, conv_ptr, slot_ptr, local_ptr, req_ptr, qo_ptr, win_ptr, w_ptr, alog_ptr,
-                         dtb_ptr, anc_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, base_ptr, R,
-                         stride_proj, stride_slot, stride_conv, scale,
+                         dtb_ptr, anc_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, base_ptr, in_ptr, R,
+                         stride_proj, stride_slot, stride_conv, stride_in, scale,
                          HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr,
                          BC: tl.constexpr):
         t = tl.program_id(0)
@@ -58,7 +58,8 @@ if HAVE_TRITON:
                         other=0.0) + tl.load(conv + tl.minimum(r, KW - 2) * stride_conv + ch,
                                              mask=m & (r < KW - 1), other=0.0)
             acc += x.to(tl.float32) * tl.load(w_ptr + ch * KW + tt, mask=m, other=0.0).to(tl.float32)
-        tl.store(conv + (KW - 1 + i) * stride_conv + ch, tl.load(blk + i * stride_proj + ch, mask=m), mask=m)
+        row = tl.load(base_ptr + rq).to(tl.int64) + i   # the row's row in the round's scratch
+        tl.store(in_ptr + row * stride_in + ch, tl.load(blk + i * stride_proj + ch, mask=m), mask=m)
         y = acc / (1.0 + tl.exp(-acc))
         y = y.to(proj_ptr.dtype.element_ty).to(tl.float32)
         if j < 2 * HK:
@@ -83,7 +84,7 @@ if HAVE_TRITON:
                 a = tl.load(blk + rows * stride_proj + col + HV, mask=rm, other=0.0).to(tl.float32) + dt_bias
                 sp = tl.where(a > 20.0, a, tl.where(a < -15.0, tl.exp(a), tl.log(1.0 + tl.exp(a))))
                 gsum += tl.where(on, -tl.exp(a_log) * sp, 0.0)
-            tl.store(g_ptr + (tl.load(base_ptr + rq).to(tl.int64) + i) * HV + h, tl.sum(gsum, axis=0))
+            tl.store(g_ptr + row * HV + h, tl.sum(gsum, axis=0))
 
     @triton.jit(do_not_specialize=["R", "NP"])
     def _prep_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, kk_ptr, a_ptr, p_ptr, d_ptr, base_ptr, qo_ptr,
@@ -191,13 +192,15 @@ if HAVE_TRITON:
             tl.debug_barrier()
 
 
-def pre_rows(proj: Tensor, conv: Tensor, GG: Tensor, ch, weight: Tensor, a_log: Tensor, dt_bias: Tensor,
-             dims: tuple[int, int, int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def pre_rows(proj: Tensor, conv: Tensor, GG: Tensor, inputs: Tensor, ch, weight: Tensor, a_log: Tensor,
+             dt_bias: Tensor, dims: tuple[int, int, int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """See the module docstring; ``ch``: the group's geometry (``gdn_batch.Chunks``). Returns q, k
-    ``[m, Hk, Dk]``, v ``[m, Hv, Dv]``, beta ``[m, Hv]`` (fp32); G goes to the blocks' ``GG`` rows."""
+    ``[m, Hk, Dk]``, v ``[m, Hv, Dv]``, beta ``[m, Hv]`` (fp32); G and the rows' conv inputs go to
+    the blocks' rows of ``GG`` and ``inputs`` (``[rows, C]``)."""
     hk, hv, dk, dv = dims
     m, kw = proj.shape[0], ch.win.shape[1]
-    if proj.stride(-1) != 1 or conv.stride(-1) != 1 or conv.stride(1) != conv.shape[2] or not GG.is_contiguous():
+    if proj.stride(-1) != 1 or conv.stride(-1) != 1 or conv.stride(1) != conv.shape[2] or not GG.is_contiguous() \
+            or inputs.stride(-1) != 1:
         raise ValueError(f"pre_rows: proj {tuple(proj.shape)}, conv {tuple(conv.shape)}, GG {tuple(GG.shape)}")
     dev, f32 = proj.device, torch.float32
     q = torch.empty((m, hk, dk), dtype=f32, device=dev)
@@ -206,8 +209,8 @@ def pre_rows(proj: Tensor, conv: Tensor, GG: Tensor, ch, weight: Tensor, a_log: 
     beta = torch.empty((m, hv), dtype=f32, device=dev)
     _pre_rows_kernel[(m, 2 * hk + hv)](
         proj, conv, ch.slot_of_row, ch.local, ch.req, ch.qo, ch.win.contiguous(), weight.contiguous(), a_log, dt_bias,
-        ch.anc.view(torch.uint8), q, k, v, GG, beta, ch.base, ch.r, proj.stride(0), conv.stride(0), conv.stride(1),
-        dk ** -0.5, HK=hk, HV=hv, DK=dk, DV=dv, KW=kw, BC=triton.next_power_of_2(max(dk, dv)),
+        ch.anc.view(torch.uint8), q, k, v, GG, beta, ch.base, inputs, ch.r, proj.stride(0), conv.stride(0),
+        conv.stride(1), inputs.stride(0), dk ** -0.5, HK=hk, HV=hv, DK=dk, DV=dv, KW=kw, BC=triton.next_power_of_2(max(dk, dv)),
         num_warps=1 if max(dk, dv) <= 128 else 4)
     return q, k, v, beta
 

@@ -107,10 +107,11 @@ def _fold(gdn: dict, caches: list, slots: list[int], bases: list[int], paths: li
     idx = np.repeat(np.asarray(bases, dtype=np.int64)[:, None], width, axis=1)
     for j, p in enumerate(paths):
         idx[j, width - len(p):] += p
-    host = np.concatenate((np.asarray(slots, dtype=np.int64), idx.reshape(-1), width - np.fromiter(map(len, paths), np.int64)))
+    host = np.concatenate((np.asarray(slots, dtype=np.int64), idx.reshape(-1), width - np.fromiter(map(len, paths), np.int64),
+                           np.asarray(bases, dtype=np.int64)))
     dev = torch.from_numpy(host).to(device)
-    slot, idx_d, lead = dev[:b], dev[b: b + b * width].view(b, width), dev[b + b * width:]
-    state, kk, uu, GG, conv, win = (gdn[n] for n in ("state", "kk", "uu", "GG", "conv", "win"))
+    slot, idx_d, lead, base = dev[:b], dev[b: b + b * width].view(b, width), dev[b + b * width: -b], dev[-b:]
+    state, kk, uu, GG, conv, win, inputs = (gdn[n] for n in ("state", "kk", "uu", "GG", "conv", "win", "inputs"))
     if gdn_fast.fold_usable(caches[0]):   # the fold kernel: one launch per slot, in place
         for j, (cache, p) in enumerate(zip(caches, paths)):
             gdn_fast.fold(cache, idx_d[j, width - len(p):])
@@ -120,5 +121,7 @@ def _fold(gdn: dict, caches: list, slots: list[int], bases: list[int], paths: li
         k = (kk[sel] * live[None, :, :, None, None]).transpose(0, 1)
         state[slot] = delta.fold(state[slot], k, uu[sel].transpose(0, 1), GG[sel].transpose(0, 1))
     k1 = win.shape[1] - 1
-    leaf = win[idx_d[:, -1], 1:]                                                    # [b, K-1] conv rows
-    conv[slot[:, None], :, torch.arange(k1, device=device)[None, :]] = conv[slot[:, None], :, leaf]
+    leaf = win[idx_d[:, -1], 1:]                                   # [b, K-1] rows: committed, or K-1+j block row j
+    pending = inputs[:, base[:, None] + (leaf - k1).clamp(min=0)].permute(1, 2, 0, 3)       # [b, K-1, L, C]
+    rows = torch.where((leaf < k1)[:, :, None, None], conv[slot[:, None], :, leaf.clamp(max=k1 - 1)], pending)
+    conv[slot[:, None], :, torch.arange(k1, device=device)[None, :]] = rows

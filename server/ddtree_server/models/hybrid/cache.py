@@ -1,15 +1,17 @@
 """HybridCache: the per-request state of a hybrid target (static, pre-allocated; batch 1).
 
 * ``kv``: a ``KVCache`` over the full-attention layers only (compaction as for dense targets);
-* ``conv``: ``[gdn_layers, K-1 + cap, conv_dim]`` (model dtype): rows 0..K-2 are the committed
-  causal-conv state (the last K-1 inputs, oldest first), the next rows the current block's inputs;
+* ``conv``: ``[gdn_layers, K-1, conv_dim]`` (model dtype): the committed causal-conv state (the
+  last K-1 inputs, oldest first); a conv window's row w < K-1 is conv row w, a row K-1+j the
+  pending block's row j (its inputs in the scratch's ``inputs``);
 * ``state``: ``[gdn_layers, Hv, Kd, Vd]`` fp32, the committed recurrent state;
 * scratch of the pending block, per method: ``chunk`` keeps k ``kk``, u ``uu`` and path-cumsum
   gates ``GG`` of every node (``[gdn_layers, cap, Hv, *]`` fp32); ``node`` keeps every node's
   state ``nodes`` ``[gdn_layers, cap + 1, Hv, Kd, Vd]`` fp32 (slot 0 = the block's start state);
-* ``win``: ``[cap, K]`` conv-window rows of the pending block (see ``tree.py``).
+* ``win``: ``[cap, K]`` conv-window rows of the pending block (see ``tree.py``); ``inputs``:
+  ``[gdn_layers, cap, conv_dim]`` (model dtype) its rows' conv inputs, for the commit's conv state.
 
-The scratch (``kk / uu / GG / win`` or ``nodes / win``) is a ``VerifyScratch``: the cache's own,
+The scratch (``kk / uu / GG / win / inputs`` or ``nodes / win / inputs``) is a ``VerifyScratch``: the cache's own,
 or one SHARED by the batch engine's slots (``chunk`` method: one per round, ``engine/batch/
 runner.py``), whose rows a batched round indexes by each pending block's row offset in the round
 (``base``, set by ``begin``); a per-request forward writes rows ``[0, n)`` (base 0). A shared
@@ -36,18 +38,19 @@ from ddtree_server.models.kv_cache import KVCache
 
 class VerifyScratch:
     """The pending block's GDN buffers for ``rows`` rows (see the module docstring): ``win``
-    long ``[rows, K]``; ``chunk``: ``kk [L, rows, Hv, Dk]``, ``uu [L, rows, Hv, Dv]``, ``GG [L,
+    long ``[rows, K]``, ``inputs [L, rows, C]`` (``dtype``: the model's); ``chunk``: ``kk [L, rows, Hv, Dk]``, ``uu [L, rows, Hv, Dv]``, ``GG [L,
     rows, Hv]`` fp32; ``node``: ``nodes [L, rows + 1, Hv, Dk, Dv]`` fp32. ``shared``: one scratch
     for many caches (the batch engine's round scratch; ``SlotPool`` leaves it out of the slots)."""
 
-    NAMES = {"chunk": ("win", "kk", "uu", "GG"), "node": ("win", "nodes")}
+    NAMES = {"chunk": ("win", "inputs", "kk", "uu", "GG"), "node": ("win", "inputs", "nodes")}
 
-    def __init__(self, cfg, method: str, rows: int, device, shared: bool = False):
+    def __init__(self, cfg, method: str, rows: int, device, shared: bool = False, dtype=torch.float32):
         n_gdn, hv = len(cfg.gdn_layers), cfg.linear_num_value_heads
         dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
         f32 = dict(dtype=torch.float32, device=device)
         self.method, self.rows, self.shared = method, rows, shared
         self.win = torch.zeros((rows, cfg.linear_conv_kernel_dim), dtype=torch.long, device=device)
+        self.inputs = torch.zeros((n_gdn, rows, cfg.conv_dim), dtype=dtype, device=device)
         if method == "chunk":
             self.kk = torch.zeros((n_gdn, rows, hv, dk), **f32)
             self.uu = torch.zeros((n_gdn, rows, hv, dv), **f32)
@@ -87,18 +90,14 @@ class HybridCache:
         self.base = 0   # the pending block's first row in the scratch
 
     def grow(self, rows: int, own: bool = True) -> None:
-        """(Re)allocate the conv rows (keeps the committed conv state) and, ``own``, the verify
-        scratch for ``rows`` nodes. Called once at creation; again only for a tree larger than
-        the scratch (new storage, the cache's own: CUDA graphs bound to the old buffers are
-        dropped by their wrapper)."""
+        """Pending blocks of up to ``rows`` nodes and, ``own``, a verify scratch of the cache's own
+        for them. Called once at creation; again only for a tree larger than the scratch (new
+        storage, the cache's own: CUDA graphs bound to the old buffers are dropped by their wrapper)."""
         if rows <= self.cap:
             return
-        cfg, dev, k1 = self._cfg, self.state.device, self.kernel - 1
-        conv = torch.zeros((self.conv.shape[0], k1 + rows, cfg.conv_dim), dtype=self.conv.dtype, device=dev)
-        conv[:, :k1] = self.conv[:, :k1]
-        self.conv, self.cap = conv, rows
+        self.cap = rows
         if own:
-            self.scratch = VerifyScratch(cfg, self.method, rows, dev)
+            self.scratch = VerifyScratch(self._cfg, self.method, rows, self.state.device, dtype=self.conv.dtype)
 
     # the attention KV tensors (CUDA-graph wrappers key on their storage and row count)
     k = property(lambda self: self.kv.k)
@@ -109,6 +108,7 @@ class HybridCache:
     uu = property(lambda self: self.scratch.uu)
     GG = property(lambda self: self.scratch.GG)
     nodes = property(lambda self: self.scratch.nodes)
+    inputs = property(lambda self: self.scratch.inputs)
 
     @property
     def length(self) -> int:
@@ -183,6 +183,15 @@ class HybridCache:
                                         self.GG.index_select(1, idx)))
         else:
             self.state.copy_(self.nodes.index_select(1, leaf + 1)[:, 0])
-        k1 = self.kernel - 1
         window = self.win.index_select(0, leaf)[0, 1:]
-        self.conv[:, :k1] = self.conv.index_select(1, window)
+        self.conv.copy_(window_rows(self.conv, self.inputs, window, self.base))
+
+
+def window_rows(conv, inputs, window, base):
+    """The conv rows of a pending block's window: ``window`` long ``[K-1]`` (entries < K-1: rows of
+    the committed ``conv [L, K-1, C]``; K-1+j: the block's row j, row ``base + j`` of ``inputs
+    [L, rows, C]``) -> ``[L, K-1, C]``."""
+    k1 = conv.shape[1]
+    committed = conv.index_select(1, window.clamp(max=k1 - 1))
+    pending = inputs.index_select(1, (window - k1).clamp(min=0) + base)
+    return torch.where((window < k1)[None, :, None], committed, pending)

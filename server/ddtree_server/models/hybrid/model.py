@@ -85,7 +85,8 @@ class HybridTarget(nn.Module):
     def new_scratch(self, rows: int, device=None) -> VerifyScratch:
         """A verify scratch of ``rows`` rows shared by many caches (the batch engine's round
         scratch; ``device="meta"`` sizes it without memory)."""
-        return VerifyScratch(self.config, self.method, rows, device or self.embed_tokens.weight.device, shared=True)
+        w = self.embed_tokens.weight
+        return VerifyScratch(self.config, self.method, rows, device or w.device, shared=True, dtype=w.dtype)
 
     def rope(self, positions: Tensor, dtype) -> tuple[Tensor, Tensor]:
         """cos and signed sin ``[n, 1, rotary_dim]`` (the sign of rotate_half folded into sin)."""
