@@ -50,7 +50,7 @@ class GraphedHybrid(GraphedTarget):
 
     def _get(self, cache, n_pad: int, kv_len: int):
         # a new cache, grown scratch, or GDN kernels that turned themselves off: capture anew
-        ptrs = (cache.state.data_ptr(), cache.conv.data_ptr(), bool(gdn_fast._failed))
+        ptrs = (cache.state.data_ptr(), cache.conv.data_ptr(), cache.scratch.inputs.data_ptr(), bool(gdn_fast._failed))
         if ptrs != getattr(self, "_state_ptrs", None):
             self._static.clear()
             self._cache_ptr = None
