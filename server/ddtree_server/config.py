@@ -135,6 +135,9 @@ class ServerConfig(BaseModel):
     prefill_chunk: int | None = Field(None, ge=0, description=(
         "Prompt tokens per engine step (chunked prefill, interleaved with decode rounds; tokens; "
         "default 512 on cuda, 128 on cpu; 0: every prompt whole in one step)."))
+    round_rows: int | None = Field(None, ge=1, description=(
+        "Rows of a hybrid target's round verify scratch, allocated once (rows; default 1024, fewer for "
+        "a few slots); a round's draft trees are cut to fit it."))
     chat_template_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Default keyword arguments for the chat template (requests may add)."
     )

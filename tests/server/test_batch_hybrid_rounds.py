@@ -20,7 +20,7 @@ from ddtree_server.engine.batch.graphs import BatchGraphs, padded_shape
 from ddtree_server.engine.batch.hybrid_rounds import commit_pending
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.engine import Engine
-from ddtree_server.models.hybrid.gdn_batch import POOLS
+from ddtree_server.models.hybrid.gdn_batch import gdn_tensors
 
 from tests.server.batch_fixtures import (MAX_LEN, check_alone_batched_ar, oracle_drafter, random_specs, real_drafter,
                                          run_alone, run_batched)
@@ -67,7 +67,8 @@ def test_padded_commit_states_equal_eager_keep():
     rng = random.Random(3)
     slots = 9
     for trial in range(3):
-        pools = [SlotPool(lambda: model.new_cache(64), slots) for _ in range(2)]
+        scratches = [model.new_scratch(128) for _ in range(2)]   # each pool's round scratch
+        pools = [SlotPool(lambda scr=scr: model.new_cache(64, scratch=scr), slots) for scr in scratches]
         g = torch.Generator().manual_seed(trial)
         for name in ("state", "conv", "k", "v"):
             init = 0.5 * torch.randn(pools[0].pool(name).shape, generator=g)
@@ -81,8 +82,8 @@ def test_padded_commit_states_equal_eager_keep():
                                 list(range(n)) if mask is None else (mask.sum(1) - 1).tolist(), mask))
         paths = [_path(b) for b in blocks]
         out = []
-        for pool, padded in zip(pools, (True, False)):
-            gdn = {n: pool.pool(n) for n in POOLS["chunk"]}
+        for pool, scr, padded in zip(pools, scratches, (True, False)):
+            gdn = gdn_tensors(pool, "chunk", scr)
             caches = [pool[b.slot] for b in blocks]
             for c, b in zip(caches, blocks):
                 c.length, c.pending = b.s, None

@@ -17,7 +17,7 @@ import torch
 
 from ddtree_server.engine.batch.forward import Block, Layout, hybrid_forward
 from ddtree_server.engine.batch.pools import SlotPool
-from ddtree_server.models.hybrid.gdn_batch import POOLS
+from ddtree_server.models.hybrid.gdn_batch import gdn_tensors
 from ddtree_server.models.hybrid.gdn_groups import windows
 from ddtree_server.models.hybrid.tree import tree_meta
 from tests.server.hybrid_fixtures import random_tree, tiny_hybrid
@@ -25,8 +25,12 @@ from tests.server.hybrid_fixtures import random_tree, tiny_hybrid
 SLOTS, MAX_LEN = 7, 64
 
 
-def _pool(model, seed: int) -> SlotPool:
-    pool = SlotPool(lambda: model.new_cache(MAX_LEN), SLOTS)
+def _pool(model, seed: int, batched: bool) -> SlotPool:
+    """The batched side's slots share one round scratch (chunk method), as the engine's do; the
+    per-request side's have their own."""
+    scratch = model.new_scratch(128) if batched and model.method == "chunk" else None   # cap 80 as own
+    pool = SlotPool(lambda: model.new_cache(MAX_LEN, scratch=scratch), SLOTS)
+    pool.scratch = scratch
     g = torch.Generator().manual_seed(seed)
     for name in ("state", "conv"):
         t = pool.pool(name)
@@ -35,7 +39,7 @@ def _pool(model, seed: int) -> SlotPool:
 
 
 def _round(model, pool: SlotPool, blocks: list[Block], batched: bool):
-    gdn = {n: pool.pool(n) for n in POOLS[model.method]} if batched else None
+    gdn = gdn_tensors(pool, model.method, pool.scratch) if batched else None
     caches = [pool[b.slot] for b in blocks]
     for c, b in zip(caches, blocks):
         c.length = b.s
@@ -58,7 +62,7 @@ def test_batched_gdn_rows_and_commits_equal_per_request(method):
             mask = random_tree(rng, n) if j == 4 or (j == 3 and trial % 2) else None
             blocks.append(Block(slot, rng.randint(3, 20), [rng.randrange(250) for _ in range(n)],
                                 list(range(n)) if mask is None else (mask.sum(1) - 1).tolist(), mask))
-        pools = [_pool(model, seed=trial), _pool(model, seed=trial)]
+        pools = [_pool(model, seed=trial, batched=True), _pool(model, seed=trial, batched=False)]
         with torch.no_grad():
             out = [_round(model, p, blocks, batched) for p, batched in zip(pools, (True, False))]
             torch.testing.assert_close(out[0], out[1], rtol=1e-4, atol=1e-4)   # fp32, any CPU BLAS

@@ -59,13 +59,15 @@ for dtype in (torch.float32, torch.float16):
         proj = (torch.randn(n, mixer.in_proj.out_features) * 2).to(dtype)
         conv0 = cache.conv.clone()
         q, k, v, g, beta, z, ext = mixer.prepare(proj, cache, 1, meta)
-        rows, state = cache.conv[1].clone(), ext.index_select(0, meta.win[n - 1, 1:]).clone()
+        rows, state = cache.inputs[1, :n].clone(), ext.index_select(0, meta.win[n - 1, 1:]).clone()
         cache.conv.copy_(conv0)
+        cache.inputs.zero_()
         G = torch.zeros(24, mixer.hv)
         q2, k2, v2, b2 = gdn_pre(proj, cache.conv[1], meta.win, meta.anc, mixer.conv1d.weight[:, 0, :], mixer.A_log,
                                  mixer.dt_bias, (mixer.hk, mixer.hv, mixer.dk, mixer.dv), G, store_rows=not commit,
-                                 commit=commit)
-        conv = err(cache.conv[1, :3], state) if commit else err(cache.conv[1], rows)
+                                 commit=commit, rows=cache.inputs[1])
+        conv = err(cache.conv[1, :3], state) if commit else max(err(cache.conv[1], conv0[1]),
+                                                                  err(cache.inputs[1, :n], rows))
         out[f"pre/{str(dtype)[6:]}/{n}/{commit}"] = max(
             err(q2.repeat_interleave(rep, 1), q), err(k2.repeat_interleave(rep, 1), k), err(v2, v), err(b2, beta),
             err(G[:n], meta.anc.float() @ g) * 1e-2, conv)  # G: sums of up to 17 gates of size ~50

@@ -1,6 +1,7 @@
 """kernels/gdn_batch.py and gdn_batch_tree.py under TRITON_INTERPRET=1 (CPU, fp32): the GDN decode
 step and the pending blocks (chains, trees) of several requests on their slots of a pooled hybrid
-cache. Each request's output rows and what it writes (recurrent / conv state; conv rows and the
+cache (the verify scratch: the round's, one for all slots, each block's rows at its row offset).
+Each request's output rows and what it writes (recurrent / conv state; conv rows and the
 verify scratch) are bitwise those of (a) the same request alone in the batched kernels and (b) the
 one-request kernel path (``gdn_fast.fused`` on its slot's cache); other slots are untouched; the
 rows are close to the pure-torch ``step_torch`` / ``chunk_torch``; and the engine's entry points
@@ -97,8 +98,10 @@ from tests.server.hybrid_fixtures import tiny_hybrid
 torch.manual_seed(0)
 model = tiny_hybrid("3gdn+attn", seed=3)
 mixer, li = model.layers[2].linear_attn, 2
-pool = SlotPool(lambda: model.new_cache(48, tree_rows=24), 6)
-names = ("conv", "state", "kk", "uu", "GG")
+scr = model.new_scratch(64)   # the round's verify scratch, shared by the slots
+pool = SlotPool(lambda: model.new_cache(48, tree_rows=24, scratch=scr), 6)
+names = ("conv", "state", "kk", "uu", "GG", "inputs")
+T = lambda n: pool.pool(n) if n in ("conv", "state") else getattr(scr, n)
 for name in ("state", "conv"):
     pool.pool(name).copy_(0.5 * torch.randn(pool.pool(name).shape))
 rng = random.Random(1)
@@ -120,37 +123,39 @@ def group(sel):
                      torch.device("cpu")).chunks
 m_all = sum(n for _, _, n in blocks)
 proj = torch.randn(m_all, mixer.in_proj.out_features)
-start = {n: pool.pool(n).clone() for n in names}
+start = {n: T(n).clone() for n in names}
 def run(fn):
     for n in names:
-        pool.pool(n).copy_(start[n])
+        T(n).copy_(start[n])
     out = fn()
-    return out, {n: pool.pool(n).clone() for n in names}
-views = lambda: [pool.pool(n)[:, li] for n in names]
+    return out, {n: T(n).clone() for n in names}
+views = lambda: [T(n)[:, li] for n in ("conv", "state")] + [T(n)[li] for n in ("kk", "uu", "GG", "inputs")]
 ch = group([0, 1, 2, 3])
 batched, after = run(lambda: gdn_batch.chunk_fused(mixer, proj, *views(), ch))
 ref, after_ref = run(lambda: gdn_batch.chunk_torch(mixer, proj, *views(), ch))
 res = {"alone": [], "solo_path": [], "err": float((batched - ref).abs().max())}
 k1 = mixer.kernel - 1
-def rows_of(a, s, n):   # what a block writes on its slot: conv rows, kk, uu, GG rows
-    return [a["conv"][s, li, k1:k1 + n], a["kk"][s, li, :n], a["uu"][s, li, :n], a["GG"][s, li, :n]]
-res["scratch_err"] = max(float((x - y).abs().max()) for (s, _, n) in blocks
-                         for x, y in zip(rows_of(after, s, n), rows_of(after_ref, s, n)))
-res["untouched"] = bool(torch.equal(after["state"], start["state"])) and bool(torch.equal(after["conv"][[2, 5]], start["conv"][[2, 5]]))
+def rows_of(a, s, b0, n):   # what a block writes: its rows b0.. of the scratch (its slot's conv: nothing)
+    return [a["inputs"][li, b0:b0 + n], a["kk"][li, b0:b0 + n], a["uu"][li, b0:b0 + n], a["GG"][li, b0:b0 + n],
+            a["conv"][s]]
+offs = [sum(n for _, _, n in blocks[:i]) for i in range(len(blocks))]   # each block's row offset in the round
+res["scratch_err"] = max(float((x - y).abs().max()) for (s, _, n), b0 in zip(blocks, offs)
+                         for x, y in zip(rows_of(after, s, b0, n), rows_of(after_ref, s, b0, n)))
+res["untouched"] = bool(torch.equal(after["state"], start["state"])) and bool(torch.equal(after["conv"], start["conv"]))
 off = 0
 for i, (s, mask, n) in enumerate(blocks):
     one, a1 = run(lambda: gdn_batch.chunk_fused(mixer, proj[off:off + n], *views(), group([i])))
     res["alone"].append(bool(torch.equal(one, batched[off:off + n]))
-                        and all(bool(torch.equal(x, y)) for x, y in zip(rows_of(a1, s, n), rows_of(after, s, n))))
+                        and all(bool(torch.equal(x, y)) for x, y in zip(rows_of(a1, s, 0, n), rows_of(after, s, off, n))))
     cache = pool[s]
     cache.win[:n] = metas[i].win
     anc = metas[i].anc
     ctx = SimpleNamespace(meta=metas[i], mode="chunk")
     solo, a2 = run(lambda: gdn_fast.fused(mixer, proj[off:off + n], cache, li, ctx))
     res["solo_path"].append(bool(torch.equal(solo, batched[off:off + n]))
-                            and all(bool(torch.equal(x, y)) for x, y in zip(rows_of(a2, s, n), rows_of(after, s, n))))
+                            and all(bool(torch.equal(x, y)) for x, y in zip(rows_of(a2, s, 0, n), rows_of(after, s, off, n))))
     off += n
-gdn = {n: pool.pool(n) for n in names}
+gdn = {n: T(n) for n in names}
 entry, _ = run(lambda: gdn_batch.chunk(mixer, proj, gdn, li, ch))
 again, a4 = run(lambda: gdn_batch.chunk(mixer, proj, gdn, li, ch))
 res["entry"] = [bool(torch.equal(again, batched)), gdn_fast.kernels_on(proj.device), float((entry - ref).abs().max())]
@@ -247,8 +252,8 @@ def test_batched_gdn_kernels_compile_for_sm90_at_the_27b_shape():
     dims = {"HK": 16, "HV": 48, "DK": 128, "DV": 128}
     f32 = {n: "*fp32" for n in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "beta_ptr", "s_ptr", "o_ptr", "kk_ptr", "a_ptr",
                                "p_ptr", "d_ptr", "u_ptr")}
-    low = {n: "*bf16" for n in ("proj_ptr", "conv_ptr", "w_ptr", "alog_ptr", "dtb_ptr")}
-    idx = {n: "*i64" for n in ("slot_ptr", "slots_ptr", "local_ptr", "req_ptr", "qo_ptr", "win_ptr")}
+    low = {n: "*bf16" for n in ("proj_ptr", "conv_ptr", "w_ptr", "alog_ptr", "dtb_ptr", "in_ptr")}
+    idx = {n: "*i64" for n in ("slot_ptr", "slots_ptr", "local_ptr", "req_ptr", "qo_ptr", "win_ptr", "base_ptr")}
     types = {**f32, **low, **idx, "anc_ptr": "*u8", "scale": "fp32"}
     _compile(gdn_batch._pre_kernel, types, {**dims, "KW": 4, "BC": 128}, num_warps=1)
     _compile(gdn_batch._state_kernel, types, {**dims, "BK": 128, "BV": 32}, num_warps=4)

@@ -28,6 +28,8 @@ Names (all prefixed `ddtree_`):
 * `prefilling_requests` — running requests whose prompt is not yet wholly prefilled;
 * `slot_bytes` — memory of one request slot: the target's KV (and GDN state) plus the drafter's
   context K/V at max_model_len, allocated once per slot (bytes);
+* `round_scratch_bytes` — memory allocated once for all slots: a hybrid target's round verify
+  scratch (`chunk` method; not part of `slot_bytes`) (bytes);
 * `slots{state}` — request slots used | free (`--max-running` in all);
 * `kv_rows_used` / `kv_rows_capacity` — cached tokens of the running requests / slots x max_model_len (tokens);
 * `round_draft_nodes` — histogram of the draft nodes one decode round verified over all its
@@ -104,6 +106,8 @@ class Metrics:
                                 registry=r)
         self.slot_bytes = Gauge("ddtree_slot_bytes", "Memory of one request slot (target + drafter caches) (bytes).",
                                 registry=r)
+        self.scratch_bytes = Gauge("ddtree_round_scratch_bytes", "Memory allocated once for all slots: a hybrid "
+                                   "target's round verify scratch (bytes).", registry=r)
         self.slots = Gauge("ddtree_slots", "Request slots by state (used | free).", ["state"], registry=r)
         self.kv_rows_used = Gauge("ddtree_kv_rows_used", "Cached tokens of the running requests (tokens).",
                                   registry=r)
@@ -160,6 +164,7 @@ class Metrics:
         if mem is None:
             return
         self.slot_bytes.set(mem.slot_bytes)
+        self.scratch_bytes.set(getattr(mem, "scratch_bytes", 0))
         self.slots.labels(state="used").set(mem.used)
         self.slots.labels(state="free").set(mem.slots - mem.used)
         self.kv_rows_used.set(mem.kv_rows_used)

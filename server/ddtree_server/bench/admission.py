@@ -1,16 +1,17 @@
 """Admitted concurrency: how many requests fit in the device's memory at given context lengths.
 
 The batch engine allocates one slot per running request, each sized for ``max_model_len`` tokens
-(the target's KV and, for hybrids, its GDN recurrent / conv state and verify scratch; the drafter's
-context K/V): the server takes as many slots as ``--kv-memory-fraction`` of the free memory after
-loading holds (engine.Engine, capped at ``CUDA_MAX_RUNNING`` unless ``--max-running`` says more).
+(the target's KV and, for hybrids, its GDN recurrent / conv state; the drafter's context K/V; a
+hybrid's verify scratch is one per round, allocated once: ``round_scratch_bytes``): the server
+takes as many slots as ``--kv-memory-fraction`` of the free memory after loading (less the round
+scratch) holds (engine.Engine, capped at ``CUDA_MAX_RUNNING`` unless ``--max-running`` says more).
 This command measures a slot's bytes at each context length on random weights of a named shape
 (the caches are built on the device and freed) and reports:
 
 * ``slots``: the slot-static engine's admitted requests when ``--max-model-len`` is that length
   (what an operator gets by capping the context);
 * ``per_token`` / ``fixed``: a slot's bytes per context token and its length-independent part
-  (GDN state, scratch), fitted from two lengths;
+  (GDN state, conv rows), fitted from two lengths;
 * ``paged``: the requests of that length a paged cache (memory per live token) would admit with a
   ``max_model_len`` at the model's maximum, i.e. the figure slot-static caches give up.
 
@@ -26,12 +27,21 @@ import torch
 import typer
 
 from ddtree_server.bench.shapes import get_shape
-from ddtree_server.engine.batch.pools import cache_bytes
+from ddtree_server.engine.batch.hybrid_rounds import round_rows
+from ddtree_server.engine.batch.pools import cache_bytes, slot_cache_bytes
+from ddtree_server.engine.engine import CUDA_MAX_RUNNING
+
+
+def round_scratch_bytes(target) -> int:
+    """Bytes of a hybrid target's round verify scratch at the default rows (``chunk``; else 0)."""
+    if getattr(target, "method", None) != "chunk":
+        return 0
+    return target.new_scratch(round_rows(None, CUDA_MAX_RUNNING), "meta").nbytes
 
 
 def slot_bytes(target, drafter, n: int) -> int:
     """Bytes of one slot's caches for ``n`` tokens (as ``Engine._slot_bytes`` sizes them)."""
-    per = cache_bytes(target.new_cache(n + 1))
+    per = slot_cache_bytes(target.new_cache(n + 1))
     if drafter is not None:
         per += cache_bytes(drafter.new_cache(n + 1 + int(drafter.config.block_size)))
     return per
@@ -79,16 +89,19 @@ def main(shape: str = typer.Option("qwen3.6-27b", help="bench.shapes name"),
                 torch.cuda.empty_cache()
         return seen[n]
 
-    budget = int(fraction * free)
+    scratch = round_scratch_bytes(target)
+    budget = int(fraction * free) - scratch
     rows = admitted(budget, [int(c) for c in contexts.split(",")], max_len, measure)
     doc = {"shape": shape, "device": torch.cuda.get_device_name(device) if device.startswith("cuda") else device,
            "dtype": dtype, "free_bytes_after_load": free, "fraction": fraction, "model_max_len": max_len,
+           "round_scratch_bytes": scratch,
            "torch": torch.__version__, "commit": commit, "rows": rows}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"admission-{shape}.json").write_text(json.dumps(doc, indent=2))
     gib = 2 ** 30
     lines = [f"# Admitted requests, {shape} ({doc['device']}, {dtype}, commit {commit})", "",
-             f"Free after loading: {free / gib:.1f} GiB; KV budget {fraction} of it = {budget / gib:.1f} GiB; "
+             f"Free after loading: {free / gib:.1f} GiB; KV budget {fraction} of it less the round scratch "
+             f"({scratch / gib:.2f} GiB) = {budget / gib:.1f} GiB; "
              f"model maximum {max_len} tokens; a slot at the maximum: {rows[0]['slots_at_model_max']} slots.", "",
              "| context | slot MiB | slot-static slots (max-model-len = context) | paged estimate |",
              "|---:|---:|---:|---:|"]

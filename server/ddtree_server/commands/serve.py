@@ -261,6 +261,10 @@ def register(app: typer.Typer) -> None:
             help="Prompt tokens per engine step, interleaved with decode rounds so that a long prompt "
                  "never stalls running streams for more than one chunk (default 512 on cuda, 128 on cpu; "
                  "0: whole prompts)."),
+        round_rows: Optional[int] = typer.Option(
+            None, "--round-rows",
+            help="Hybrid targets: rows of the round verify scratch, allocated once for all slots (default "
+                 "1024, fewer for a few slots); a round's draft trees are cut to fit it."),
         max_concurrency: Optional[int] = typer.Option(None, "--max-concurrency", hidden=True,
                                                       help="Deprecated alias of --max-running."),
         chat_template_kwargs: Optional[str] = typer.Option(None, "--chat-template-kwargs",
@@ -281,7 +285,7 @@ def register(app: typer.Typer) -> None:
                       tree_budget=tree_budget, spec_policy=spec_policy, spec_gate=spec_gate, max_tree_budget=max_tree_budget, host=host, port=port, device=device, dtype=dtype, api_key=api_key,
                       served_model_name=served_model_name, max_model_len=max_model_len, max_queue=max_queue,
                       max_running=max_running if max_running is not None else max_concurrency,
-                      kv_memory_fraction=kv_memory_fraction, prefill_chunk=prefill_chunk,
+                      kv_memory_fraction=kv_memory_fraction, prefill_chunk=prefill_chunk, round_rows=round_rows,
                       chat_template_kwargs=chat_template_kwargs,
                       drain_timeout_s=drain_timeout, stall_seconds=stall_seconds, log_level=log_level)
         try:

@@ -19,7 +19,8 @@ import torch
 from ddtree_server.engine.batch import BatchEngine, GenerationEvent, Request
 from ddtree_server.engine.batch.gate import SpecGate
 from ddtree_server.engine.batch.policy import POLICIES, Profile, SpecPolicy
-from ddtree_server.engine.batch.pools import cache_bytes
+from ddtree_server.engine.batch.hybrid_rounds import round_rows
+from ddtree_server.engine.batch.pools import cache_bytes, slot_cache_bytes
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.engine.processors import RequestProcessor
 from ddtree_server.engine.stats import DecodeStats
@@ -75,6 +76,8 @@ class Engine:
             requests runs plain when plain rounds are measured faster at that batch size (a
             busy server, a poor drafter). The server's default is on (config.py); built
             directly, off (rounds then run every request's mode as given).
+        round_rows: rows of a hybrid target's round verify scratch (``chunk`` method: one per
+            engine; a round's trees are cut to fit it); None: ``hybrid_rounds.round_rows``.
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
     """
@@ -85,7 +88,8 @@ class Engine:
                  eos_token_ids: Sequence[int] | None = None, cuda_graphs: bool = True,
                  max_running: int | None = None, poison_freed_slots: bool | None = None,
                  kv_memory_fraction: float | None = None, prefill_chunk: int | None = None,
-                 spec_policy: str = "fixed", profile: Profile | None = None, spec_gate: bool = False):
+                 spec_policy: str = "fixed", profile: Profile | None = None, spec_gate: bool = False,
+                 round_rows: int | None = None):
         device = target.embed_tokens.weight.device
         graphed = families.graphed(target) if cuda_graphs and device.type == "cuda" else None
         if graphed is not None:  # a family of ours: its CUDA-graph wrapper (models/families.py)
@@ -119,6 +123,7 @@ class Engine:
             raise ValueError(f"prefill_chunk must be >= 0 tokens (0: whole prompts), got {prefill_chunk}")
         if prefill_chunk is None:
             prefill_chunk = CUDA_PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
+        self.round_rows = round_rows
         slots = self._default_running(max_running, fraction)
         poison = bool(int(os.environ.get(POISON_ENV, "0") or 0)) if poison_freed_slots is None else poison_freed_slots
         if spec_policy not in POLICIES:
@@ -126,7 +131,8 @@ class Engine:
         policy = SpecPolicy(profile) if spec_policy == "auto" and self.spec_available else None
         self.batch = BatchEngine(target, drafter, max_running=slots, max_len=self.max_model_len,
                                  device=device, poison=poison, prefill_chunk=int(prefill_chunk) or None,
-                                 policy=policy, gate=SpecGate() if spec_gate and self.spec_available else None)
+                                 policy=policy, gate=SpecGate() if spec_gate and self.spec_available else None,
+                                 round_rows=round_rows)
         self.spec_policy = "auto" if self.batch.runner.policy is not None else "fixed"
         self._grammars = None
         self._grammars_lock = threading.Lock()
@@ -184,13 +190,17 @@ class Engine:
     def _batched(self) -> bool:
         return isinstance(getattr(self.target, "model", self.target), (TargetModel, HybridTarget))
 
-    def _slot_bytes(self) -> int:
+    def _slot_bytes(self) -> tuple[int, int]:
         """Bytes of one slot's caches (the target's KV / GDN state and the drafter's context K/V at
-        max_model_len), measured on one cache built here and freed (the CUDA sizing)."""
-        per_slot = cache_bytes(self.target.new_cache(self.max_model_len + 1))
+        max_model_len), measured on one cache built here and freed (the CUDA sizing), and the
+        bytes allocated once whatever the slots (a hybrid's round scratch, at its most rows)."""
+        per_slot = slot_cache_bytes(self.target.new_cache(self.max_model_len + 1))
         if self.drafter is not None:
             per_slot += cache_bytes(self.drafter.new_cache(self.max_model_len + 1 + self.block_size))
-        return per_slot
+        model = getattr(self.target, "model", self.target)
+        once = model.new_scratch(round_rows(self.round_rows, CUDA_MAX_RUNNING), "meta").nbytes \
+            if isinstance(model, HybridTarget) and model.method == "chunk" else 0
+        return per_slot, once
 
     @property
     def slot_bytes(self) -> int:
@@ -204,9 +214,9 @@ class Engine:
             return int(asked)
         if self.device.type != "cuda":
             return CPU_MAX_RUNNING
-        per_slot = self._slot_bytes()
+        per_slot, once = self._slot_bytes()
         free, _ = torch.cuda.mem_get_info(self.device)
-        return slots_for(free, per_slot, fraction)
+        return slots_for(free, per_slot, fraction, once=once)
 
     @property
     def max_concurrency(self) -> int:
@@ -283,6 +293,7 @@ class Engine:
         return text, stats
 
 
-def slots_for(free_bytes: int, slot_bytes: int, fraction: float, cap: int = CUDA_MAX_RUNNING) -> int:
-    """Slots that ``fraction`` of ``free_bytes`` holds at ``slot_bytes`` each: at least 1, at most ``cap``."""
-    return max(1, min(cap, int(fraction * free_bytes) // max(slot_bytes, 1)))
+def slots_for(free_bytes: int, slot_bytes: int, fraction: float, cap: int = CUDA_MAX_RUNNING, once: int = 0) -> int:
+    """Slots that ``fraction`` of ``free_bytes`` holds at ``slot_bytes`` each after ``once`` bytes
+    (buffers of the engine, not of a slot: a hybrid's round scratch): at least 1, at most ``cap``."""
+    return max(1, min(cap, (int(fraction * free_bytes) - once) // max(slot_bytes, 1)))

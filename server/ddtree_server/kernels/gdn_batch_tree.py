@@ -7,16 +7,18 @@ chunk_torch``).
 The group's rows are ``proj [m, P]`` block after block; request j's block is rows
 ``[qo[j], qo[j+1])`` on slot ``slots[j]``, its ancestor mask ``anc[j]`` (padded ``[b, R, R]``).
 Per row t: ``slot_row``, ``local_row`` (row in its block), ``req_row`` (its request) and its conv
-window ``win[t]`` (rows of the slot's conv buffer, ``models/hybrid/tree.py``).
+window ``win[t]`` (rows of the slot's conv buffer, ``models/hybrid/tree.py``). The verify scratch
+``kk / uu / GG`` is the round's (one for all requests): block j's rows from ``base[j]`` (its row
+offset in the round).
 
-* ``pre_rows``: grid ``(m, 2 Hk + Hv)``: conv + SiLU over the window (block rows read from
-  ``proj``), the row's inputs to its slot's conv buffer row K-1+i, q / k l2 norms, v, beta, and
-  the path-cumsum gate G into the slot's ``GG`` scratch;
+* ``pre_rows``: grid ``(m, 2 Hk + Hv)``: conv + SiLU over the window (committed rows from the
+  slot's conv state, block rows from ``proj``), the row's inputs to the scratch's ``inputs``, q /
+  k l2 norms, v, beta, and the path-cumsum gate G into the block's ``GG`` scratch rows;
 * ``tree_rules``: the prep kernel per (value head, row block, request) and the solve kernel per
   (value head, V tile, request) of ``gdn_tree.py`` on each request's rows: k per value head and the
-  solved u go to its slot's ``kk`` / ``uu`` scratch, the state is read from its slot.
-Layer views: conv ``[slots, K-1+cap, C]``, state ``[slots, Hv, Dk, Dv]``, kk ``[slots, cap, Hv,
-Dk]``, uu ``[slots, cap, Hv, Dv]``, GG ``[slots, cap, Hv]`` (slot stride free, the rest contiguous).
+  solved u go to its block's ``kk`` / ``uu`` scratch rows, the state is read from its slot.
+Layer views: conv ``[slots, K-1, C]``, state ``[slots, Hv, Dk, Dv]`` (slot stride free, the
+rest contiguous), kk ``[rows, Hv, Dk]``, uu ``[rows, Hv, Dv]``, GG ``[rows, Hv]`` (contiguous rows).
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _pre_rows_kernel(proj_ptr, conv_ptr, slot_ptr, local_ptr, req_ptr, qo_ptr, win_ptr, w_ptr, alog_ptr,
-                         dtb_ptr, anc_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, R,
-                         stride_proj, stride_slot, stride_conv, stride_gslot, scale,
+                         dtb_ptr, anc_ptr, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, base_ptr, in_ptr, R,
+                         stride_proj, stride_slot, stride_conv, stride_in, scale,
                          HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr,
                          BC: tl.constexpr):
         t = tl.program_id(0)
@@ -56,7 +58,8 @@ if HAVE_TRITON:
                         other=0.0) + tl.load(conv + tl.minimum(r, KW - 2) * stride_conv + ch,
                                              mask=m & (r < KW - 1), other=0.0)
             acc += x.to(tl.float32) * tl.load(w_ptr + ch * KW + tt, mask=m, other=0.0).to(tl.float32)
-        tl.store(conv + (KW - 1 + i) * stride_conv + ch, tl.load(blk + i * stride_proj + ch, mask=m), mask=m)
+        row = tl.load(base_ptr + rq).to(tl.int64) + i   # the row's row in the round's scratch
+        tl.store(in_ptr + row * stride_in + ch, tl.load(blk + i * stride_proj + ch, mask=m), mask=m)
         y = acc / (1.0 + tl.exp(-acc))
         y = y.to(proj_ptr.dtype.element_ty).to(tl.float32)
         if j < 2 * HK:
@@ -81,11 +84,11 @@ if HAVE_TRITON:
                 a = tl.load(blk + rows * stride_proj + col + HV, mask=rm, other=0.0).to(tl.float32) + dt_bias
                 sp = tl.where(a > 20.0, a, tl.where(a < -15.0, tl.exp(a), tl.log(1.0 + tl.exp(a))))
                 gsum += tl.where(on, -tl.exp(a_log) * sp, 0.0)
-            tl.store(g_ptr + slot * stride_gslot + i * HV + h, tl.sum(gsum, axis=0))
+            tl.store(g_ptr + row * HV + h, tl.sum(gsum, axis=0))
 
     @triton.jit(do_not_specialize=["R", "NP"])
-    def _prep_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, kk_ptr, a_ptr, p_ptr, d_ptr, slots_ptr, qo_ptr,
-                     R, NP, stride_gslot, stride_kslot,
+    def _prep_kernel(q_ptr, k_ptr, g_ptr, beta_ptr, anc_ptr, kk_ptr, a_ptr, p_ptr, d_ptr, base_ptr, qo_ptr,
+                     R, NP,
                      HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
         h = tl.program_id(0)
         b = tl.program_id(1)
@@ -93,12 +96,12 @@ if HAVE_TRITON:
         base = tl.load(qo_ptr + j)
         n = tl.load(qo_ptr + j + 1) - base
         if b * 16 < n:
-            slot = tl.load(slots_ptr + j).to(tl.int64)
+            row0 = tl.load(base_ptr + j).to(tl.int64)   # the block's first row in the round's scratch
             q_ptr += base * HK * DK
             k_ptr += base * HK * DK
             beta_ptr += base * HV
-            g_ptr += slot * stride_gslot
-            kk_ptr += slot * stride_kslot
+            g_ptr += row0 * HV
+            kk_ptr += row0 * HV * DK
             anc_ptr += j * R * R
             off = j.to(tl.int64) * HV * NP
             a_ptr += off * NP
@@ -134,7 +137,7 @@ if HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["NP"])
     def _solve_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, s_ptr, a_ptr, p_ptr, d_ptr, u_ptr, o_ptr, slots_ptr,
-                      qo_ptr, NP, stride_gslot, stride_sslot, stride_uslot,
+                      qo_ptr, base_ptr, NP, stride_sslot,
                       HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
                       BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
         h = tl.program_id(0)
@@ -142,14 +145,15 @@ if HAVE_TRITON:
         base = tl.load(qo_ptr + j)
         n = tl.load(qo_ptr + j + 1) - base
         slot = tl.load(slots_ptr + j).to(tl.int64)
+        row0 = tl.load(base_ptr + j).to(tl.int64)   # the block's first row in the round's scratch
         q_ptr += base * HK * DK
         k_ptr += base * HK * DK
         v_ptr += base * HV * DV
         o_ptr += base * HV * DV
         beta_ptr += base * HV
-        g_ptr += slot * stride_gslot
+        g_ptr += row0 * HV
         s_ptr += slot * stride_sslot
-        u_ptr += slot * stride_uslot
+        u_ptr += row0 * HV * DV
         off = j.to(tl.int64) * HV * NP
         a_ptr += off * NP
         p_ptr += off * NP
@@ -188,13 +192,15 @@ if HAVE_TRITON:
             tl.debug_barrier()
 
 
-def pre_rows(proj: Tensor, conv: Tensor, GG: Tensor, ch, weight: Tensor, a_log: Tensor, dt_bias: Tensor,
-             dims: tuple[int, int, int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def pre_rows(proj: Tensor, conv: Tensor, GG: Tensor, inputs: Tensor, ch, weight: Tensor, a_log: Tensor,
+             dt_bias: Tensor, dims: tuple[int, int, int, int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """See the module docstring; ``ch``: the group's geometry (``gdn_batch.Chunks``). Returns q, k
-    ``[m, Hk, Dk]``, v ``[m, Hv, Dv]``, beta ``[m, Hv]`` (fp32); G goes to the slots' ``GG``."""
+    ``[m, Hk, Dk]``, v ``[m, Hv, Dv]``, beta ``[m, Hv]`` (fp32); G and the rows' conv inputs go to
+    the blocks' rows of ``GG`` and ``inputs`` (``[rows, C]``)."""
     hk, hv, dk, dv = dims
     m, kw = proj.shape[0], ch.win.shape[1]
-    if proj.stride(-1) != 1 or conv.stride(-1) != 1 or conv.stride(1) != conv.shape[2] or GG.stride(1) != hv:
+    if proj.stride(-1) != 1 or conv.stride(-1) != 1 or conv.stride(1) != conv.shape[2] or not GG.is_contiguous() \
+            or inputs.stride(-1) != 1:
         raise ValueError(f"pre_rows: proj {tuple(proj.shape)}, conv {tuple(conv.shape)}, GG {tuple(GG.shape)}")
     dev, f32 = proj.device, torch.float32
     q = torch.empty((m, hk, dk), dtype=f32, device=dev)
@@ -203,8 +209,8 @@ def pre_rows(proj: Tensor, conv: Tensor, GG: Tensor, ch, weight: Tensor, a_log: 
     beta = torch.empty((m, hv), dtype=f32, device=dev)
     _pre_rows_kernel[(m, 2 * hk + hv)](
         proj, conv, ch.slot_of_row, ch.local, ch.req, ch.qo, ch.win.contiguous(), weight.contiguous(), a_log, dt_bias,
-        ch.anc.view(torch.uint8), q, k, v, GG, beta, ch.r, proj.stride(0), conv.stride(0), conv.stride(1),
-        GG.stride(0), dk ** -0.5, HK=hk, HV=hv, DK=dk, DV=dv, KW=kw, BC=triton.next_power_of_2(max(dk, dv)),
+        ch.anc.view(torch.uint8), q, k, v, GG, beta, ch.base, inputs, ch.r, proj.stride(0), conv.stride(0),
+        conv.stride(1), inputs.stride(0), dk ** -0.5, HK=hk, HV=hv, DK=dk, DV=dv, KW=kw, BC=triton.next_power_of_2(max(dk, dv)),
         num_warps=1 if max(dk, dv) <= 128 else 4)
     return q, k, v, beta
 
@@ -212,10 +218,11 @@ def pre_rows(proj: Tensor, conv: Tensor, GG: Tensor, ch, weight: Tensor, a_log: 
 def tree_rules(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, state: Tensor, kk: Tensor, uu: Tensor, GG: Tensor,
                ch, precision: str = "ieee", block_v: int = 16) -> Tensor:
     """All rows of the group's blocks from their slots' states (read only); k per value head and u
-    to the slots' ``kk`` / ``uu``. Returns o ``[m, Hv, Dv]`` fp32 (see the module docstring)."""
+    to the blocks' rows of the round's ``kk`` / ``uu``. Returns o ``[m, Hv, Dv]`` fp32 (see the module docstring)."""
     m, hk, dk = q.shape
     hv, dv = v.shape[1:]
-    if hv % hk or tuple(state.shape[1:]) != (hv, dk, dv) or kk.stride(1) != hv * dk or uu.stride(1) != hv * dv:
+    if hv % hk or tuple(state.shape[1:]) != (hv, dk, dv) or not (kk.is_contiguous() and uu.is_contiguous()
+                                                                  and GG.is_contiguous()):
         raise ValueError(f"tree_rules: q {tuple(q.shape)}, v {tuple(v.shape)}, state {tuple(state.shape)}")
     b = ch.anc.shape[0]
     nb = triton.cdiv(ch.r, 16)
@@ -226,9 +233,9 @@ def tree_rules(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, state: Tensor, kk:
     d = torch.empty((b, hv, np_, 16), dtype=torch.float32, device=dev)
     o = torch.empty((m, hv, dv), dtype=torch.float32, device=dev)
     bk, bv = max(16, triton.next_power_of_2(dk)), max(16, min(block_v, triton.next_power_of_2(dv)))
-    _prep_kernel[(hv, nb, b)](q, k, GG, beta, ch.anc.view(torch.uint8), kk, a, p, d, ch.slots, ch.qo, ch.r, np_,
-                              GG.stride(0), kk.stride(0), HK=hk, HV=hv, DK=dk, BK=bk, PREC=precision, num_warps=4)
-    _solve_kernel[(hv, triton.cdiv(dv, bv), b)](q, k, v, GG, beta, state, a, p, d, uu, o, ch.slots, ch.qo, np_,
-                                                GG.stride(0), state.stride(0), uu.stride(0), HK=hk, HV=hv, DK=dk,
+    _prep_kernel[(hv, nb, b)](q, k, GG, beta, ch.anc.view(torch.uint8), kk, a, p, d, ch.base, ch.qo, ch.r, np_,
+                              HK=hk, HV=hv, DK=dk, BK=bk, PREC=precision, num_warps=4)
+    _solve_kernel[(hv, triton.cdiv(dv, bv), b)](q, k, v, GG, beta, state, a, p, d, uu, o, ch.slots, ch.qo, ch.base,
+                                                np_, state.stride(0), HK=hk, HV=hv, DK=dk,
                                                 DV=dv, BK=bk, BV=bv, PREC=precision, num_warps=8)
     return o

@@ -14,7 +14,8 @@ the n new rows of one Gated DeltaNet layer, in one launch (Yang, Kautz & Hatamiz
 * ``beta = sigmoid(b)`` (rounded to the model dtype) and the path cumsum of the decay
   ``G_i = sum_{j anc i} g_j`` with ``g = -exp(A_log) * softplus(a + dt_bias)`` (softplus as
   torch's: x above 20);
-* ``store_rows``: block row i's inputs go to buffer row K-1+i (what the commit gathers later);
+* ``store_rows``: block row i's inputs go to row i of ``rows`` (default: the conv buffer's row
+  K-1+i; what the commit gathers later);
   ``commit`` (one row, a decode step): the buffer's committed rows become the window's last K-1.
 
 Grid ``(n, 2 Hk + Hv)``: program (i, j) does row i's q head j, k head j - Hk or v head j - 2 Hk
@@ -35,7 +36,8 @@ if HAVE_TRITON:
 
     @triton.jit(do_not_specialize=["n"])  # one compile for every row count
     def _pre_kernel(proj_ptr, conv_ptr, win_ptr, w_ptr, alog_ptr, dtb_ptr, anc_ptr,
-                    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, n, stride_proj, stride_conv, stride_g, scale,
+                    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, rows_ptr, n, stride_proj, stride_conv, stride_g,
+                    stride_rows, scale,
                     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, KW: tl.constexpr,
                     BC: tl.constexpr, STORE_ROW: tl.constexpr, COMMIT: tl.constexpr):
         i = tl.program_id(0)
@@ -53,8 +55,7 @@ if HAVE_TRITON:
                                              mask=m & (r < KW - 1), other=0.0)
             acc += x.to(tl.float32) * tl.load(w_ptr + ch * KW + t, mask=m, other=0.0).to(tl.float32)
         if STORE_ROW:  # block row i's inputs, for the commit's conv-state gather
-            tl.store(conv_ptr + (KW - 1 + i) * stride_conv + ch, tl.load(proj_ptr + i * stride_proj + ch, mask=m),
-                     mask=m)
+            tl.store(rows_ptr + i * stride_rows + ch, tl.load(proj_ptr + i * stride_proj + ch, mask=m), mask=m)
         if COMMIT:  # one row: the committed rows become the window's last K-1 (all read above)
             tl.debug_barrier()
             for t in tl.static_range(1, KW):
@@ -91,23 +92,28 @@ if HAVE_TRITON:
 
 
 def gdn_pre(proj: Tensor, conv: Tensor, win: Tensor, anc: Tensor, weight: Tensor, a_log: Tensor, dt_bias: Tensor,
-            dims: tuple[int, int, int, int], G: Tensor, store_rows: bool = False, commit: bool = False
-            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+            dims: tuple[int, int, int, int], G: Tensor, store_rows: bool = False, commit: bool = False,
+            rows: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Run the kernel (see the module docstring) on n = ``proj.shape[0]`` rows.
 
     proj ``[n, 2 Hk Dk + 2 Hv Dv + 2 Hv]`` (qkv | z | b | a, unit last stride, model dtype);
-    conv ``[K-1 + >= n, C]`` the layer's conv buffer (contiguous); win long ``[n, K]``; anc bool
+    conv ``[K-1 (+ >= n), C]`` the layer's conv buffer (contiguous); ``rows`` ``[>= n, C]`` (unit
+    last stride; None: the conv buffer's rows from K-1) receive the block's inputs with
+    ``store_rows``; win long ``[n, K]``; anc bool
     ``[n, n]`` ancestor-or-self mask; weight ``[C, K]`` (conv1d weight, contiguous); a_log,
     dt_bias ``[Hv]``; dims (Hk, Hv, Dk, Dv); G fp32 ``[>= n, Hv]`` (unit last stride) receives the
     path-cumsum gates. Returns q, k ``[n, Hk, Dk]``, v ``[n, Hv, Dv]``, beta ``[n, Hv]`` (fp32).
-    ``commit`` needs n == 1. Raises ValueError for a commit of several rows."""
+    ``commit`` needs n == 1. Raises ValueError for a commit of several rows or layouts that do not fit."""
     hk, hv, dk, dv = dims
     n, kw = proj.shape[0], win.shape[1]
     if commit and n != 1:
         raise ValueError(f"commit=True updates the conv state in place and needs one row, got {n}")
-    if proj.stride(-1) != 1 or not conv.is_contiguous() or tuple(anc.shape) != (n, n) or win.shape[0] < n:
+    if rows is None:
+        rows = conv[kw - 1:] if conv.shape[0] >= kw else conv
+    if proj.stride(-1) != 1 or not conv.is_contiguous() or tuple(anc.shape) != (n, n) or win.shape[0] < n or (
+            store_rows and (rows.shape[0] < n or rows.stride(-1) != 1)):
         raise ValueError(f"gdn_pre: proj {tuple(proj.shape)} (unit last stride), contiguous conv buffer, "
-                         f"anc {tuple(anc.shape)} and win {tuple(win.shape)} for {n} rows")
+                         f"anc {tuple(anc.shape)}, win {tuple(win.shape)} and rows {tuple(rows.shape)} for {n} rows")
     dev, f32 = proj.device, torch.float32
     q = torch.empty((n, hk, dk), dtype=f32, device=dev)
     k = torch.empty((n, hk, dk), dtype=f32, device=dev)
@@ -115,7 +121,7 @@ def gdn_pre(proj: Tensor, conv: Tensor, win: Tensor, anc: Tensor, weight: Tensor
     beta = torch.empty((n, hv), dtype=f32, device=dev)
     _pre_kernel[(n, 2 * hk + hv)](
         proj, conv, win.contiguous(), weight.contiguous(), a_log, dt_bias, anc.contiguous().view(torch.uint8),
-        q, k, v, G, beta, n, proj.stride(0), conv.stride(0), G.stride(0), dk ** -0.5,
+        q, k, v, G, beta, rows, n, proj.stride(0), conv.stride(0), G.stride(0), rows.stride(0), dk ** -0.5,
         HK=hk, HV=hv, DK=dk, DV=dv, KW=kw, BC=triton.next_power_of_2(max(dk, dv)),
         STORE_ROW=store_rows, COMMIT=commit, num_warps=1 if max(dk, dv) <= 128 else 4)
     return q, k, v, beta

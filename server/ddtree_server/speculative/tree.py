@@ -87,6 +87,12 @@ def tree_from_arrays(root_token: int, tokens, depths, parents) -> DraftTree:
                      [0] + np.asarray(depths, dtype=np.int64).tolist(), [-1] + parents.tolist(), chain)
 
 
+def prefix(tree: DraftTree, n: int) -> DraftTree:
+    """The tree of the first ``n >= 1`` nodes of ``tree`` (every parent precedes its children, so
+    they form a tree with the same root)."""
+    return _make(tree.tokens[:n], tree.depths[:n], tree.parents[:n])
+
+
 def root_only(root_token: int) -> DraftTree:
     """The tree with just the root (budget 0)."""
     return _make([int(root_token)], [0], [-1])

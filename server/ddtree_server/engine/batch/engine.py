@@ -49,7 +49,8 @@ class SlotMemory:
     (max_running) of which ``used`` hold a request, ``slot_bytes`` per slot (the target's KV and
     GDN state, the drafter's context K/V, allocated once at max_model_len), KV rows (cached
     tokens) of the running requests of ``kv_rows_capacity`` (slots x rows per slot), requests
-    still ``prefilling``."""
+    still ``prefilling``, ``scratch_bytes`` allocated once for all slots (a hybrid's round verify
+    scratch)."""
 
     slots: int
     used: int
@@ -57,24 +58,27 @@ class SlotMemory:
     kv_rows_used: int
     kv_rows_capacity: int
     prefilling: int = 0
+    scratch_bytes: int = 0
 
 
 class BatchEngine:
     """Scheduler + step runner; see the module docstring. Not thread-safe (one worker thread)."""
 
     def __init__(self, target, drafter, *, max_running: int, max_len: int, device, poison: bool = False,
-                 graphs: bool | None = None, prefill_chunk: int | None = None, policy=None, gate=None):
+                 graphs: bool | None = None, prefill_chunk: int | None = None, policy=None, gate=None,
+                 round_rows: int | None = None):
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 tokens (None: whole prompts), got {prefill_chunk}")
         self.scheduler = Scheduler(max_running)
         self.runner = StepRunner(target, drafter, slots=max_running, max_len=max_len, device=device,
-                                 poison=poison, graphs=graphs, policy=policy)
+                                 poison=poison, graphs=graphs, policy=policy, rows=round_rows)
         # targets without our forward (transformers runner) prefill whole prompts
         self.prefill_chunk = prefill_chunk if self.runner.kind is not None else None
         self.block_size = self.runner.block_size
         self.max_len = max_len
         self.slot_bytes = self.runner.caches.slot_bytes + (
             self.runner.dcaches.slot_bytes if self.runner.dcaches is not None else 0)
+        self.scratch_bytes = self.runner.scratch.nbytes if self.runner.scratch is not None else 0
         # the speculation gate (gate.py): plain rounds where they are measured faster; None: never
         self.gate = gate if self.runner.drafter is not None else None
         self.last = StepInfo()
@@ -85,7 +89,7 @@ class BatchEngine:
         running = self.scheduler.running
         return SlotMemory(self.max_running, len(running), self.slot_bytes,
                           sum(max(r.s, r.prefilled) for r in running), self.max_running * self.max_len,
-                          self.scheduler.prefilling)
+                          self.scheduler.prefilling, self.scratch_bytes)
 
     @property
     def max_running(self) -> int:

@@ -184,10 +184,12 @@ def _gated_attention(attn, x: Tensor, lay: Layout, kpool, vpool, li: int, cos, s
 def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layout, gdn: dict | None = None
                    ) -> tuple[Tensor, Tensor | None]:
     """HybridTarget over the batch; ``caches``: the requests' slot caches (HybridCache views);
-    ``gdn``: the pooled GDN tensors by name (``state``, ``conv``, ``win``; ``kk``, ``uu``, ``GG`` for the
-    chunk method), whose presence batches the GDN layers over the requests (``gdn_batch.py``),
-    else each request's mixer runs on its cache. Blocks of one row are committed at once, longer
-    ones stay pending until ``cache.keep``."""
+    ``gdn``: the pooled GDN tensors by name (``state``, ``conv``; the chunk method's round scratch
+    ``win``, ``kk``, ``uu``, ``GG``, which the caches share), whose presence batches the GDN layers
+    over the requests (``gdn_batch.py``), else each request's mixer runs on its cache. Blocks of
+    one row are committed at once, longer ones stay pending until ``cache.keep`` (a batched
+    pending block's scratch rows at its row offset in the round: at most the scratch's rows).
+    Raises ValueError for a pending block past the caches' ``cap`` or a round past the scratch."""
     x = model.embed_tokens(lay.ids)
     head_dim = model.config.head_dim
     mask = None if kernels_usable(head_dim, kpool) else lay.additive(model.rep, x.dtype)
@@ -197,9 +199,11 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
     for i, (blk, n, cache) in enumerate(zip(lay.blocks, lay.sizes, caches)):
         cache.settle()
         commit = blk.mask is None and n == 1
-        if blk.mask is not None and n > cache.cap:
-            raise ValueError(f"a tree of {n} nodes exceeds the slot's verify scratch ({cache.cap})")
-        mode = "own" if gdn is None else "step" if commit else "chunk" if batch_chunks and n <= cache.cap else "own"
+        if not commit and n > cache.cap:
+            raise ValueError(f"a pending block of {n} rows exceeds the slot's verify scratch ({cache.cap})")
+        mode = "own" if gdn is None else "step" if commit else "chunk" if batch_chunks else "own"
+        if mode == "chunk" and lay.offsets[-1] > gdn["kk"].shape[1]:
+            raise ValueError(f"a round of {lay.offsets[-1]} rows exceeds the verify scratch ({gdn['kk'].shape[1]})")
         modes.append(mode)
         ctx = SimpleNamespace(meta=None, mode="commit" if commit else model.method, rows=None, kv_len=None,
                               start=None, block=None, cos=None, sin=None, mask=None)
@@ -214,11 +218,11 @@ def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layou
         groups = gdn_groups.RowGroups(lay.offsets, [b.slot for b in lay.blocks], modes,
                                       [b.mask for b in lay.blocks], kernel, x.device)
         if groups.chunks is not None:   # the pending blocks' conv windows, for the commit (HybridCache.keep)
-            gdn["win"][groups.chunks.slot_of_row, groups.chunks.local] = groups.chunks.win
+            gdn["win"][groups.chunks.rows] = groups.chunks.win
     logits, feats = hybrid_layers(model, lay, x, kpool, vpool, mask, lambda mixer, proj, li: _gdn_rows(
         mixer, proj, lay, caches, ctxs, li, gdn, groups))
-    for blk, n, cache, ctx in zip(lay.blocks, lay.sizes, caches, ctxs):
-        cache.begin(blk.s, n, blk.mask is not None, ctx.mode == "commit")
+    for blk, n, cache, ctx, mode, base in zip(lay.blocks, lay.sizes, caches, ctxs, modes, lay.offsets):
+        cache.begin(blk.s, n, blk.mask is not None, ctx.mode == "commit", base if mode == "chunk" else 0)
     return logits, feats
 
 

@@ -22,8 +22,9 @@ decoding) runs the GDN step with a request axis on the pooled slot states, commi
 round with chains or trees (``chunk`` method, blocks up to the verify scratch) keeps every block
 pending (one-row blocks too) and runs the batched tree-masked chunk rule over the padded blocks
 (tree masks and conv windows from static buffers), committed after the walk by
-``hybrid_rounds.commit_pending``. Padding rows write the scratch slot's state, conv rows and
-verify scratch, which no request reads.
+``hybrid_rounds.commit_pending``. Padding rows write the scratch slot's state and conv rows and
+their rows of the round's verify scratch, which no request reads. The verify scratch is the
+round's (``runner.py``): a pending round needs ``N_pad`` rows of it, else it runs eagerly.
 """
 
 from __future__ import annotations
@@ -102,11 +103,15 @@ class BatchGraphs:
     """Padded, graph-replayed batched forwards of a dense ``TargetModel`` over a slot pool whose
     last slot is the scratch slot (see the module docstring)."""
 
-    def __init__(self, model, kpool: Tensor, vpool: Tensor, *, capture: bool = True, gdn: dict | None = None):
+    def __init__(self, model, kpool: Tensor, vpool: Tensor, *, capture: bool = True, gdn: dict | None = None,
+                 cap: int | None = None):
         """``gdn``: the pooled GDN tensors of a hybrid target (``hybrid_rounds.py``): then rounds of
-        one row per request, and of pending blocks up to the verify scratch (``chunk`` method)."""
+        one row per request, and of pending blocks up to ``cap`` rows (the slots' caches' ``cap``;
+        None: the scratch's rows up to ``ROW_BUCKETS[-1]``; ``chunk`` method: ``gdn`` holds the
+        round's verify scratch, whose rows bound the padded rows)."""
         self.model, self.kpool, self.vpool, self.capture, self.gdn = model, kpool, vpool, capture, gdn
-        self.cap = gdn["kk"].shape[2] if gdn is not None and "kk" in gdn else 0   # 0: no pending graphs
+        self.rows = gdn["kk"].shape[1] if gdn is not None and "kk" in gdn else 0   # 0: no pending graphs
+        self.cap = min(self.rows, ROW_BUCKETS[-1]) if cap is None else min(cap, self.rows)
         self.scratch = kpool.shape[0] - 1
         self._static: dict[tuple, _Static] = {}
         self._pool = None
@@ -121,7 +126,7 @@ class BatchGraphs:
             return None if got is None else (*got, any(b.mask is not None for b in blocks))
         if max(sizes) == 1:
             return (*got, False)
-        return (*got, True) if got[2] <= self.cap else None   # a hybrid's tree flag: pending blocks
+        return (*got, True) if got[2] <= self.cap and got[1] <= self.rows else None   # pending blocks
 
     def forward(self, blocks: list[Block], shape: tuple[int, int, int, bool], caches: list | None = None
                 ) -> tuple[Tensor, Tensor | None, list[int]]:
@@ -132,8 +137,8 @@ class BatchGraphs:
         for c in caches if self.gdn is not None else ():
             c.settle()
         out = self._forward(blocks, shape)
-        for c, blk in zip(caches, blocks) if self.gdn is not None else ():
-            c.begin(blk.s, len(blk.ids), blk.mask is not None, not shape[3])
+        for c, blk, base in zip(caches, blocks, out[2]) if self.gdn is not None else ():
+            c.begin(blk.s, len(blk.ids), blk.mask is not None, not shape[3], base)
         return out
 
     def _forward(self, blocks: list[Block], shape: tuple[int, int, int, bool]) -> tuple[Tensor, Tensor | None, list[int]]:

@@ -1,8 +1,9 @@
 """Slot pools: the per-request caches of the batch engine with a leading request (slot) axis.
 
 Every tensor of a model's cache (the target's KV ``k, v``; for hybrids also the GDN ``state``,
-``conv`` and the verify scratch ``kk / uu / GG / win``; the drafter's context K/V) is allocated
-once as ``[slots, ...]``, and slot i's cache object holds views ``pool[i]``. Slot-major order keeps
+``conv``; the drafter's context K/V) is allocated once as ``[slots, ...]`` (a hybrid's verify
+scratch too with the ``node`` method; the ``chunk`` method's is one shared scratch per round,
+``runner.py``, left out of the slots), and slot i's cache object holds views ``pool[i]``. Slot-major order keeps
 each slot one contiguous cache, so the per-request code (kernels, CUDA graphs, compaction, the
 GDN fold) runs on a slot unchanged, and the batched forwards gather ``pool[slots_of_batch]``.
 
@@ -20,18 +21,29 @@ from torch import Tensor
 
 
 def _tensor_fields(obj) -> list[tuple[object, str, Tensor]]:
+    """The tensors of a cache object and of its nested objects, except objects marked ``shared``
+    (one buffer of many caches, e.g. the hybrid verify scratch of the batch engine's rounds)."""
     out = []
     for name, value in vars(obj).items():
         if isinstance(value, Tensor):
             out.append((obj, name, value))
-        elif hasattr(value, "__dict__") and any(isinstance(v, Tensor) for v in vars(value).values()):
+        elif hasattr(value, "__dict__") and not getattr(value, "shared", False) and any(
+                isinstance(v, Tensor) for v in vars(value).values()):
             out.extend(_tensor_fields(value))
     return out
 
 
 def cache_bytes(cache) -> int:
-    """Bytes of the tensors of a cache object (nested objects included)."""
+    """Bytes of the tensors of a cache object (nested objects included, shared ones not)."""
     return sum(t.numel() * t.element_size() for _, _, t in _tensor_fields(cache))
+
+
+def slot_cache_bytes(cache) -> int:
+    """Bytes of ``cache`` as a batch-engine slot: ``cache_bytes`` less an own ``chunk`` verify
+    scratch, which the engine replaces by one scratch per round (``round_scratch_bytes``)."""
+    scratch = getattr(cache, "scratch", None)
+    own = scratch is not None and not scratch.shared and scratch.method == "chunk"
+    return cache_bytes(cache) - (scratch.nbytes if own else 0)
 
 
 def _clone(obj, memo: dict):
@@ -39,7 +51,8 @@ def _clone(obj, memo: dict):
     out = copy.copy(obj)
     memo[id(obj)] = out
     for key, value in vars(obj).items():
-        if not isinstance(value, Tensor) and hasattr(value, "__dict__") and _tensor_fields(value):
+        if not isinstance(value, Tensor) and hasattr(value, "__dict__") and not getattr(value, "shared", False) \
+                and _tensor_fields(value):
             setattr(out, key, _clone(value, memo))
     return out
 

@@ -48,7 +48,10 @@ def measure(runner, rows=None) -> Profile:
     """Time the runner's batched target forward (and the drafter) and return the profile."""
     dev, slots = runner.device, len(runner.caches.caches) - (runner.graphs is not None)   # not the scratch slot
     cuda = torch.device(dev).type == "cuda"
-    rows = [r for r in (rows or (CUDA_ROWS if cuda else CPU_ROWS)) if r <= slots * BLOCK_ROWS] or [1]
+    per_block, most = runner.rows   # a hybrid's rows per tree and per round (None: no bound)
+    per_block = min(BLOCK_ROWS, per_block or BLOCK_ROWS)
+    rows = [r for r in (rows or (CUDA_ROWS if cuda else CPU_ROWS))
+            if r <= slots * per_block and (most is None or r <= most)] or [1]
 
     def forward(sizes: list[int]) -> None:
         blocks = [Block(i, 0, [0] * n, list(range(n)), None) for i, n in enumerate(sizes)]
@@ -60,16 +63,16 @@ def measure(runner, rows=None) -> Profile:
         elif runner.kind == "dense":
             dense_forward(runner.model, k, v, Layout(blocks, dev))
         else:
-            hybrid_forward(runner.model, caches, k, v, Layout(blocks, dev))
+            hybrid_forward(runner.model, caches, k, v, Layout(blocks, dev), runner._gdn())
         for i in range(len(sizes)):
             runner.reset(i)
 
     def split(n: int) -> list[int]:
-        parts = math.ceil(n / BLOCK_ROWS)
+        parts = math.ceil(n / per_block)
         return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
 
     seconds = list(itertools.accumulate((_time(lambda n=n: forward(split(n)), dev) for n in rows), max))
-    many = min(slots, 16)
+    many = min(slots, 16, per_block)
     per_request = 0.0
     if many > 1:
         per_request = max((_time(lambda: forward([1] * many), dev) - _time(lambda: forward([many]), dev))

@@ -31,7 +31,7 @@ from ddtree_server.engine.batch.forward import (
 )
 from ddtree_server.engine.batch.draft_graphs import DraftGraphs
 from ddtree_server.engine.batch.graphs import BatchGraphs
-from ddtree_server.engine.batch.hybrid_rounds import commit_pending
+from ddtree_server.engine.batch.hybrid_rounds import commit_pending, round_rows
 from ddtree_server.engine.batch.policy import SpecPolicy
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk
@@ -42,7 +42,7 @@ from ddtree_server.engine.batch.trees import RoundInfo, kind_of, round_trees
 from ddtree_server.models.dense.graphs import GraphedTarget
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
-from ddtree_server.models.hybrid.gdn_batch import POOLS
+from ddtree_server.models.hybrid.gdn_batch import gdn_tensors
 from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
 from ddtree_server.speculative.tree import DraftTree
@@ -64,7 +64,8 @@ class StepRunner:
     """Slot pools of the target (and drafter) caches and the forwards over them."""
 
     def __init__(self, target, drafter, *, slots: int, max_len: int, device, poison: bool = False,
-                 graphs: bool | None = None, policy: SpecPolicy | None = None):
+                 graphs: bool | None = None, policy: SpecPolicy | None = None, rows: int | None = None):
+        """``rows``: rows of a hybrid target's round scratch (``chunk`` method; ``round_rows``)."""
         self.target, self.drafter, self.device, self.poison_freed = target, drafter, device, poison
         self.model = _raw(target, "model")
         self.kind = "hybrid" if isinstance(self.model, HybridTarget) else \
@@ -75,9 +76,19 @@ class StepRunner:
         head_dim = self.model.config.head_dim if self.kind == "hybrid" else getattr(self.model, "head_dim", 0)
         graphs = self.kind is not None and (want if want is not None else
                                             cuda and kernels_usable(head_dim, self.model.embed_tokens.weight))
+        # a hybrid's chunk-method verify scratch: ONE per round, shared by the slots' caches (their
+        # per-request forwards use its first rows; a batched round's block its rows at its row offset)
+        self.scratch = self.model.new_scratch(round_rows(rows, slots)) \
+            if self.kind == "hybrid" and self.model.method == "chunk" else None
+        make = (lambda: target.new_cache(max_len + 1, scratch=self.scratch)) if self.scratch is not None else \
+            (lambda: target.new_cache(max_len + 1))
         # with graphs the pool's last slot is the scratch slot of padding blocks (engine/batch/graphs.py)
-        self.caches = SlotPool(lambda: target.new_cache(max_len + 1), slots + graphs, pooled=self.kind is not None)
-        self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda, gdn=self._gdn()) if graphs else None
+        self.caches = SlotPool(make, slots + graphs, pooled=self.kind is not None)
+        # rows a round may verify: per tree (a hybrid slot's scratch), all trees (the round scratch)
+        self.rows = (self.caches[0].cap if self.kind == "hybrid" else None,
+                     self.scratch.rows if self.scratch is not None else None)
+        self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda, gdn=self._gdn(),
+                                  cap=self.rows[0]) if graphs else None
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
         self.dcaches = self.draft_graphs = None
         if drafter is not None:
@@ -113,8 +124,8 @@ class StepRunner:
                 self.dcaches.poison(slot)
 
     def _gdn(self) -> dict | None:
-        """The pooled GDN tensors of a hybrid target by name (``forward.hybrid_forward``)."""
-        return {n: self.caches.pool(n) for n in POOLS[self.model.method]} if self.kind == "hybrid" else None
+        """The pooled GDN tensors of a hybrid target by name, the round scratch's too (``forward.hybrid_forward``)."""
+        return gdn_tensors(self.caches, self.model.method, self.scratch) if self.kind == "hybrid" else None
 
     def _kv(self):
         pool = self.caches
@@ -174,7 +185,7 @@ class StepRunner:
     def _trees(self, reqs: list[Request], drafted: list[Request], logits: Tensor | None,
                chains: list | None = None, device: bool = True) -> list[DraftTree]:
         """Every request's tree of the round (``trees.round_trees``; counted in ``self.last``)."""
-        return round_trees(reqs, drafted, logits, chains, self._room, self.policy, self.last, device)
+        return round_trees(reqs, drafted, logits, chains, self._room, self.policy, self.last, device, self.rows)
 
     def _solo(self, req: Request, drafting: list[Request]) -> list[int]:
         cache, s = self.caches[req.slot], req.s
@@ -237,7 +248,7 @@ class StepRunner:
             choices = logits.argmax(dim=-1).tolist() if plain else None
             walks = [self._walk(r, t, logits[a:a + t.size], None if choices is None else choices[a:a + t.size])
                      for r, t, a in zip(reqs, trees, starts)]
-        if self.kind == "hybrid" and self.model.method == "chunk" and max(t.size for t in trees) <= caches[0].cap:
+        if self.scratch is not None:   # hybrid, chunk method (trees within the scratch: round_trees)
             ctxs = commit_pending(k, v, self._gdn(), caches, feats, [r.slot for r in reqs], [r.s for r in reqs],
                                   list(starts), [p for p, _ in walks], self._bufs[1])   # every slot's keep at once
             return [self._settle(r, t, p, b, ctx) for r, t, (p, b), ctx in zip(reqs, trees, walks, ctxs)]

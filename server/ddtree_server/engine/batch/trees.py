@@ -5,7 +5,7 @@ ONE device build and ONE packed device-to-host copy (speculative/tree_gpu.py ``d
 each from the host heap, the batch-1 path); ``dflash`` requests the chain of their draft argmaxes;
 a cap of 0 gives the root alone. ``round_trees``: every request's tree of a round, the speculation
 policy's plan for the requests it governs (one global node budget) and the own trees above for
-the others."""
+the others, cut to the rows the round may verify (``fit_rows``: a hybrid's verify scratch)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 from ddtree_server.engine import decode
-from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
+from ddtree_server.speculative.tree import DraftTree, chain_tree, prefix, root_only
 from ddtree_server.speculative.tree_gpu import draft_trees
 
 KINDS = ("plain", "chain", "tree")
@@ -61,13 +61,38 @@ def own_trees(reqs: list, rows: list[int], logits: Tensor, chains: list | None, 
             for i, (r, t) in enumerate(zip(reqs, trees))]
 
 
+def fit_rows(trees: list[DraftTree], cap: int | None, total: int | None) -> list[DraftTree]:
+    """The trees cut to at most ``cap`` rows each and ``total`` rows together (None: no bound),
+    each to the prefix of its nodes (parents precede children, so a prefix with the root is a
+    draft tree: verification stays exact, only fewer draft tokens can be accepted). Over
+    ``total``, every tree gets the same share of nodes (water-filling: the smaller trees keep
+    theirs), the rows left over one more node each in request order; when the roots alone exceed
+    ``total`` (more requests than rows), every tree is its root (a plain round pends nothing)."""
+    sizes = [min(t.size, cap) if cap is not None else t.size for t in trees]
+    if total is not None and sum(sizes) > total:
+        if len(sizes) >= total:
+            sizes = [1] * len(sizes)
+        else:
+            share = max(s for s in range(1, max(sizes) + 1) if sum(min(n, s) for n in sizes) <= total)
+            left = total - sum(min(n, share) for n in sizes)
+            cut = []
+            for n in sizes:
+                extra = 1 if n > share and left > 0 else 0
+                left -= extra
+                cut.append(min(n, share) + extra)
+            sizes = cut
+    return [t if n == t.size else prefix(t, n) for t, n in zip(trees, sizes)]
+
+
 def round_trees(reqs: list, drafted: list, logits: Tensor | None, chains: list | None, room, policy,
-                info: RoundInfo, device: bool = True) -> list[DraftTree]:
+                info: RoundInfo, device: bool = True, rows: tuple[int | None, int | None] = (None, None)
+                ) -> list[DraftTree]:
     """Every request's tree of a round: the policy's plan for the governed drafted ones (one global
     node budget), the request's own mode for the others, the root alone for those without a draft.
     ``room(req)``: the draft nodes its cache can still take; ``policy``: the SpecPolicy or None;
     ``info``: the round's counts, updated here. ``device``: the ddtree trees come from the batched
-    device builder (else the host heap)."""
+    device builder (else the host heap). ``rows``: (rows per tree, rows of the round) for
+    ``fit_rows``."""
     governed = (lambda r: r.governed) if policy is not None else (lambda r: False)
     row = {id(r): i for i, r in enumerate(drafted)}
     own = [r for r in drafted if not governed(r)]
@@ -82,7 +107,7 @@ def round_trees(reqs: list, drafted: list, logits: Tensor | None, chains: list |
                            list(zip(logp.tolist(), ids.tolist())), caps, [r.bonus for r in gov], gov)
         out.update(zip(map(id, gov), plan.trees))
         info.expected = plan.expected
-    trees = [out[id(r)] if id(r) in out else root_only(r.bonus) for r in reqs]
+    trees = fit_rows([out[id(r)] if id(r) in out else root_only(r.bonus) for r in reqs], *rows)
     for t in trees:
         info.nodes += t.size - 1
         info.kinds[kind_of(t)] += 1

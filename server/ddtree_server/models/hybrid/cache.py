@@ -1,13 +1,21 @@
 """HybridCache: the per-request state of a hybrid target (static, pre-allocated; batch 1).
 
 * ``kv``: a ``KVCache`` over the full-attention layers only (compaction as for dense targets);
-* ``conv``: ``[gdn_layers, K-1 + cap, conv_dim]`` (model dtype): rows 0..K-2 are the committed
-  causal-conv state (the last K-1 inputs, oldest first), the next rows the current block's inputs;
+* ``conv``: ``[gdn_layers, K-1, conv_dim]`` (model dtype): the committed causal-conv state (the
+  last K-1 inputs, oldest first); a conv window's row w < K-1 is conv row w, a row K-1+j the
+  pending block's row j (its inputs in the scratch's ``inputs``);
 * ``state``: ``[gdn_layers, Hv, Kd, Vd]`` fp32, the committed recurrent state;
 * scratch of the pending block, per method: ``chunk`` keeps k ``kk``, u ``uu`` and path-cumsum
   gates ``GG`` of every node (``[gdn_layers, cap, Hv, *]`` fp32); ``node`` keeps every node's
   state ``nodes`` ``[gdn_layers, cap + 1, Hv, Kd, Vd]`` fp32 (slot 0 = the block's start state);
-* ``win``: ``[cap, K]`` conv-window rows of the pending block (see ``tree.py``).
+* ``win``: ``[cap, K]`` conv-window rows of the pending block (see ``tree.py``); ``inputs``:
+  ``[gdn_layers, cap, conv_dim]`` (model dtype) its rows' conv inputs, for the commit's conv state.
+
+The scratch (``kk / uu / GG / win / inputs`` or ``nodes / win / inputs``) is a ``VerifyScratch``: the cache's own,
+or one SHARED by the batch engine's slots (``chunk`` method: one per round, ``engine/batch/
+runner.py``), whose rows a batched round indexes by each pending block's row offset in the round
+(``base``, set by ``begin``); a per-request forward writes rows ``[0, n)`` (base 0). A shared
+scratch is not part of a slot's cache: ``engine/batch/pools.py`` does not pool it.
 
 A forward of n <= cap rows that is not committed at once leaves a *pending* block: the attention
 K/V are written, the recurrent and conv states are not. ``keep(start, path)`` commits the
@@ -28,46 +36,79 @@ from ddtree_server.models.hybrid import delta, gdn_fast
 from ddtree_server.models.kv_cache import KVCache
 
 
-class HybridCache:
-    """See the module docstring. ``length``: committed + pending rows; ``max_len``: capacity."""
+class VerifyScratch:
+    """The pending block's GDN buffers for ``rows`` rows (see the module docstring): ``win``
+    long ``[rows, K]``, ``inputs [L, rows, C]`` (``dtype``: the model's); ``chunk``: ``kk [L, rows, Hv, Dk]``, ``uu [L, rows, Hv, Dv]``, ``GG [L,
+    rows, Hv]`` fp32; ``node``: ``nodes [L, rows + 1, Hv, Dk, Dv]`` fp32. ``shared``: one scratch
+    for many caches (the batch engine's round scratch; ``SlotPool`` leaves it out of the slots)."""
 
-    def __init__(self, cfg, method: str, max_len: int, cap: int, dtype, device, spare_rows: int = 0):
-        if method not in ("chunk", "node"):
-            raise ValueError(f"unknown GDN tree method {method!r}; use chunk or node")
-        n_gdn, n_attn = len(cfg.gdn_layers), len(cfg.attn_layers)
-        self.kv = KVCache(n_attn, cfg.num_key_value_heads, max_len, cfg.head_dim, dtype, device, spare_rows)
-        self.method, self.kernel, self._cfg = method, cfg.linear_conv_kernel_dim, cfg
-        self.state = torch.zeros((n_gdn, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
-                                  cfg.linear_value_head_dim), dtype=torch.float32, device=device)
-        self.conv = torch.zeros((n_gdn, self.kernel - 1, cfg.conv_dim), dtype=dtype, device=device)
-        self.cap = 0
-        self.grow(cap)
-        self.max_len = max_len
-        self.pending: tuple[int, int, bool] | None = None  # (start, rows, is_tree)
+    NAMES = {"chunk": ("win", "inputs", "kk", "uu", "GG"), "node": ("win", "inputs", "nodes")}
 
-    def grow(self, rows: int) -> None:
-        """(Re)allocate the verify scratch for ``rows`` nodes (keeps the committed conv state).
-        Called once at creation; again only for a tree larger than the scratch (new storage:
-        CUDA graphs bound to the old buffers are dropped by their wrapper)."""
-        if rows <= self.cap:
-            return
-        cfg, dev, k1 = self._cfg, self.state.device, self.kernel - 1
-        n_gdn, (hv, dk, dv) = self.state.shape[0], self.state.shape[1:]
-        f32 = dict(dtype=torch.float32, device=dev)
-        conv = torch.zeros((n_gdn, k1 + rows, cfg.conv_dim), dtype=self.conv.dtype, device=dev)
-        conv[:, :k1] = self.conv[:, :k1]
-        self.conv, self.cap = conv, rows
-        self.win = torch.zeros((rows, self.kernel), dtype=torch.long, device=dev)
-        if self.method == "chunk":
+    def __init__(self, cfg, method: str, rows: int, device, shared: bool = False, dtype=torch.float32):
+        n_gdn, hv = len(cfg.gdn_layers), cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        f32 = dict(dtype=torch.float32, device=device)
+        self.method, self.rows, self.shared = method, rows, shared
+        self.win = torch.zeros((rows, cfg.linear_conv_kernel_dim), dtype=torch.long, device=device)
+        self.inputs = torch.zeros((n_gdn, rows, cfg.conv_dim), dtype=dtype, device=device)
+        if method == "chunk":
             self.kk = torch.zeros((n_gdn, rows, hv, dk), **f32)
             self.uu = torch.zeros((n_gdn, rows, hv, dv), **f32)
             self.GG = torch.zeros((n_gdn, rows, hv), **f32)
         else:
             self.nodes = torch.zeros((n_gdn, rows + 1, hv, dk, dv), **f32)
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {n: getattr(self, n) for n in self.NAMES[self.method]}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+
+class HybridCache:
+    """See the module docstring. ``length``: committed + pending rows; ``max_len``: capacity;
+    ``scratch``: a shared ``VerifyScratch`` (None: the cache's own of ``cap`` rows); ``cap``: the
+    rows of a pending block (at most the scratch's)."""
+
+    def __init__(self, cfg, method: str, max_len: int, cap: int, dtype, device, spare_rows: int = 0,
+                 scratch: VerifyScratch | None = None):
+        if method not in ("chunk", "node"):
+            raise ValueError(f"unknown GDN tree method {method!r}; use chunk or node")
+        if scratch is not None and scratch.method != method:
+            raise ValueError(f"a {scratch.method} scratch for a {method} cache")
+        n_gdn, n_attn = len(cfg.gdn_layers), len(cfg.attn_layers)
+        self.kv = KVCache(n_attn, cfg.num_key_value_heads, max_len, cfg.head_dim, dtype, device, spare_rows)
+        self.method, self.kernel, self._cfg = method, cfg.linear_conv_kernel_dim, cfg
+        self.state = torch.zeros((n_gdn, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                                  cfg.linear_value_head_dim), dtype=torch.float32, device=device)
+        self.conv = torch.zeros((n_gdn, self.kernel - 1, cfg.conv_dim), dtype=dtype, device=device)
+        self.cap, self.scratch = 0, scratch
+        self.grow(cap if scratch is None else min(cap, scratch.rows), own=scratch is None)
+        self.max_len = max_len
+        self.pending: tuple[int, int, bool] | None = None  # (start, rows, is_tree)
+        self.base = 0   # the pending block's first row in the scratch
+
+    def grow(self, rows: int, own: bool = True) -> None:
+        """Pending blocks of up to ``rows`` nodes and, ``own``, a verify scratch of the cache's own
+        for them. Called once at creation; again only for a tree larger than the scratch (new
+        storage, the cache's own: CUDA graphs bound to the old buffers are dropped by their wrapper)."""
+        if rows <= self.cap:
+            return
+        self.cap = rows
+        if own:
+            self.scratch = VerifyScratch(self._cfg, self.method, rows, self.state.device, dtype=self.conv.dtype)
+
     # the attention KV tensors (CUDA-graph wrappers key on their storage and row count)
     k = property(lambda self: self.kv.k)
     v = property(lambda self: self.kv.v)
+    # the verify scratch (the cache's own or the shared one)
+    win = property(lambda self: self.scratch.win)
+    kk = property(lambda self: self.scratch.kk)
+    uu = property(lambda self: self.scratch.uu)
+    GG = property(lambda self: self.scratch.GG)
+    nodes = property(lambda self: self.scratch.nodes)
+    inputs = property(lambda self: self.scratch.inputs)
 
     @property
     def length(self) -> int:
@@ -79,9 +120,7 @@ class HybridCache:
 
     def state_bytes(self) -> int:
         """Bytes of the recurrent + conv state and the verify scratch (attention KV excluded)."""
-        bufs = [self.conv, self.state, self.win] + [getattr(self, n) for n in ("kk", "uu", "GG", "nodes")
-                                                    if hasattr(self, n)]
-        return sum(b.numel() * b.element_size() for b in bufs)
+        return sum(b.numel() * b.element_size() for b in (self.conv, self.state)) + self.scratch.nbytes
 
     def reset(self) -> None:
         """Empty cache: no rows, zero recurrent and conv states."""
@@ -90,12 +129,13 @@ class HybridCache:
         self.conv[:, : self.kernel - 1].zero_()
         self.pending = None
 
-    def begin(self, start: int, n: int, tree: bool, committed: bool) -> None:
-        """Record the forward of n rows at ``start`` (called by the target after running it)."""
+    def begin(self, start: int, n: int, tree: bool, committed: bool, base: int = 0) -> None:
+        """Record the forward of n rows at ``start`` (called by the target after running it);
+        ``base``: the pending block's first row in the scratch (a batched round's row offset)."""
         if start != self.length:
             raise ValueError(f"forward starts at {start}, cache holds {self.length} rows")
         self.pending = None if committed else (start, n, tree)
-        self.length = start + n
+        self.length, self.base = start + n, base
 
     def settle(self) -> None:
         """Commit a pending chain in full; raises RuntimeError for a pending tree (needs keep)."""
@@ -133,6 +173,8 @@ class HybridCache:
             return
         dev = self.state.device
         idx = rows_on_device if rows_on_device is not None else torch.tensor(rows, dtype=torch.long).to(dev)
+        if self.base:   # the block's rows in a shared scratch
+            idx = idx + self.base
         leaf = idx[-1:]
         if self.method == "chunk" and gdn_fast.fold_usable(self):
             gdn_fast.fold(self, idx)  # all GDN layers in one kernel, in place
@@ -141,6 +183,15 @@ class HybridCache:
                                         self.GG.index_select(1, idx)))
         else:
             self.state.copy_(self.nodes.index_select(1, leaf + 1)[:, 0])
-        k1 = self.kernel - 1
         window = self.win.index_select(0, leaf)[0, 1:]
-        self.conv[:, :k1] = self.conv.index_select(1, window)
+        self.conv.copy_(window_rows(self.conv, self.inputs, window, self.base))
+
+
+def window_rows(conv, inputs, window, base):
+    """The conv rows of a pending block's window: ``window`` long ``[K-1]`` (entries < K-1: rows of
+    the committed ``conv [L, K-1, C]``; K-1+j: the block's row j, row ``base + j`` of ``inputs
+    [L, rows, C]``) -> ``[L, K-1, C]``."""
+    k1 = conv.shape[1]
+    committed = conv.index_select(1, window.clamp(max=k1 - 1))
+    pending = inputs.index_select(1, (window - k1).clamp(min=0) + base)
+    return torch.where((window < k1)[None, :, None], committed, pending)

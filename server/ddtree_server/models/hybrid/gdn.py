@@ -84,11 +84,9 @@ class GatedDeltaNet(nn.Module):
         n, dtype = proj.shape[0], proj.dtype
         qkv, z, b, a = proj.split((self.conv_dim, self.value_dim, self.hv, self.hv), dim=-1)
         k1 = self.kernel - 1
-        if n <= cache.cap:  # inputs go to the scratch rows after the committed conv state
-            cache.conv[li, k1:k1 + n] = qkv
-            ext = cache.conv[li, : k1 + n]
-        else:
-            ext = torch.cat((cache.conv[li, :k1], qkv))
+        if n <= cache.cap:  # the block's inputs to the scratch, for the commit's conv state
+            cache.inputs[li, :n] = qkv
+        ext = torch.cat((cache.conv[li, :k1], qkv))
         q, k, v, g, beta = self.heads(self._conv(ext, n, meta).to(dtype).float(), b, a)
         return q, k, v, g, beta, z.view(n, self.hv, self.dv), ext
 

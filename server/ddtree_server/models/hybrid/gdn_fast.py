@@ -71,7 +71,8 @@ def fused(mixer, proj: Tensor, cache, li: int, ctx) -> Tensor:
     commit = ctx.mode == "commit"
     G = torch.empty((1, mixer.hv), dtype=torch.float32, device=proj.device) if commit else cache.GG[li]
     q, k, v, beta = gdn_pre(proj, cache.conv[li], meta.win, meta.anc, mixer.conv1d.weight[:, 0, :],
-                            mixer.A_log, mixer.dt_bias, dims, G, store_rows=not commit, commit=commit)
+                            mixer.A_log, mixer.dt_bias, dims, G, store_rows=not commit, commit=commit,
+                            rows=cache.inputs[li])
     if commit:
         o = step_rule(q, k, v, G, beta, cache.state[li])
     else:

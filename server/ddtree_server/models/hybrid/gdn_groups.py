@@ -1,6 +1,7 @@
 """The GDN row groups of a batched round (host bookkeeping, built once per forward, used by every
 GDN layer; ``gdn_batch.py`` runs them): which blocks take the batched step (one row committed at
-once), the batched chunk rule (pending chains / trees of at most the verify scratch's rows) or
+once), the batched chunk rule (pending chains / trees of at most the slots' ``cap`` rows, each
+block's scratch rows at its row offset in the round) or
 each request's own mixer, and the chunk group's padded geometry. Conv windows (``tree.py``) and
 ancestor masks are built on the host with numpy and sent in one copy each, so a round costs a
 fixed number of small transfers instead of a few device ops per request.
@@ -43,7 +44,8 @@ class Chunks:
     round), ``req`` / ``local`` ``[m]`` (block index in the group, row in the block), ``slot_of_row``
     ``[m]``, ``slots`` ``[b]``, ``qo`` ``[b + 1]`` (block j's rows in the group: ``[qo[j], qo[j+1])``),
     ``win`` long ``[m, K]`` (conv-window rows in the slot's conv buffer), ``anc`` bool ``[b, r, r]``;
-    r the longest block."""
+    r the longest block; ``base`` ``[b]`` (long or int32): block j's first row in the round, where
+    its rows live in the round's verify scratch (``kk / uu / GG / win``: row ``base[j] + local``)."""
 
     rows: Tensor
     req: Tensor
@@ -54,6 +56,7 @@ class Chunks:
     win: Tensor
     anc: Tensor
     r: int
+    base: Tensor
 
 
 class RowGroups:
@@ -88,9 +91,11 @@ def _chunks(blocks: list[int], offsets: list[int], slots: list[int], masks: list
     for j, (i, n) in enumerate(zip(blocks, sizes)):
         anc[j, :n, :n] = masks[i] if masks[i] is not None else tri[:n, :n]
     win = block_windows(anc, kernel)[req, local]
-    host = np.concatenate((rows, req, local, slot[req], slot, qo, win.reshape(-1)))
+    base = np.asarray([offsets[i] for i in blocks])
+    host = np.concatenate((rows, req, local, slot[req], slot, qo, base, win.reshape(-1)))
     dev = torch.from_numpy(host).to(device)
     m = len(rows)
     rows_d, req_d, local_d, slot_d = dev[: 4 * m].view(4, m)
-    return Chunks(rows_d, req_d, local_d, slot_d, dev[4 * m: 4 * m + b], dev[4 * m + b: 4 * m + 2 * b + 1],
-                  dev[4 * m + 2 * b + 1:].view(m, kernel), torch.from_numpy(anc).to(device), r)
+    at = 4 * m + 2 * b + 1
+    return Chunks(rows_d, req_d, local_d, slot_d, dev[4 * m: 4 * m + b], dev[4 * m + b: at],
+                  dev[at + b:].view(m, kernel), torch.from_numpy(anc).to(device), r, dev[at: at + b])

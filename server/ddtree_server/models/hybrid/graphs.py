@@ -43,13 +43,14 @@ class GraphedHybrid(GraphedTarget):
     def __init__(self, model: HybridTarget, capture: bool = True, buckets=HYBRID_BUCKETS):
         super().__init__(model, capture=capture, buckets=buckets)
 
-    def new_cache(self, max_len: int) -> HybridCache:
-        """A HybridCache with spare KV rows for padded forwards and scratch for the largest bucket."""
-        return self.model.new_cache(max_len, spare_rows=self.spare_rows, tree_rows=self.buckets[-1])
+    def new_cache(self, max_len: int, scratch=None) -> HybridCache:
+        """A HybridCache with spare KV rows for padded forwards and scratch for the largest bucket
+        (its own, or views of a shared ``scratch``)."""
+        return self.model.new_cache(max_len, spare_rows=self.spare_rows, tree_rows=self.buckets[-1], scratch=scratch)
 
     def _get(self, cache, n_pad: int, kv_len: int):
         # a new cache, grown scratch, or GDN kernels that turned themselves off: capture anew
-        ptrs = (cache.state.data_ptr(), cache.conv.data_ptr(), bool(gdn_fast._failed))
+        ptrs = (cache.state.data_ptr(), cache.conv.data_ptr(), cache.scratch.inputs.data_ptr(), bool(gdn_fast._failed))
         if ptrs != getattr(self, "_state_ptrs", None):
             self._static.clear()
             self._cache_ptr = None

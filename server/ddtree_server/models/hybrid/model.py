@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import torch
 from torch import Tensor, nn
 
-from ddtree_server.models.hybrid.cache import HybridCache
+from ddtree_server.models.hybrid.cache import HybridCache, VerifyScratch
 from ddtree_server.models.hybrid.config import GDN, HybridConfig
 from ddtree_server.models.hybrid.layers import HybridLayer, ZeroCenteredRMSNorm
 from ddtree_server.models.hybrid.tree import tree_meta
@@ -75,10 +75,18 @@ class HybridTarget(nn.Module):
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def new_cache(self, max_len: int, spare_rows: int = 0, tree_rows: int = TREE_ROWS) -> HybridCache:
-        """A fresh HybridCache of ``max_len`` rows, scratch for trees of ``tree_rows`` nodes."""
+    def new_cache(self, max_len: int, spare_rows: int = 0, tree_rows: int = TREE_ROWS,
+                  scratch: VerifyScratch | None = None) -> HybridCache:
+        """A fresh HybridCache of ``max_len`` rows for trees of ``tree_rows`` nodes: its own verify
+        scratch, or views of ``scratch`` (shared; then trees of at most its rows)."""
         w = self.embed_tokens.weight
-        return HybridCache(self.config, self.method, max_len, tree_rows, w.dtype, w.device, spare_rows)
+        return HybridCache(self.config, self.method, max_len, tree_rows, w.dtype, w.device, spare_rows, scratch)
+
+    def new_scratch(self, rows: int, device=None) -> VerifyScratch:
+        """A verify scratch of ``rows`` rows shared by many caches (the batch engine's round
+        scratch; ``device="meta"`` sizes it without memory)."""
+        w = self.embed_tokens.weight
+        return VerifyScratch(self.config, self.method, rows, device or w.device, shared=True, dtype=w.dtype)
 
     def rope(self, positions: Tensor, dtype) -> tuple[Tensor, Tensor]:
         """cos and signed sin ``[n, 1, rotary_dim]`` (the sign of rotate_half folded into sin)."""

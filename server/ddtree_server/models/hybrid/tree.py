@@ -6,9 +6,9 @@ smaller index) or a plain causal chain (mask None):
 * ``anc``: the mask itself (``tril`` for a chain), used by the tree-masked delta rule;
 * ``parent``: long ``[n]``, the nearest proper ancestor, -1 for a root (the largest index j < i
   with ``anc[i, j]``): used by the per-node method;
-* ``win``: long ``[n, K]``, the K rows of node i's causal-conv window in the layer's conv buffer,
-  whose rows 0..K-2 are the committed conv state (oldest first) and row K-1+i holds node i's
-  input. The window follows the node's own ancestors, then continues into the committed state
+* ``win``: long ``[n, K]``, the K rows of node i's causal-conv window: rows 0..K-2 are the
+  committed conv state (oldest first), row K-1+i is node i's input (the projection's row i; the
+  verify scratch's ``inputs`` row i, after the block's base, for the commit). The window follows the node's own ancestors, then continues into the committed state
   (never a sibling's input); its last K-1 entries are the conv state to commit if node i is the
   accepted one. For a chain, ``win[i] = [i, i+1, ..., i+K-1]``.
 
