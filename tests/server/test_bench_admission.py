@@ -36,3 +36,21 @@ def _app():
     app = typer.Typer()
     app.command()(admission.main)
     return app
+
+
+def test_admission_run_fills_every_slot_and_times_rounds_with_all_decoding(tmp_path):
+    """bench.admission_run on the CPU: 5 slots of a tiny hybrid, all 5 requests decoding together
+    after the prefill phase (chunks of 64 over 5 prompts of 80 tokens), 3 rounds timed so; and a
+    fraction of the free memory gives the slots ``slots_for`` computes (no cap)."""
+    from ddtree_server.bench import admission_run
+
+    doc = admission_run.run("tiny-hybrid", 128, 0.5, new_tokens=48, rounds=3, prefill_chunk=64, device="cpu",
+                            dtype="fp32", free_gib=1.0, slots=5, log=lambda s: None)
+    assert doc["ok"] and doc["error"] is None, doc
+    assert doc["slots"] == doc["most_decoding"] == 5 and doc["rounds_timed"] == 3 and doc["round_ms"] > 0
+    assert doc["prefill_s"] > 0 and doc["steps"] >= 7   # 400 prompt tokens in chunks of 64, then 3 rounds
+    paths = admission_run.write(doc, tmp_path)
+    assert "**5 slots**" in paths["md"].read_text() and json.loads(paths["json"].read_text())["slots"] == 5
+    per, once = doc["slot_bytes"], doc["round_scratch_bytes"]
+    sized = admission_run.slots_for(int(1.0 * 2 ** 30), per, 0.5, cap=1 << 20, once=once)
+    assert sized > 64   # the server's default cap does not apply here

@@ -48,7 +48,8 @@ def _time_steps(engine, reqs, iters: int, warmup: int, sync) -> float:
     return statistics.median(times)
 
 
-def _requests(engine, b: int, mode: str, context: int, tokens: int, seed: int):
+def random_requests(engine, b: int, mode: str, context: int, tokens: int, seed: int):
+    """``b`` requests of ``engine`` with random prompts of ``context`` tokens and ``tokens`` new ones."""
     from ddtree_server.engine.sampling import SamplingParams
 
     g = torch.Generator().manual_seed(seed)
@@ -77,7 +78,7 @@ def measure_batches(shape: Shape, batches: list[int], *, context: int, iters: in
     rows = []
     for b in batches:
         for mode in modes:
-            reqs = _requests(engine, b, mode, context, steps * bs, seed=b)
+            reqs = random_requests(engine, b, mode, context, steps * bs, seed=b)
             for r in reqs:
                 engine.batch.add(r)
             while any(r.prefilling for r in reqs):   # the prefill steps of all b prompts (chunked)

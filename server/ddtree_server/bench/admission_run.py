@@ -1,0 +1,127 @@
+"""Admitted concurrency, run: as many requests as a memory fraction admits, all at once, through the
+batch engine at a published shape (random weights).
+
+``bench.admission`` computes the slots from one slot's bytes; this command allocates them and fills
+them: an Engine with ``max_model_len`` = ``--context`` and ``max_running`` = the slots that
+``--fraction`` of the free memory after loading holds after the round scratch (as the server sizes
+them with ``--kv-memory-fraction``, without the server's cap of 64), then that many requests with
+random prompts of ``context - new_tokens`` tokens, added at once, prefilled ``--prefill-chunk``
+tokens a step while the requests already prefilled decode, then ``--rounds`` rounds with every
+request decoding. Reported: the slots, the most requests decoding in one step, the peak of the
+device memory, the prefill phase's seconds, the median round with all of them decoding; or the
+out-of-memory error and the step it came at. An operator gets the same engine with
+``serve --max-model-len C --max-running N``.
+
+Usage: python -m ddtree_server.bench.admission_run --shape qwen3.6-27b --context 4096 --fraction 0.9
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import typer
+
+from ddtree_server.bench.admission import round_scratch_bytes, slot_bytes
+from ddtree_server.bench.batch_shape import NoText, random_requests
+from ddtree_server.bench.report import save_json_md
+from ddtree_server.bench.shapes import get_shape
+from ddtree_server.engine.engine import Engine, slots_for
+
+GIB = 2 ** 30
+
+
+def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rounds: int = 8,
+        mode: str = "ddtree", budget: int = 16, prefill_chunk: int = 4096, device: str = "cuda",
+        dtype: str = "bf16", free_gib: float = 0.0, slots: int | None = None, log=print) -> dict:
+    """The report document: what was allocated, how far the requests got, memory and times.
+    ``slots``: that many instead of what ``fraction`` holds. ``new_tokens`` must outlast the
+    prefill phase (steps of ``prefill_chunk`` over all prompts), or the first requests finish before
+    the last one decodes and the round with all of them decoding is never timed."""
+    from ddtree_server.models.random_init import drafter_from_config, target_from_config
+
+    sh = get_shape(shape)
+    target = target_from_config(sh.target, device=device, dtype=dtype)
+    drafter = drafter_from_config(sh.drafter, target, device=device, dtype=dtype, seed=1) if sh.drafter else None
+    cuda = device.startswith("cuda")
+    free = int(free_gib * GIB) if free_gib > 0 else torch.cuda.mem_get_info(device)[0]
+    per, once = slot_bytes(target, drafter, context), round_scratch_bytes(target)
+    slots = slots or slots_for(free, per, fraction, cap=1 << 20, once=once)
+    doc = {"shape": shape, "context": context, "fraction": fraction, "free_bytes_after_load": free,
+           "slot_bytes": per, "round_scratch_bytes": once, "slots": slots, "mode": mode, "budget": budget,
+           "new_tokens": new_tokens, "prefill_chunk": prefill_chunk, "dtype": dtype, "torch": torch.__version__,
+           "device": torch.cuda.get_device_name(device) if cuda else device}
+    log(f"{shape}: free {free / GIB:.1f} GiB, slot {per / 2 ** 20:.1f} MiB, scratch {once / 2 ** 20:.0f} MiB "
+        f"-> {slots} slots at fraction {fraction}")
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    step, most, times, t0, prefill_s = 0, 0, [], time.perf_counter(), None
+    try:
+        engine = Engine(target, NoText(), drafter, model_id=shape, max_model_len=context, eos_token_ids=[],
+                        tree_budget=budget, max_running=slots, prefill_chunk=prefill_chunk)
+        reqs = random_requests(engine, slots, mode, context - new_tokens, new_tokens, seed=7)
+        for r in reqs:
+            engine.batch.add(r)
+        while len(times) < rounds and not all(r.finished for r in reqs):
+            sync()
+            t = time.perf_counter()
+            engine.batch.step()
+            sync()
+            step += 1
+            decoding = sum(1 for r in reqs if not r.prefilling and not r.finished)
+            most = max(most, decoding)
+            if prefill_s is None and not any(r.prefilling for r in reqs):
+                prefill_s = time.perf_counter() - t0
+            elif prefill_s is not None and decoding == slots:
+                times.append(time.perf_counter() - t)
+        doc.update(ok=True, error=None)
+    except torch.OutOfMemoryError as exc:
+        doc.update(ok=False, error=f"out of memory at step {step}: {str(exc).splitlines()[0]}")
+    doc.update(steps=step, most_decoding=most, prefill_s=None if prefill_s is None else round(prefill_s, 2),
+               round_ms=round(statistics.median(times) * 1e3, 2) if times else None, rounds_timed=len(times))
+    if cuda:
+        doc.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
+                   peak_reserved_bytes=torch.cuda.max_memory_reserved(device),
+                   total_bytes=torch.cuda.get_device_properties(device).total_memory)
+    log(f"ok={doc['ok']} most decoding {most} of {slots}; {doc['error'] or ''}")
+    return doc
+
+
+def write(doc: dict, out: Path) -> dict[str, Path]:
+    """``admission-run-<shape>-<context>.json`` and ``.md`` under ``out``."""
+    d = doc
+    peak = f"{d['peak_allocated_bytes'] / GIB:.1f}" if "peak_allocated_bytes" in d else "-"
+    lines = [f"# Admission run, {d['shape']} at context {d['context']} ({d['device']}, {d['dtype']})", "",
+             f"Fraction {d['fraction']} of {d['free_bytes_after_load'] / GIB:.1f} GiB free after loading, less the "
+             f"round scratch ({d['round_scratch_bytes'] / 2 ** 20:.0f} MiB), over {d['slot_bytes'] / 2 ** 20:.1f} MiB "
+             f"a slot: **{d['slots']} slots**; {d['slots']} requests of {d['context'] - d['new_tokens']} prompt "
+             f"tokens + {d['new_tokens']} new ({d['mode']}, budget {d['budget']}), prefill chunk {d['prefill_chunk']}.",
+             "", "| result | most decoding at once | steps | prefill phase s | round ms (all decoding) | peak allocated GiB |",
+             "|---|---:|---:|---:|---:|---:|",
+             f"| {'ran' if d['ok'] else d['error']} | {d['most_decoding']} | {d['steps']} | {d['prefill_s']} | "
+             f"{d['round_ms']} | {peak} |"]
+    return save_json_md(doc, lines, out, f"admission-run-{d['shape']}-{d['context']}")
+
+
+def main(shape: str = typer.Option("qwen3.6-27b", help="bench.shapes name"),
+         context: int = typer.Option(4096, help="max-model-len and each request's prompt + new tokens"),
+         fraction: float = typer.Option(0.9, help="share of the free memory after loading for the slots"),
+         new_tokens: int = typer.Option(512), rounds: int = typer.Option(8, help="rounds timed with all decoding"),
+         mode: str = typer.Option("ddtree"), budget: int = typer.Option(16, help="tree budget"),
+         prefill_chunk: int = typer.Option(4096, help="prompt tokens per engine step"),
+         device: str = typer.Option("cuda"), dtype: str = typer.Option("bf16"),
+         free_gib: float = typer.Option(0.0, help="free memory to assume (GiB; 0: the device's, after loading)"),
+         slots: int = typer.Option(0, help="run this many requests instead of what --fraction holds (0: those)"),
+         out: Path = typer.Option(Path("admission"), help="report folder")) -> None:
+    doc = run(shape, context, fraction, new_tokens=new_tokens, rounds=rounds, mode=mode, budget=budget,
+              prefill_chunk=prefill_chunk, device=device, dtype=dtype, free_gib=free_gib, slots=slots or None)
+    write(doc, out)
+    if not doc["ok"]:
+        raise typer.Exit(1)
+
+
+if __name__ == "__main__":
+    typer.run(main)
