@@ -92,7 +92,9 @@ class SystemdManager:
         self._run(systemctl_argv("restart", self.unit))
 
     def state(self) -> UnitState:
-        res = self.transport.run(show_argv(self.unit), timeout=60)
+        # reads (here and the journal below): a connection lost under them is reconnected once and
+        # the read repeated (remote/ssh.py), so one dropped connection does not fail a readiness poll
+        res = self.transport.run(show_argv(self.unit), timeout=60, idempotent=True)
         return parse_show(res.text) if res.ok else UnitState("unknown")
 
     def diagnose(self) -> UnitState:
@@ -100,13 +102,13 @@ class SystemdManager:
         st = self.state()
         if st.active != "failed" or st.result == "start-limit-hit":
             return st
-        res = self.transport.run(journal_argv(self.unit, 40), timeout=60)
+        res = self.transport.run(journal_argv(self.unit, 40), timeout=60, idempotent=True)
         return replace(st, start_limit_hit=res.ok and start_limit_in_journal(res.text, self.unit))
 
     def logs(self, lines: int = 50) -> str:
         """The last `lines` journal lines. Raises RemoteError (pct's own message when the
         container is stopped or missing) when journalctl cannot be run."""
-        res = self.transport.run(journal_argv(self.unit, lines), timeout=60)
+        res = self.transport.run(journal_argv(self.unit, lines), timeout=60, idempotent=True)
         if not res.ok:
             why = pct_failure(res.exit_code, res.err_text)
             if why is not None:

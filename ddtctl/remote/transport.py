@@ -34,7 +34,9 @@ class Transport(Protocol):
     run(argv, stdin=None, timeout=None, env=None) -> Result: argv is a real argv vector; stdin bytes
         are written then closed (stdin is closed/empty when None); timeout in seconds raises
         CommandTimeout; env adds variables for this command only. A non-zero exit is NOT an error
-        (call ``Result.check()``); connection failures raise UnreachableError.
+        (call ``Result.check()``); connection failures raise UnreachableError. ``idempotent=True``
+        (a read, or a write that may run twice): a connection lost while it runs is reconnected
+        once and the command repeated (SshTransport; the local transport has no connection).
     put(local, remote, mode=0o644, progress=None) -> PutResult: streamed, resumable and sha256
         verified; progress(done_bytes, total_bytes). Raises TransferError / RemoteError.
     forward(host, port): context manager yielding an (address, port) on THIS machine that reaches
@@ -48,7 +50,8 @@ class Transport(Protocol):
     name: str
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None,
-            timeout: float | None = None, env: Mapping[str, str] | None = None) -> Result: ...
+            timeout: float | None = None, env: Mapping[str, str] | None = None,
+            idempotent: bool = False) -> Result: ...
 
     def put(self, local: Path, remote: str, *, mode: int = 0o644,
             progress: Progress | None = None) -> PutResult: ...

@@ -224,3 +224,30 @@ def test_background_child_holding_stdout_does_not_hang(pve1_transport):
     res = pve1_transport.run(["sh", "-c", "sleep 4 & echo started"], timeout=20)
     assert res.ok and res.stdout == b"started\n"
     assert time.monotonic() - started < 3.9  # returned after the grace period, not at EOF
+
+
+def test_unit_state_reads_survive_one_dropped_connection(pve1, tmp_path):  # noqa: F811
+    """SystemdManager's reads (``systemctl show``, the journal) are idempotent: the connection the
+    first read runs on dies under it (its sshd is killed), the transport reconnects once and the read
+    runs again, so a readiness poll does not fail on one dropped connection; a start is not re-run."""
+    from ddtctl.ops.supervisor import SystemdManager
+
+    marker = tmp_path / "dropped"
+
+    class DropFirst:   # the real transport; a command run while the marker is absent kills its connection
+        def __init__(self, t):
+            self.t, self.name = t, t.name
+
+        def run(self, argv, **kw):
+            script = f'if [ ! -e {marker} ]; then touch {marker}; kill -9 $PPID; sleep 5; fi; exec "$@"'
+            return self.t.run(["sh", "-c", script, "sh", *argv], **kw)
+
+    with _closing(pve1.transport()) as t:
+        t.run(["true"])
+        before = pve1.sshd.log.count("Accepted publickey")
+        state = SystemdManager(DropFirst(t), "ddtree-x.service").state()   # no UnreachableError
+        assert marker.exists() and state.active   # whatever systemctl says here, the read came back
+        assert pve1.sshd.log.count("Accepted publickey") == before + 1      # reconnected once
+        marker.unlink()
+        with pytest.raises(UnreachableError, match="connection"):
+            SystemdManager(DropFirst(t), "ddtree-x.service").stop()       # a change: never re-run blindly
