@@ -73,6 +73,9 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
             step += 1
             decoding = sum(1 for r in reqs if not r.prefilling and not r.finished)
             most = max(most, decoding)
+            if step % 100 == 0:
+                mem = f", {torch.cuda.memory_allocated(device) / GIB:.1f} GiB allocated" if cuda else ""
+                log(f"step {step}: {decoding} decoding, {time.perf_counter() - t0:.0f} s{mem}")
             if prefill_s is None and not any(r.prefilling for r in reqs):
                 prefill_s = time.perf_counter() - t0
             elif prefill_s is not None and decoding == slots:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ddtree_server.engine.batch.draft import append_context, draft_blocks, propose_batch
+from ddtree_server.engine.batch.graph_out import SharedOut
 from ddtree_server.engine.batch.graphs import BATCH_BUCKETS, bucket
 from ddtree_server.models.drafter.graphs import replay_differs
 
@@ -59,6 +60,7 @@ class DraftGraphs:
         self.rounds = 0
         self._static: dict[tuple, _Static] = {}
         self._pool = None
+        self.out = SharedOut(bucket(self.scratch, BATCH_BUCKETS) or BATCH_BUCKETS[-1])   # graph_out.py
 
     def propose(self, caches: list, slots: list[int], ctxs: list[Tensor], bonus: list[int], starts: list[int]) -> Tensor:
         """As ``propose_batch``: draft logits ``[b, block_size - 1, vocab]`` (a view of a static
@@ -125,11 +127,15 @@ class DraftGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):   # warm-up with the real inputs: writes the K/V the graph writes
-                self._run(st, width)
+                logits = self._run(st, width)
         torch.cuda.current_stream().wait_stream(side)
+        self.out.reserve("logits", logits)
+        del logits
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            st.logits = self._run(st, width)
+            logits = self._run(st, width)
+            st.logits = self.out.keep("logits", logits)
+            del logits
         self._pool = graph.pool()
         st.graph = graph
 

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ddtree_server.engine.batch.forward import Block, Layout, dense_forward
+from ddtree_server.engine.batch.graph_out import SharedOut
 from ddtree_server.engine.batch.hybrid_rounds import layout_windows, pending_forward, plain_forward
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -114,6 +115,12 @@ class BatchGraphs:
         self.cap = min(self.rows, ROW_BUCKETS[-1]) if cap is None else min(cap, self.rows)
         self.scratch = kpool.shape[0] - 1
         self._static: dict[tuple, _Static] = {}
+        # every graph's logits / features in one buffer each (graph_out.py): at most the padded rows
+        # of all slots' blocks (plain hybrid rounds: one row each; pending ones: the scratch's rows)
+        most = min(MAX_ROWS, self.scratch * ROW_BUCKETS[-1] + BATCH_BUCKETS[-1])
+        if gdn is not None:
+            most = min(most, max(self.rows, BATCH_BUCKETS[-1]))
+        self.out = SharedOut(bucket(most, TOTAL_BUCKETS) or MAX_ROWS)
         self._pool = None
         self.rounds = 0    # forwards through the padded layout (replayed or, without capture, eager)
         self.pending_rounds = 0   # of them, hybrid rounds of pending blocks (chains / trees)
@@ -180,11 +187,16 @@ class BatchGraphs:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._run(st)
+                logits, feats = self._run(st)
         torch.cuda.current_stream().wait_stream(side)
+        self.out.reserve("logits", logits)
+        self.out.reserve("feats", feats)
+        del logits, feats
         st.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(st.graph, pool=self._pool):
-            st.logits, st.feats = self._run(st)
+            logits, feats = self._run(st)
+            st.logits, st.feats = self.out.keep("logits", logits), self.out.keep("feats", feats)
+            del logits, feats
         self._pool = st.graph.pool()
         for name, value in saved.items():
             getattr(st, name).copy_(value)

@@ -1,0 +1,67 @@
+"""The batched CUDA graphs keep their outputs in one buffer per runner (engine/batch/graph_out.py):
+the graph pool no longer grows by one logits block per captured shape, and the replays, which now
+overwrite each other's output, still give every request its tokens alone (fp32, several rounds,
+batch sizes and widths changing as requests arrive and finish)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ddtree_server.engine.batch.graph_out import SharedOut
+
+
+def test_shared_out_keeps_what_fits_and_returns_the_rest():
+    out = SharedOut(8)
+    out.reserve("logits", torch.zeros(4, 3))
+    buf = out.bufs["logits"]
+    assert buf.shape == (8, 3) and out.nbytes == 8 * 3 * 4
+    x = torch.arange(12.0).view(4, 3)
+    kept = out.keep("logits", x)
+    assert kept.data_ptr() == buf.data_ptr() and torch.equal(kept, x) and kept.shape == (4, 3)
+    for other in (torch.zeros(9, 3), torch.zeros(2, 5), torch.zeros(2, 3, dtype=torch.float64)):
+        assert out.keep("logits", other) is other   # too many rows, another width, another dtype
+    assert out.keep("feats", x) is x and out.keep("logits", None) is None
+    out.reserve("big", torch.zeros(9, 2))          # past the limit: no buffer, outputs stay their own
+    assert "big" not in out.bufs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batched_graphs_share_their_outputs_and_equal_alone():
+    from ddtree_server.engine.engine import Engine
+    from ddtree_server.engine.sampling import SamplingParams
+    from ddtree_server.models.drafter.config import DrafterConfig
+    from ddtree_server.models.drafter.model import DFlashDrafter
+
+    from tests.server.batch_fixtures import run_together
+    from tests.server.tiny import EOS, VOCAB, ByteTokenizer, tiny_target
+
+    t = tiny_target().to("cuda")
+    raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
+           "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 1,
+           "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
+    torch.manual_seed(1)
+    d = DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval().to("cuda")
+    eng = Engine(t, ByteTokenizer(), d, eos_token_ids=[EOS], max_model_len=96, max_running=6)
+    words = [b"abc def", b"hello hello", b"xy", b"the cat sat", b"1+2=", b"zz top", b"a", b"mat on a"]
+    jobs = [(list(w), ("ar", "ddtree", "dflash")[i % 3]) for i, w in enumerate(words)]
+
+    counter = iter(range(1, 100))
+
+    def params():
+        return SamplingParams(max_tokens=6 + 5 * (next(counter) % 4), ignore_eos=True)
+
+    alone = [[x for ev in eng.generate(ids, SamplingParams(max_tokens=6 + 5 * ((i + 1) % 4), ignore_eos=True),
+                                       mode=m) for x in ev.token_ids] for i, (ids, m) in enumerate(jobs)]
+    batched, sizes = run_together(eng, jobs, params)
+    assert batched == alone and max(sizes) == 6
+    graphs, drafts = eng.batch.runner.graphs, getattr(eng.batch.runner, "draft_graphs", None)
+    statics = list(graphs._static.values())
+    assert len(statics) >= 3, "several padded shapes were captured"
+    buf = graphs.out.bufs["logits"]
+    assert all(st.logits.data_ptr() == buf.data_ptr() for st in statics)   # one buffer, not one per shape
+    if drafts is not None and drafts._static:
+        dbuf = drafts.out.bufs["logits"]
+        assert all(st.logits.data_ptr() == dbuf.data_ptr() for st in drafts._static.values() if st.graph)
