@@ -19,6 +19,15 @@ if [[ $PART == a ]]; then
   for s in qwen3-8b qwen3.6-27b; do
     step admission 90 python3 -m ddtree_server.bench.admission --shape $s --contexts 4096,32768 --commit "$COMMIT" --device cuda --out "$OUT/admission"
   done
+elif [[ $PART == d ]]; then
+  step graph-tests 200 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_graph_out.py tests/server/test_graphs.py tests/server/test_drafter_graphs.py \
+    tests/server/test_gdn_batch.py tests/server/test_batch_hybrid_rounds.py tests/server/test_hybrid_gpu.py -k "cuda or graph"
+  step admission-run-27b 290 python3 -m ddtree_server.bench.admission_run --shape qwen3.6-27b --context 4096 --slots 150 --prefill-chunk 512 --new-tokens 3072 --out "$OUT/admission"
+elif [[ $PART == e ]]; then
+  step admission-run-27b 300 python3 -m ddtree_server.bench.admission_run --shape qwen3.6-27b --context 4096 --fraction 0.5 --prefill-chunk 512 --new-tokens 3072 --out "$OUT/admission"
+elif [[ $PART == c ]]; then
+  step admission-run-27b 290 python3 -m ddtree_server.bench.admission_run --shape qwen3.6-27b --context 4096 --slots 150 --prefill-chunk 512 --new-tokens 3072 --out "$OUT/admission"
+  step admission-run-8b 170 python3 -m ddtree_server.bench.admission_run --shape qwen3-8b --context 4096 --fraction 0.8 --prefill-chunk 512 --new-tokens 2048 --out "$OUT/admission"
 else
   step batch-27b 200 $B --random-shape qwen3.6-27b --batch 1,8,32 --context-len 1024 --iters 5 --out "$OUT/batch"
   step batch-8b 80 $B --random-shape qwen3-8b --batch 1,8,32 --context-len 1024 --iters 10 --out "$OUT/batch"
