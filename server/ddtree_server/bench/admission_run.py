@@ -48,6 +48,8 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
     cuda = device.startswith("cuda")
     free = int(free_gib * GIB) if free_gib > 0 else torch.cuda.mem_get_info(device)[0]
     per, once = slot_bytes(target, drafter, context), round_scratch_bytes(target)
+    if cuda:
+        torch.cuda.empty_cache()   # the slot measured above: its blocks back to the device
     slots = slots or slots_for(free, per, fraction, cap=1 << 20, once=once)
     doc = {"shape": shape, "context": context, "fraction": fraction, "free_bytes_after_load": free,
            "slot_bytes": per, "round_scratch_bytes": once, "slots": slots, "mode": mode, "budget": budget,
