@@ -5,8 +5,10 @@
   "bytes"}]}], "refusal": null}``, one entry per emitted token;
 * completions: ``{"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}``.
 
-A token's text is its raw bytes (the grammar compiler's decoded vocabulary) decoded as UTF-8 with
-replacement; ``bytes`` carries the exact bytes, so a character split over tokens can be rebuilt.
+A token's text is its raw bytes (the grammar compiler's decoded vocabulary) decoded as UTF-8; a
+byte piece of a character split over tokens is written as ``\\xNN`` escapes, as OpenAI's API writes
+it (``"\\xe6\\x97"``), not as U+FFFD, so tokens stay apart; ``bytes`` (chat) carries the exact bytes,
+so the character can be rebuilt.
 """
 
 from __future__ import annotations
@@ -25,12 +27,17 @@ class TokenTexts:
         return self.vocab[token_id] if 0 <= token_id < len(self.vocab) else b""
 
     def text(self, token_id: int) -> str:
-        return self.raw(token_id).decode("utf-8", errors="replace")
+        return token_text(self.raw(token_id))
+
+
+def token_text(raw: bytes) -> str:
+    """A token's text: UTF-8, its bytes outside a whole character as ``\\xNN`` escapes."""
+    return raw.decode("utf-8", errors="backslashreplace")
 
 
 def _entry(texts: TokenTexts, token_id: int, logprob: float) -> dict[str, Any]:
     raw = texts.raw(token_id)
-    return {"token": raw.decode("utf-8", errors="replace"), "logprob": logprob, "bytes": list(raw)}
+    return {"token": token_text(raw), "logprob": logprob, "bytes": list(raw)}
 
 
 def chat_logprobs(texts: TokenTexts, entries: Sequence[Any]) -> dict[str, Any]:
