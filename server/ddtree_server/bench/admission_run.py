@@ -60,7 +60,7 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    step, most, times, t0, prefill_s = 0, 0, [], time.perf_counter(), None
+    step, most, times, t0, prefill_s, engine = 0, 0, [], time.perf_counter(), None, None
     try:
         engine = Engine(target, NoText(), drafter, model_id=shape, max_model_len=context, eos_token_ids=[],
                         tree_budget=budget, max_running=slots, prefill_chunk=prefill_chunk)
@@ -88,11 +88,35 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
     doc.update(steps=step, most_decoding=most, prefill_s=None if prefill_s is None else round(prefill_s, 2),
                round_ms=round(statistics.median(times) * 1e3, 2) if times else None, rounds_timed=len(times))
     if cuda:
+        doc["graph_pool_bytes"] = graph_pools(engine) if engine is not None else {}
+        log(f"graph pools: { {k: f'{v / GIB:.2f} GiB' for k, v in doc['graph_pool_bytes'].items()} }")
         doc.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
                    peak_reserved_bytes=torch.cuda.max_memory_reserved(device),
                    total_bytes=torch.cuda.get_device_properties(device).total_memory)
     log(f"ok={doc['ok']} most decoding {most} of {slots}; {doc['error'] or ''}")
     return doc
+
+
+def graph_pools(engine) -> dict[str, int]:
+    """Bytes of the allocator's segments in CUDA graph pools, by the graphs that own the pool (the
+    batched target rounds, the batched drafter, the per-request target / drafter graphs, the solo
+    round); a pool no longer held by any of them by its id."""
+    runner = getattr(getattr(engine, "batch", None), "runner", None)
+    owners = {}
+    for name, obj in (("target rounds", getattr(runner, "graphs", None)),
+                      ("drafter rounds", getattr(runner, "draft_graphs", None)),
+                      ("solo round", getattr(runner, "solo", None)),
+                      ("target alone", getattr(engine, "target", None)), ("drafter alone", getattr(engine, "drafter", None))):
+        pool = getattr(obj, "_pool", None)
+        if pool is not None:
+            owners[tuple(pool)] = name
+    out: dict[str, int] = {}
+    for seg in torch.cuda.memory_snapshot():
+        pid = tuple(seg.get("segment_pool_id") or (0, 0))
+        if pid != (0, 0):
+            key = owners.get(pid, f"pool {pid}")
+            out[key] = out.get(key, 0) + int(seg["total_size"])
+    return out
 
 
 def write(doc: dict, out: Path) -> dict[str, Path]:
