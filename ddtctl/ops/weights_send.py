@@ -34,7 +34,8 @@ def send_files(transport, name: str, source: Path, dest: str, folder: str, manif
     result.bytes_sent += sum(manifest[r]["size"] for r in sent)
     result.files_rehashed += sum(r in rehash for r in batched)
     repaired = sum(r in rehash for r in sent)
-    for rel in (r for r in todo if r not in set(batched)):
+    done = set(batched)
+    for rel in (r for r in todo if r not in done):
         local_file = source if single else source / rel
         target = dest if single else posixpath.join(dest, rel)
         cb = progress_factory(f"{name}: {rel}", manifest[rel]["size"]) if progress_factory else None

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 import typer
 
+from ddtree_server.bench.random_shape import random_models
 from ddtree_server.bench.shapes import get_shape
 from ddtree_server.engine.batch.hybrid_rounds import round_rows
 from ddtree_server.engine.batch.pools import cache_bytes, slot_cache_bytes
@@ -37,6 +38,14 @@ def round_scratch_bytes(target) -> int:
     if getattr(target, "method", None) != "chunk":
         return 0
     return target.new_scratch(round_rows(None, CUDA_MAX_RUNNING), "meta").nbytes
+
+
+def free_after_load(device: str, free_gib: float = 0.0) -> int:
+    """Bytes to size the slots from: ``free_gib`` when given, else the device's free memory now
+    (after loading; 0 off CUDA)."""
+    if free_gib > 0:
+        return int(free_gib * 2 ** 30)
+    return torch.cuda.mem_get_info(device)[0] if device.startswith("cuda") else 0
 
 
 def slot_bytes(target, drafter, n: int) -> int:
@@ -71,15 +80,11 @@ def main(shape: str = typer.Option("qwen3.6-27b", help="bench.shapes name"),
          out: Path = typer.Option(Path("admission"), help="report folder"),
          commit: str = typer.Option("unknown"),
          free_gib: float = typer.Option(0.0, help="free memory to assume (GiB; 0: the device's, after loading)")) -> None:
-    from ddtree_server.models.random_init import drafter_from_config, target_from_config
-
     sh = get_shape(shape)
-    target = target_from_config(sh.target, device=device, dtype=dtype)
-    drafter = drafter_from_config(sh.drafter, target, device=device, dtype=dtype, seed=1) if sh.drafter else None
+    target, drafter = random_models(sh, device=device, dtype=dtype)
     max_len = int(sh.target.get("max_position_embeddings") or sh.target.get("text_config", {}).get(
         "max_position_embeddings", 32768))
-    free = int(free_gib * 2 ** 30) if free_gib > 0 else (
-        torch.cuda.mem_get_info(device)[0] if device.startswith("cuda") else 0)
+    free = free_after_load(device, free_gib)
     seen: dict[int, int] = {}
 
     def measure(n: int) -> int:

@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 import typer
 
-from ddtree_server.bench.admission import round_scratch_bytes, slot_bytes
+from ddtree_server.bench.admission import free_after_load, round_scratch_bytes, slot_bytes
 from ddtree_server.bench.batch_shape import NoText, random_requests
+from ddtree_server.bench.random_shape import random_models
 from ddtree_server.bench.report import save_json_md
 from ddtree_server.bench.shapes import get_shape
 from ddtree_server.engine.engine import Engine, slots_for
@@ -40,13 +41,9 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
     ``slots``: that many instead of what ``fraction`` holds. ``new_tokens`` must outlast the
     prefill phase (steps of ``prefill_chunk`` over all prompts), or the first requests finish before
     the last one decodes and the round with all of them decoding is never timed."""
-    from ddtree_server.models.random_init import drafter_from_config, target_from_config
-
-    sh = get_shape(shape)
-    target = target_from_config(sh.target, device=device, dtype=dtype)
-    drafter = drafter_from_config(sh.drafter, target, device=device, dtype=dtype, seed=1) if sh.drafter else None
+    target, drafter = random_models(get_shape(shape), device=device, dtype=dtype)
     cuda = device.startswith("cuda")
-    free = int(free_gib * GIB) if free_gib > 0 else torch.cuda.mem_get_info(device)[0]
+    free = free_after_load(device, free_gib)
     per, once = slot_bytes(target, drafter, context), round_scratch_bytes(target)
     if cuda:
         torch.cuda.empty_cache()   # the slot measured above: its blocks back to the device

@@ -57,17 +57,24 @@ def resolve_device(device: str = "auto", dtype: str | None = None) -> tuple[str,
     return device, dtype or ("bf16" if device.startswith("cuda") else "fp32")
 
 
-def build_engine(shape: Shape, *, device: str, dtype: str, max_len: int, tree_budget: int = 64,
-                 max_running: int = 1):
-    """The server's Engine over a random target (+ drafter) of ``shape``; no tokenizer;
-    ``max_running`` slots in its batch engine."""
-    from ddtree_server.engine.engine import Engine
+def random_models(shape: Shape, *, device: str, dtype: str):
+    """(target, drafter or None) with random weights at ``shape`` (the drafter seeded 1)."""
     from ddtree_server.models.random_init import drafter_from_config, target_from_config
 
     target = target_from_config(shape.target, device=device, dtype=dtype)
     drafter = None
     if shape.drafter is not None:
         drafter = drafter_from_config(shape.drafter, target, device=device, dtype=dtype, seed=1)
+    return target, drafter
+
+
+def build_engine(shape: Shape, *, device: str, dtype: str, max_len: int, tree_budget: int = 64,
+                 max_running: int = 1):
+    """The server's Engine over a random target (+ drafter) of ``shape``; no tokenizer;
+    ``max_running`` slots in its batch engine."""
+    from ddtree_server.engine.engine import Engine
+
+    target, drafter = random_models(shape, device=device, dtype=dtype)
     return Engine(target, None, drafter, model_id=shape.name, max_model_len=max_len, eos_token_ids=[],
                   tree_budget=tree_budget, max_running=max_running)
 
