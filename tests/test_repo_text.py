@@ -1,4 +1,4 @@
-"""The repository stands alone: no tracker numbers ("issue 9") and no notes outside it.
+"""The repository stands alone: no tracker numbers (the word "issue" and a number) and no notes outside it.
 
 A reader of the repository has neither the project's tracker nor the notes next to the checkout,
 so code, tests and docs name the behaviour or the target instead of an issue number, and cite
