@@ -1,7 +1,9 @@
 """The batched CUDA graphs keep their outputs in one buffer per runner (engine/batch/graph_out.py):
 the graph pool no longer grows by one logits block per captured shape, and the replays, which now
 overwrite each other's output, still give every request its tokens alone (fp32, several rounds,
-batch sizes and widths changing as requests arrive and finish)."""
+batch sizes and widths changing as requests arrive and finish). The target's and the drafter's
+batched graphs share one pool, and past the memory headroom new shapes run eagerly with the same
+tokens (engine/batch/graph_pool.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import pytest
 import torch
 
 from ddtree_server.engine.batch.graph_out import SharedOut
+from ddtree_server.engine.batch.graph_pool import HEADROOM_ENV, GraphPool, headroom_bytes, may_capture
+from ddtree_server.engine.sampling import SamplingParams
 
 
 def test_shared_out_keeps_what_fits_and_returns_the_rest():
@@ -26,15 +30,22 @@ def test_shared_out_keeps_what_fits_and_returns_the_rest():
     assert "big" not in out.bufs
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_batched_graphs_share_their_outputs_and_equal_alone():
+def test_capture_rule_and_headroom_setting(monkeypatch):
+    assert may_capture(3 << 30, 3 << 30) and not may_capture((3 << 30) - 1, 3 << 30)
+    monkeypatch.delenv(HEADROOM_ENV, raising=False)
+    assert headroom_bytes() == 3072 << 20
+    for raw, want in (("512", 512 << 20), ("0", 0), ("-5", 0), ("lots", 3072 << 20)):
+        monkeypatch.setenv(HEADROOM_ENV, raw)
+        assert headroom_bytes() == want, raw
+    pool = GraphPool("cpu", headroom=1 << 60)
+    assert pool.room() and pool.refused == 0     # no device memory to run short of on the CPU
+
+
+def _engine_and_jobs():
     from ddtree_server.engine.engine import Engine
-    from ddtree_server.engine.sampling import SamplingParams
     from ddtree_server.models.drafter.config import DrafterConfig
     from ddtree_server.models.drafter.model import DFlashDrafter
 
-    from tests.server.batch_fixtures import run_together
     from tests.server.tiny import EOS, VOCAB, ByteTokenizer, tiny_target
 
     t = tiny_target().to("cuda")
@@ -53,9 +64,23 @@ def test_cuda_batched_graphs_share_their_outputs_and_equal_alone():
     def params():
         return SamplingParams(max_tokens=6 + 5 * (next(counter) % 4), ignore_eos=True)
 
+    return eng, jobs, params
+
+
+def _alone_and_together(eng, jobs, params):
+    from tests.server.batch_fixtures import run_together
+
     alone = [[x for ev in eng.generate(ids, SamplingParams(max_tokens=6 + 5 * ((i + 1) % 4), ignore_eos=True),
                                        mode=m) for x in ev.token_ids] for i, (ids, m) in enumerate(jobs)]
     batched, sizes = run_together(eng, jobs, params)
+    return alone, batched, sizes
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batched_graphs_share_their_outputs_and_equal_alone():
+    eng, jobs, params = _engine_and_jobs()
+    alone, batched, sizes = _alone_and_together(eng, jobs, params)
     assert batched == alone and max(sizes) == 6
     graphs, drafts = eng.batch.runner.graphs, getattr(eng.batch.runner, "draft_graphs", None)
     statics = list(graphs._static.values())
@@ -65,3 +90,23 @@ def test_cuda_batched_graphs_share_their_outputs_and_equal_alone():
     if drafts is not None and drafts._static:
         dbuf = drafts.out.bufs["logits"]
         assert all(st.logits.data_ptr() == dbuf.data_ptr() for st in drafts._static.values() if st.graph)
+    # one pool for both families: every captured segment of the batched rounds is in it
+    pool = eng.batch.runner.graph_pool
+    assert graphs.pool is pool and (drafts is None or drafts.pool is pool)
+    assert pool.handle is not None and pool.captured == len(statics) + sum(
+        1 for st in (drafts._static.values() if drafts is not None else ()) if st.graph) and pool.refused == 0
+    pools = {tuple(seg.get("segment_pool_id") or (0, 0)) for seg in torch.cuda.memory_snapshot()
+             if tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0)}
+    assert tuple(pool.handle) in pools
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rounds_past_the_headroom_run_eagerly_and_equal_alone(monkeypatch):
+    monkeypatch.setenv(HEADROOM_ENV, str(1 << 30))   # more than any device has free: nothing is captured
+    eng, jobs, params = _engine_and_jobs()
+    alone, batched, sizes = _alone_and_together(eng, jobs, params)
+    assert batched == alone and max(sizes) == 6
+    runner = eng.batch.runner
+    assert runner.graphs.rounds > 0 and not runner.graphs._static
+    assert runner.graph_pool.captured == 0 and runner.graph_pool.refused > 0 and runner.graph_pool.handle is None

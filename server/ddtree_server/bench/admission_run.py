@@ -86,6 +86,8 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
                round_ms=round(statistics.median(times) * 1e3, 2) if times else None, rounds_timed=len(times))
     if cuda:
         doc["graph_pool_bytes"] = graph_pools(engine) if engine is not None else {}
+        gp = getattr(getattr(getattr(engine, "batch", None), "runner", None), "graph_pool", None)
+        doc.update(graphs_captured=getattr(gp, "captured", None), graphs_refused=getattr(gp, "refused", None))
         log(f"graph pools: { {k: f'{v / GIB:.2f} GiB' for k, v in doc['graph_pool_bytes'].items()} }")
         doc.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
                    peak_reserved_bytes=torch.cuda.max_memory_reserved(device),
@@ -96,13 +98,14 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
 
 def graph_pools(engine) -> dict[str, int]:
     """Bytes of the allocator's segments in CUDA graph pools, by the graphs that own the pool (the
-    batched target rounds, the batched drafter, the per-request target / drafter graphs, the solo
-    round); a pool no longer held by any of them by its id."""
+    batched rounds' one pool, target and drafter: ``graph_pool.py``; the per-request target /
+    drafter graphs, the solo round); a pool no longer held by any of them by its id."""
     runner = getattr(getattr(engine, "batch", None), "runner", None)
     owners = {}
-    for name, obj in (("target rounds", getattr(runner, "graphs", None)),
-                      ("drafter rounds", getattr(runner, "draft_graphs", None)),
-                      ("solo round", getattr(runner, "solo", None)),
+    shared = getattr(getattr(runner, "graph_pool", None), "handle", None)
+    if shared is not None:
+        owners[tuple(shared)] = "batched rounds (target + drafter)"
+    for name, obj in (("solo round", getattr(runner, "solo", None)),
                       ("target alone", getattr(engine, "target", None)), ("drafter alone", getattr(engine, "drafter", None))):
         pool = getattr(obj, "_pool", None)
         if pool is not None:

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ddtree_server.engine.batch.draft import append_context, draft_blocks, propose_batch
 from ddtree_server.engine.batch.graph_out import SharedOut
+from ddtree_server.engine.batch.graph_pool import GraphPool
 from ddtree_server.engine.batch.graphs import BATCH_BUCKETS, bucket
 from ddtree_server.models.drafter.graphs import replay_differs
 
@@ -51,7 +52,8 @@ class _Static:
 class DraftGraphs:
     """Padded, graph-replayed ``propose_batch`` over a drafter slot pool whose last slot is scratch."""
 
-    def __init__(self, drafter, kpool: Tensor, vpool: Tensor, *, capture: bool = True):
+    def __init__(self, drafter, kpool: Tensor, vpool: Tensor, *, capture: bool = True, pool: GraphPool | None = None):
+        """``pool``: the graph pool shared with the runner's target graphs (``graph_pool.py``)."""
         self.drafter, self.kpool, self.vpool, self.capture = drafter, kpool, vpool, capture
         self.bs = int(drafter.config.block_size)
         self.scratch = kpool.shape[0] - 1
@@ -59,7 +61,7 @@ class DraftGraphs:
         self.enabled = True
         self.rounds = 0
         self._static: dict[tuple, _Static] = {}
-        self._pool = None
+        self.pool = pool if pool is not None else GraphPool(kpool.device)
         self.out = SharedOut(bucket(self.scratch, BATCH_BUCKETS) or BATCH_BUCKETS[-1])   # graph_out.py
 
     def propose(self, caches: list, slots: list[int], ctxs: list[Tensor], bonus: list[int], starts: list[int]) -> Tensor:
@@ -79,8 +81,9 @@ class DraftGraphs:
                                                         self.kpool.device)
         self._load(st, caches, slots, ctxs, bonus, starts)
         self.rounds += 1
+        eager = not self.capture or (st.graph is None and not self.pool.room())   # CPU, or memory is short
         try:
-            if not self.capture:
+            if eager:
                 logits = self._run(st, width)
             else:
                 if st.graph is None:
@@ -93,7 +96,7 @@ class DraftGraphs:
             return propose_batch(self.drafter, self.kpool, self.vpool, caches, slots, ctxs, bonus, starts)
         for c, s in zip(caches, starts):
             c.length = s
-        if self.capture and not st.checked:
+        if not eager and not st.checked:
             logits = self._self_check(st, caches, slots, ctxs, bonus, starts, logits)
         return logits[:b]
 
@@ -132,11 +135,10 @@ class DraftGraphs:
         self.out.reserve("logits", logits)
         del logits
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with self.pool.capture(graph):
             logits = self._run(st, width)
             st.logits = self.out.keep("logits", logits)
             del logits
-        self._pool = graph.pool()
         st.graph = graph
 
     def _self_check(self, st: _Static, caches, slots, ctxs, bonus, starts, logits: Tensor) -> Tensor:

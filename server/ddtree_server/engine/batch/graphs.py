@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ddtree_server.engine.batch.forward import Block, Layout, dense_forward
 from ddtree_server.engine.batch.graph_out import SharedOut
+from ddtree_server.engine.batch.graph_pool import GraphPool
 from ddtree_server.engine.batch.hybrid_rounds import layout_windows, pending_forward, plain_forward
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -105,11 +106,12 @@ class BatchGraphs:
     last slot is the scratch slot (see the module docstring)."""
 
     def __init__(self, model, kpool: Tensor, vpool: Tensor, *, capture: bool = True, gdn: dict | None = None,
-                 cap: int | None = None):
+                 cap: int | None = None, pool: GraphPool | None = None):
         """``gdn``: the pooled GDN tensors of a hybrid target (``hybrid_rounds.py``): then rounds of
         one row per request, and of pending blocks up to ``cap`` rows (the slots' caches' ``cap``;
         None: the scratch's rows up to ``ROW_BUCKETS[-1]``; ``chunk`` method: ``gdn`` holds the
-        round's verify scratch, whose rows bound the padded rows)."""
+        round's verify scratch, whose rows bound the padded rows). ``pool``: the graph pool shared with
+        the runner's drafter graphs (``graph_pool.py``)."""
         self.model, self.kpool, self.vpool, self.capture, self.gdn = model, kpool, vpool, capture, gdn
         self.rows = gdn["kk"].shape[1] if gdn is not None and "kk" in gdn else 0   # 0: no pending graphs
         self.cap = min(self.rows, ROW_BUCKETS[-1]) if cap is None else min(cap, self.rows)
@@ -121,7 +123,7 @@ class BatchGraphs:
         if gdn is not None:
             most = min(most, max(self.rows, BATCH_BUCKETS[-1]))
         self.out = SharedOut(bucket(most, TOTAL_BUCKETS) or MAX_ROWS)
-        self._pool = None
+        self.pool = pool if pool is not None else GraphPool(kpool.device)
         self.rounds = 0    # forwards through the padded layout (replayed or, without capture, eager)
         self.pending_rounds = 0   # of them, hybrid rounds of pending blocks (chains / trees)
 
@@ -157,11 +159,11 @@ class BatchGraphs:
         starts = lay.offsets[: len(blocks)]
         self.rounds += 1
         self.pending_rounds += self.gdn is not None and tree
-        if not self.capture:
-            logits, feats = self._run(lay)
-            return logits, feats, starts
         key = (b_pad, n_pad, r, tree, tuple(self.model.capture_layers))
         st = self._static.get(key)
+        if not self.capture or (st is None and not self.pool.room()):   # eager: CPU, or memory is short
+            logits, feats = self._run(lay)
+            return logits, feats, starts
         if st is None:
             st = self._static[key] = self._capture(lay)
         else:
@@ -193,11 +195,10 @@ class BatchGraphs:
         self.out.reserve("feats", feats)
         del logits, feats
         st.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(st.graph, pool=self._pool):
+        with self.pool.capture(st.graph):
             logits, feats = self._run(st)
             st.logits, st.feats = self.out.keep("logits", logits), self.out.keep("feats", feats)
             del logits, feats
-        self._pool = st.graph.pool()
         for name, value in saved.items():
             getattr(st, name).copy_(value)
         return st

@@ -30,6 +30,7 @@ from ddtree_server.engine.batch.forward import (
     hybrid_forward,
 )
 from ddtree_server.engine.batch.draft_graphs import DraftGraphs
+from ddtree_server.engine.batch.graph_pool import GraphPool
 from ddtree_server.engine.batch.graphs import BatchGraphs
 from ddtree_server.engine.batch.hybrid_rounds import commit_pending, round_rows
 from ddtree_server.engine.batch.policy import SpecPolicy
@@ -87,8 +88,10 @@ class StepRunner:
         # rows a round may verify: per tree (a hybrid slot's scratch), all trees (the round scratch)
         self.rows = (self.caches[0].cap if self.kind == "hybrid" else None,
                      self.scratch.rows if self.scratch is not None else None)
+        # one CUDA graph pool for the batched target rounds and the batched drafter (graph_pool.py)
+        self.graph_pool = GraphPool(device)
         self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda, gdn=self._gdn(),
-                                  cap=self.rows[0]) if graphs else None
+                                  cap=self.rows[0], pool=self.graph_pool) if graphs else None
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
         self.dcaches = self.draft_graphs = None
         if drafter is not None:
@@ -98,7 +101,7 @@ class StepRunner:
             self.dcaches = SlotPool(lambda: drafter.new_cache(max_len + 1 + self.block_size), slots + dgraphs,
                                     pooled=pooled)
             self.draft_graphs = DraftGraphs(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
-                                            capture=cuda) if dgraphs else None
+                                            capture=cuda, pool=self.graph_pool) if dgraphs else None
         self.batched = self.kind is not None
         # batch 1's greedy DDTree round after the drafter on the device (dense, graphed: solo_round.py)
         self.solo = SoloRound(target, capture=cuda and target.capture) if self.kind == "dense" and isinstance(

@@ -1,0 +1,79 @@
+"""One CUDA graph memory pool for a runner's batched graphs, and when to stop capturing.
+
+The batched target rounds (``graphs.py``) and the batched drafter (``draft_graphs.py``) used to keep
+a graph pool each. They never run at once (a round drafts, then verifies, on one stream) and every
+output they keep lives outside the pool (``graph_out.py``), so one pool can hold both families'
+working memory: a later capture reuses what an earlier one freed, whichever family it belongs to.
+On one H200 at the Qwen3.6-27B shape with 150 slots the two pools held 3.11 + 3.03 GiB when the
+device ran out (docs/benchmarks/h200-2026-12-03/); vLLM likewise shares one pool among all its
+captures.
+
+Each new shape captured adds to the pool for as long as the server runs, and a capture that runs
+out of memory fails mid-round. So a shape is captured only while the device keeps ``headroom``
+bytes free (driver-free memory plus the allocator's reserved but unallocated bytes); past that the
+shape runs eagerly, which needs its working memory only while it runs. ``DDTREE_GRAPH_HEADROOM_MIB``
+sets the headroom (default 3,072 MiB: about two eager rounds of 1,024 rows at the 27B shape).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+
+import torch
+
+log = logging.getLogger(__name__)
+HEADROOM_ENV = "DDTREE_GRAPH_HEADROOM_MIB"
+DEFAULT_HEADROOM_MIB = 3072
+
+
+def headroom_bytes() -> int:
+    raw = os.environ.get(HEADROOM_ENV, "").strip()
+    try:
+        mib = float(raw) if raw else DEFAULT_HEADROOM_MIB
+    except ValueError:
+        log.warning("%s=%r is not a number of MiB: using %d", HEADROOM_ENV, raw, DEFAULT_HEADROOM_MIB)
+        mib = DEFAULT_HEADROOM_MIB
+    return int(max(mib, 0) * 2 ** 20)
+
+
+def may_capture(free: int, headroom: int) -> bool:
+    """A new shape is captured only while ``free`` bytes keep ``headroom`` (pure rule)."""
+    return free >= headroom
+
+
+def device_free(device) -> int:
+    """Bytes a new allocation can still get: free on the device and cached but unallocated."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+
+
+class GraphPool:
+    """The pool handle shared by a runner's batched graphs and the capture rule."""
+
+    def __init__(self, device, headroom: int | None = None):
+        self.device = torch.device(device)
+        self.headroom = headroom_bytes() if headroom is None else int(headroom)
+        self.handle = None        # set by the first capture; every later capture passes it
+        self.captured = 0
+        self.refused = 0          # captures declined for memory (those shapes ran eagerly)
+
+    def room(self) -> bool:
+        """Whether a new shape may be captured now (counts and logs a refusal)."""
+        if self.device.type != "cuda" or may_capture(device_free(self.device), self.headroom):
+            return True
+        if not self.refused:
+            log.warning("CUDA graphs: fewer than %d MiB free on %s, new shapes run eagerly",
+                        self.headroom >> 20, self.device)
+        self.refused += 1
+        return False
+
+    @contextmanager
+    def capture(self, graph):
+        """``torch.cuda.graph`` into the shared pool."""
+        with torch.cuda.graph(graph, pool=self.handle):
+            yield
+        if self.handle is None:
+            self.handle = graph.pool()
+        self.captured += 1
