@@ -7,7 +7,8 @@ import torch
 
 from ddtree_server.engine.decode import ddtree_builder, tree_inputs
 from ddtree_server.speculative.tree import _make, build_ddtree, tree_from_arrays
-from ddtree_server.speculative.tree_gpu import build_ddtree_device, build_trees_device, device_tree_inputs, draft_trees
+from ddtree_server.speculative.tree_gpu import (build_ddtree_device, build_trees_device, device_tree_inputs, draft_trees,
+                                               topk_logp, topk_rows_chunked)
 
 
 def _paths(tokens, parents) -> set[tuple[int, ...]]:
@@ -152,3 +153,18 @@ def test_draft_trees_from_logits_equal_ddtree_builder(seed):
         assert trees[i].size == host.size and trees[i].tokens[0] == roots[i]
         assert _paths(trees[i].tokens, trees[i].parents) == _paths(host.tokens, host.parents)
         assert trees[i].is_chain == host.is_chain
+
+
+@pytest.mark.parametrize("step", [1, 5, 7, 64])
+def test_top_k_in_passes_equals_one_pass(step):
+    """A batch's draft logits are reduced in passes of bounded memory (tree_gpu.CHUNK_BYTES):
+    the same values and ids, bitwise, as one log_softmax + top-K over all rows."""
+    g = torch.Generator().manual_seed(step)
+    logits = torch.randn(3, 5, 97, generator=g).to(torch.bfloat16)
+    logits[1, 2, 10:20] = logits[1, 2, 10]   # ties
+    whole_v, whole_i = torch.log_softmax(logits.float(), dim=-1).topk(6, dim=-1)
+    vals, ids = topk_rows_chunked(logits, 6, step)
+    assert vals.shape == (3, 5, 6) and ids.shape == (3, 5, 6)
+    assert torch.equal(vals, whole_v) and torch.equal(ids, whole_i)
+    per_request = topk_logp(logits, 6)   # the CPU path: request by request
+    assert torch.equal(per_request[0], whole_v) and torch.equal(per_request[1], whole_i)

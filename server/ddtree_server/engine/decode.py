@@ -33,6 +33,7 @@ from torch import Tensor
 from ddtree_server.engine.processors import RequestProcessor
 from ddtree_server.engine.sampling import TokenChooser
 from ddtree_server.speculative.tree import DraftTree, build_ddtree, chain_tree, root_only
+from ddtree_server.speculative.tree_gpu import topk_logp
 from ddtree_server.speculative.walk import accepted_tokens, walk
 
 TreeBuilder = Callable[[Tensor, int, int], DraftTree]  # (draft_logits [L, V], root token, budget)
@@ -97,10 +98,8 @@ def ddtree_builder(draft_logits: Tensor, root: int, budget: int) -> DraftTree:
 
 def topk_tables(draft_logits: Tensor, k: int) -> tuple:
     """``(logp, ids)`` host arrays ``[..., L, K]`` of the per-position top-K (K = min(k, vocab))
-    of ``log_softmax`` (fp32, raw logits): one packed device-to-host copy."""
-    k = min(k, draft_logits.shape[-1])
-    logp = torch.log_softmax(draft_logits.float(), dim=-1)
-    vals, ids = logp.topk(k, dim=-1)
+    of ``log_softmax`` (fp32, raw logits; ``tree_gpu.topk_logp``): one packed device-to-host copy."""
+    vals, ids = topk_logp(draft_logits, k)   # in passes of bounded memory on a device
     # ids < 2**24 are exact in fp32: one tensor, one copy
     packed = torch.stack((vals, ids.to(torch.float32))).cpu().numpy()
     return packed[0], packed[1].astype("int64")

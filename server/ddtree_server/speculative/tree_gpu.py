@@ -90,16 +90,36 @@ def draft_trees(draft_logits: Tensor, roots: list[int], caps: list[int]) -> list
     return out
 
 
+# fp32 log_softmax rows of one pass: a batch's draft logits at a large vocabulary would otherwise
+# take 2 x 4 x rows x vocab bytes at once (150 requests x 15 rows of the 248,320-token Qwen3.6
+# vocabulary: 4.4 GB), more than a full server has left
+CHUNK_BYTES = 256 << 20
+
+
 def topk_logp(draft_logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """Top-K (K = min(k, vocab)) of ``log_softmax`` (fp32, raw logits) over the last axis of
-    ``[..., L, vocab]``: one call for all on an accelerator; request by request on the CPU, where
-    the batch's whole fp32 log_softmax would not stay in the caches (and there is no device to
-    keep busy). The values are the same either way."""
+    ``[..., L, vocab]``: on an accelerator in passes of at most ``CHUNK_BYTES`` of fp32 rows (one
+    pass for a request or a small batch); request by request on the CPU, where the batch's whole
+    fp32 log_softmax would not stay in the caches. Row-wise, so the values are the same either way."""
     k = min(k, draft_logits.shape[-1])
-    if draft_logits.device.type != "cpu" or draft_logits.dim() < 3:
+    if draft_logits.device.type == "cpu" and draft_logits.dim() >= 3:
+        parts = [torch.log_softmax(x.float(), dim=-1).topk(k, dim=-1) for x in draft_logits]
+        return torch.stack([v for v, _ in parts]), torch.stack([i for _, i in parts])
+    return topk_rows_chunked(draft_logits, k, max(1, CHUNK_BYTES // (4 * draft_logits.shape[-1])))
+
+
+def topk_rows_chunked(draft_logits: Tensor, k: int, step: int) -> tuple[Tensor, Tensor]:
+    """``topk_logp`` in passes of ``step`` rows of the flattened ``[..., vocab]`` logits."""
+    rows = draft_logits.reshape(-1, draft_logits.shape[-1])
+    if rows.shape[0] <= step:
         return torch.log_softmax(draft_logits.float(), dim=-1).topk(k, dim=-1)
-    parts = [torch.log_softmax(x.float(), dim=-1).topk(k, dim=-1) for x in draft_logits]
-    return torch.stack([v for v, _ in parts]), torch.stack([i for _, i in parts])
+    vals = torch.empty((rows.shape[0], k), dtype=torch.float32, device=rows.device)
+    ids = torch.empty((rows.shape[0], k), dtype=torch.long, device=rows.device)
+    for i in range(0, rows.shape[0], step):
+        v, ix = torch.log_softmax(rows[i:i + step].float(), dim=-1).topk(k, dim=-1)
+        vals[i:i + step], ids[i:i + step] = v, ix
+    shape = (*draft_logits.shape[:-1], k)
+    return vals.view(shape), ids.view(shape)
 
 
 def build_ddtree_device(topk_logp: Tensor, topk_ids: Tensor, root: Tensor | int, budget: int
