@@ -10,9 +10,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>
 python3 -c "import torch, transformers, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
 RUN="python3 -m ddtree_server.bench.admission_run --context 4096 --prefill-chunk 512"
 if [[ $PART == a ]]; then
-  step graph-tests 150 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_graph_out.py tests/server/test_graphs.py \
-    tests/server/test_drafter_graphs.py tests/server/test_gdn_batch.py tests/server/test_batch_hybrid_rounds.py tests/server/test_hybrid_gpu.py -k "cuda or graph"
-  step slots150-27b 420 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150"
+  step graph-tests 150 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_graph_out.py tests/server/test_drafter_graphs.py \
+    tests/server/test_batch_hybrid_rounds.py tests/server/test_tree_gpu.py -k "cuda or graph or passes"
+  step slots150-27b 400 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150"
 elif [[ $PART == b ]]; then
   export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
   step slots150-27b-expandable 420 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150-expandable"
