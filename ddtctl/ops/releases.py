@@ -312,7 +312,8 @@ def verify(transport, layout: Layout, version_id: str, python: str, fingerprint:
 
 def install(transport, layout: Layout, version_id: str, wheel, python: str, plan, *, version: str,
             progress=None, meta: dict | None = None) -> tuple[int, Verification]:
-    """Install releases/<id>: push the wheel, make the venv, run the plan's pip installs, write the
+    """Install releases/<id>: push the wheel, make the venv (a `--without-pip` one gets pip by
+    ensurepip when its interpreter has none to lend), run the plan's pip installs, write the
     manifest (last), then `verify` it (its console script and dependencies; the manifest stage is
     the write's own listing, not a second one); returns (wheel bytes sent, the verification).
 
@@ -328,14 +329,18 @@ def install(transport, layout: Layout, version_id: str, wheel, python: str, plan
     had_old = transport.run(["test", "-d", rel], timeout=60).ok
     if had_old:
         transport.run(["mv", "-T", "--", rel, aside], timeout=60).check()
-    pip = [posixpath.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check"]
-    argvs = [[python, "-m", "venv", *plan.venv_args, venv]]
-    argvs += [[*pip, *args] for args in plan.pip_installs]
+    venv_python = posixpath.join(venv, "bin", "python")
+    pip = [venv_python, "-m", "pip", "install", "--disable-pip-version-check"]
     try:
         transport.run(["mkdir", "-p", "--", rel], timeout=60).check()
         put = transport.put(wheel, posixpath.join(rel, wheel.name), mode=0o644, progress=progress)
-        for argv in argvs:
-            transport.run(argv, timeout=INSTALL_TIMEOUT_S).check()
+        transport.run([python, "-m", "venv", *plan.venv_args, venv], timeout=INSTALL_TIMEOUT_S).check()
+        if "--without-pip" in plan.venv_args and not transport.run([venv_python, "-m", "pip", "--version"],
+                                                                    timeout=ENTRY_POINT_TIMEOUT_S).ok:
+            # the interpreter has no pip of its own to lend the venv: the venv gets one
+            transport.run([venv_python, "-m", "ensurepip", "--default-pip"], timeout=INSTALL_TIMEOUT_S).check()
+        for args in plan.pip_installs:
+            transport.run([*pip, *args], timeout=INSTALL_TIMEOUT_S).check()
         doc = {"version_id": version_id, "fingerprint": plan.fingerprint, **(meta or {})}
         written, why = probe(transport, python, "write", rel, json.dumps(doc), timeout=PROBE_TIMEOUT_S)
         if why:
