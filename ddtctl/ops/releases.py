@@ -310,6 +310,16 @@ def verify(transport, layout: Layout, version_id: str, python: str, fingerprint:
     return out
 
 
+def make_venv(transport, python: str, venv: str, venv_args: list[str]) -> None:
+    """`python -m venv VENV_ARGS venv`; a `--without-pip` venv whose interpreter has no pip to lend
+    (through `--system-site-packages`) gets one by ensurepip. Raises RemoteError."""
+    transport.run([python, "-m", "venv", *venv_args, venv], timeout=INSTALL_TIMEOUT_S).check()
+    venv_python = posixpath.join(venv, "bin", "python")
+    if "--without-pip" in venv_args and not transport.run([venv_python, "-m", "pip", "--version"],
+                                                          timeout=ENTRY_POINT_TIMEOUT_S).ok:
+        transport.run([venv_python, "-m", "ensurepip", "--default-pip"], timeout=INSTALL_TIMEOUT_S).check()
+
+
 def install(transport, layout: Layout, version_id: str, wheel, python: str, plan, *, version: str,
             progress=None, meta: dict | None = None) -> tuple[int, Verification]:
     """Install releases/<id>: push the wheel, make the venv (a `--without-pip` one gets pip by
@@ -329,16 +339,11 @@ def install(transport, layout: Layout, version_id: str, wheel, python: str, plan
     had_old = transport.run(["test", "-d", rel], timeout=60).ok
     if had_old:
         transport.run(["mv", "-T", "--", rel, aside], timeout=60).check()
-    venv_python = posixpath.join(venv, "bin", "python")
-    pip = [venv_python, "-m", "pip", "install", "--disable-pip-version-check"]
+    pip = [posixpath.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check"]
     try:
         transport.run(["mkdir", "-p", "--", rel], timeout=60).check()
         put = transport.put(wheel, posixpath.join(rel, wheel.name), mode=0o644, progress=progress)
-        transport.run([python, "-m", "venv", *plan.venv_args, venv], timeout=INSTALL_TIMEOUT_S).check()
-        if "--without-pip" in plan.venv_args and not transport.run([venv_python, "-m", "pip", "--version"],
-                                                                    timeout=ENTRY_POINT_TIMEOUT_S).ok:
-            # the interpreter has no pip of its own to lend the venv: the venv gets one
-            transport.run([venv_python, "-m", "ensurepip", "--default-pip"], timeout=INSTALL_TIMEOUT_S).check()
+        make_venv(transport, python, venv, plan.venv_args)
         for args in plan.pip_installs:
             transport.run([*pip, *args], timeout=INSTALL_TIMEOUT_S).check()
         doc = {"version_id": version_id, "fingerprint": plan.fingerprint, **(meta or {})}

@@ -36,7 +36,7 @@ def plan(host, python: str, wheelhouse_dir: str, wheel_names: list[str] | None =
     fingerprint = {"dist": req, "mode": s.mode, "python": python,
                    **{k: v for k, v in s.to_dict().items() if k != "mode"}}
     if s.mode == "system":
-        return packages.InstallPlan("system", ["--system-site-packages"],
+        return packages.InstallPlan("system", ["--system-site-packages", "--without-pip"],   # see ops/packages.py
                                     [["--no-index", "--no-deps", *s.pip_args, req]], fingerprint)
     if s.mode == "wheelhouse":
         source = ["--no-index", "--find-links", wheelhouse_dir]
@@ -111,8 +111,9 @@ def install(transport, layout: releases.Layout, rid: str, python: str, p: packag
     pip = [posixpath.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check"]
     try:
         transport.run(["mkdir", "-p", "--", rel], timeout=60).check()
-        for argv in [[python, "-m", "venv", *p.venv_args, venv], *[[*pip, *args] for args in p.pip_installs]]:
-            transport.run(argv, timeout=releases.INSTALL_TIMEOUT_S).check()
+        releases.make_venv(transport, python, venv, p.venv_args)
+        for args in p.pip_installs:
+            transport.run([*pip, *args], timeout=releases.INSTALL_TIMEOUT_S).check()
         doc = {"version_id": rid, "fingerprint": p.fingerprint}
         written, why = releases.probe(transport, python, "write", rel, json.dumps(doc),
                                       timeout=releases.PROBE_TIMEOUT_S)
