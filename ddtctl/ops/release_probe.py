@@ -6,8 +6,10 @@ document on stdout. Modes:
 
 * `write REL META` — list every file of the release folder REL and write the manifest
   `REL/.ddtctl-release.json` = META (a JSON object) + `files`: {relative path: [size, mtime_ns,
-  sha256]} for regular files, ["link", target] for symlinks. `__pycache__` folders and `*.pyc`
-  are left out (the interpreter rewrites them). Every file is hashed once, here.
+  sha256]} for regular files (sha256 null above HASH_LIMIT: `check` compares no hash there),
+  ["link", target] for symlinks. `__pycache__` folders and `*.pyc` are left out (the
+  interpreter rewrites them). Prints the counts `check` would print for the folder as written
+  (`files`, `hashed`), so the installer need not list and hash it a second time.
 * `check REL` — compare REL with its manifest. Cheap by design: every entry's type and size, and
   mtime (ns) for files; a full sha256 only for files up to HASH_LIMIT bytes (the Python sources,
   metadata and console scripts: ~250 MB in ~2 s for a CPU torch venv). A larger file (shared
@@ -55,20 +57,21 @@ def _walk(rel_dir):
             yield rel, path, os.lstat(path)
 
 
-def _entry(path, st, full):
+def _entry(path, st):
     if os.path.islink(path):
         return ["link", os.readlink(path)]
-    return [st.st_size, st.st_mtime_ns, _sha256(path) if full or st.st_size <= HASH_LIMIT else None]
+    return [st.st_size, st.st_mtime_ns, _sha256(path) if st.st_size <= HASH_LIMIT else None]
 
 
 def write(rel_dir, meta_json):
-    files = {rel: _entry(path, st, True) for rel, path, st in _walk(rel_dir)}
+    files = {rel: _entry(path, st) for rel, path, st in _walk(rel_dir)}
     doc = dict(json.loads(meta_json), files=files)
     tmp = os.path.join(rel_dir, MANIFEST + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(doc, fh, separators=(",", ":"), sort_keys=True)
     os.replace(tmp, os.path.join(rel_dir, MANIFEST))
-    return {"ok": True, "files": len(files)}
+    hashed = sum(1 for e in files.values() if e[0] != "link" and e[2] is not None)
+    return {"ok": True, "files": len(files), "hashed": hashed}
 
 
 def check(rel_dir):
@@ -88,7 +91,7 @@ def check(rel_dir):
             problems.append(f"{rel}: not in the manifest")
             continue
         if want[0] == "link" or os.path.islink(path):
-            if want != _entry(path, st, False):
+            if want != _entry(path, st):
                 problems.append(f"{rel}: symlink changed")
             continue
         size, mtime_ns, sha = want

@@ -260,19 +260,26 @@ def _settings_diff(old: dict | None, new: dict) -> list[str]:
 
 
 def verify(transport, layout: Layout, version_id: str, python: str, fingerprint: dict,
-           version: str) -> Verification:
+           version: str, *, written: dict | None = None) -> Verification:
     """Check releases/<id> (see the module docstring); stops at the first failing stage.
 
     `python`: the base interpreter on the target (runs the manifest check even when the venv is
     gone); `fingerprint`: the dependency settings this deploy installs with; `version`: what
-    `ddtree-server --version` must print. Never raises for a broken release."""
+    `ddtree-server --version` must print. `written`: the manifest `install` has just written
+    (release_probe write's counts + the fingerprint it stored): the folder was listed and hashed
+    for it a moment ago, so the manifest stage is not run a second time. Never raises for a
+    broken release."""
     rel = layout.release(version_id)
     venv_bin = posixpath.join(rel, "venv", "bin")
-    if not transport.run(["test", "-d", rel], timeout=60).ok:
+    if written is not None:
+        doc = {"ok": True, "problems": [], "problem_count": 0, "files": written["files"],
+               "hashed": written["hashed"], "meta": {"fingerprint": written["fingerprint"]}}
+    elif not transport.run(["test", "-d", rel], timeout=60).ok:
         return Verification(False, "missing", ["not installed"])
-    doc, why = probe(transport, python, "check", rel, timeout=PROBE_TIMEOUT_S)
-    if doc is None:
-        return Verification(False, "manifest", [why])
+    else:
+        doc, why = probe(transport, python, "check", rel, timeout=PROBE_TIMEOUT_S)
+        if doc is None:
+            return Verification(False, "manifest", [why])
     out = Verification(False, "manifest", doc["problems"] + ([f"... {doc['problem_count']} in all"]
                        if doc["problem_count"] > len(doc["problems"]) else []), doc["files"], doc["hashed"])
     if not doc["ok"]:
@@ -303,11 +310,22 @@ def verify(transport, layout: Layout, version_id: str, python: str, fingerprint:
     return out
 
 
+def make_venv(transport, python: str, venv: str, venv_args: list[str]) -> None:
+    """`python -m venv VENV_ARGS venv`; a `--without-pip` venv whose interpreter has no pip to lend
+    (through `--system-site-packages`) gets one by ensurepip. Raises RemoteError."""
+    transport.run([python, "-m", "venv", *venv_args, venv], timeout=INSTALL_TIMEOUT_S).check()
+    venv_python = posixpath.join(venv, "bin", "python")
+    if "--without-pip" in venv_args and not transport.run([venv_python, "-m", "pip", "--version"],
+                                                          timeout=ENTRY_POINT_TIMEOUT_S).ok:
+        transport.run([venv_python, "-m", "ensurepip", "--default-pip"], timeout=INSTALL_TIMEOUT_S).check()
+
+
 def install(transport, layout: Layout, version_id: str, wheel, python: str, plan, *, version: str,
             progress=None, meta: dict | None = None) -> tuple[int, Verification]:
-    """Install releases/<id>: push the wheel, make the venv, run the plan's pip installs, check the
-    console script, write the manifest (last), then `verify` it; returns (wheel bytes sent, the
-    verification).
+    """Install releases/<id>: push the wheel, make the venv (a `--without-pip` one gets pip by
+    ensurepip when its interpreter has none to lend), run the plan's pip installs, write the
+    manifest (last), then `verify` it (its console script and dependencies; the manifest stage is
+    the write's own listing, not a second one); returns (wheel bytes sent, the verification).
 
     `plan`: a packages.InstallPlan (venv options, pip argument lists, fingerprint); `version`:
     what `ddtree-server --version` must print. A release folder that is already there (a release
@@ -322,19 +340,18 @@ def install(transport, layout: Layout, version_id: str, wheel, python: str, plan
     if had_old:
         transport.run(["mv", "-T", "--", rel, aside], timeout=60).check()
     pip = [posixpath.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check"]
-    argvs = [[python, "-m", "venv", *plan.venv_args, venv]]
-    argvs += [[*pip, *args] for args in plan.pip_installs]
-    argvs += [[posixpath.join(venv, "bin", "ddtree-server"), "--version"]]
     try:
         transport.run(["mkdir", "-p", "--", rel], timeout=60).check()
         put = transport.put(wheel, posixpath.join(rel, wheel.name), mode=0o644, progress=progress)
-        for argv in argvs:
-            transport.run(argv, timeout=INSTALL_TIMEOUT_S).check()
+        make_venv(transport, python, venv, plan.venv_args)
+        for args in plan.pip_installs:
+            transport.run([*pip, *args], timeout=INSTALL_TIMEOUT_S).check()
         doc = {"version_id": version_id, "fingerprint": plan.fingerprint, **(meta or {})}
-        _, why = probe(transport, python, "write", rel, json.dumps(doc), timeout=PROBE_TIMEOUT_S)
+        written, why = probe(transport, python, "write", rel, json.dumps(doc), timeout=PROBE_TIMEOUT_S)
         if why:
             raise RemoteError(f"{transport.name}: writing the release manifest failed: {why}")
-        check = verify(transport, layout, version_id, python, plan.fingerprint, version)
+        check = verify(transport, layout, version_id, python, plan.fingerprint, version,   # entry point, deps
+                       written={**written, "fingerprint": plan.fingerprint})
         if not check.ok:
             raise RemoteError(f"{transport.name}: release {version_id} installed but does not verify: "
                               f"{check.summary()}")

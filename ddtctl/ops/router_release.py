@@ -36,7 +36,7 @@ def plan(host, python: str, wheelhouse_dir: str, wheel_names: list[str] | None =
     fingerprint = {"dist": req, "mode": s.mode, "python": python,
                    **{k: v for k, v in s.to_dict().items() if k != "mode"}}
     if s.mode == "system":
-        return packages.InstallPlan("system", ["--system-site-packages"],
+        return packages.InstallPlan("system", ["--system-site-packages", "--without-pip"],   # see ops/packages.py
                                     [["--no-index", "--no-deps", *s.pip_args, req]], fingerprint)
     if s.mode == "wheelhouse":
         source = ["--no-index", "--find-links", wheelhouse_dir]
@@ -56,15 +56,20 @@ def release_id(host, python: str) -> str:
 
 
 def verify(transport, layout: releases.Layout, rid: str, python: str, fingerprint: dict,
-           version: str) -> releases.Verification:
-    """Check releases/<rid> as ops/releases.verify does for a server release; never raises."""
+           version: str, *, written: dict | None = None) -> releases.Verification:
+    """Check releases/<rid> as ops/releases.verify does for a server release (`written` too: the
+    manifest `install` has just written, not listed and hashed a second time); never raises."""
     rel = layout.release(rid)
     venv_py = posixpath.join(rel, "venv", "bin", "python")
-    if not transport.run(["test", "-d", rel], timeout=60).ok:
+    if written is not None:
+        doc = {"ok": True, "problems": [], "files": written["files"], "hashed": written["hashed"],
+               "meta": {"fingerprint": written["fingerprint"]}}
+    elif not transport.run(["test", "-d", rel], timeout=60).ok:
         return releases.Verification(False, "missing", ["not installed"])
-    doc, why = releases.probe(transport, python, "check", rel, timeout=releases.PROBE_TIMEOUT_S)
-    if doc is None:
-        return releases.Verification(False, "manifest", [why])
+    else:
+        doc, why = releases.probe(transport, python, "check", rel, timeout=releases.PROBE_TIMEOUT_S)
+        if doc is None:
+            return releases.Verification(False, "manifest", [why])
     out = releases.Verification(False, "manifest", doc["problems"], doc["files"], doc["hashed"])
     if not doc["ok"]:
         return out
@@ -106,13 +111,16 @@ def install(transport, layout: releases.Layout, rid: str, python: str, p: packag
     pip = [posixpath.join(venv, "bin", "python"), "-m", "pip", "install", "--disable-pip-version-check"]
     try:
         transport.run(["mkdir", "-p", "--", rel], timeout=60).check()
-        for argv in [[python, "-m", "venv", *p.venv_args, venv], *[[*pip, *args] for args in p.pip_installs]]:
-            transport.run(argv, timeout=releases.INSTALL_TIMEOUT_S).check()
+        releases.make_venv(transport, python, venv, p.venv_args)
+        for args in p.pip_installs:
+            transport.run([*pip, *args], timeout=releases.INSTALL_TIMEOUT_S).check()
         doc = {"version_id": rid, "fingerprint": p.fingerprint}
-        _, why = releases.probe(transport, python, "write", rel, json.dumps(doc), timeout=releases.PROBE_TIMEOUT_S)
+        written, why = releases.probe(transport, python, "write", rel, json.dumps(doc),
+                                      timeout=releases.PROBE_TIMEOUT_S)
         if why:
             raise RemoteError(f"{transport.name}: writing the release manifest failed: {why}")
-        check = verify(transport, layout, rid, python, p.fingerprint, version)
+        check = verify(transport, layout, rid, python, p.fingerprint, version,
+                       written={**written, "fingerprint": p.fingerprint})
         if not check.ok:
             raise RemoteError(f"{transport.name}: release {rid} installed but does not verify: {check.summary()}")
     except BaseException:

@@ -216,8 +216,19 @@ def test_a_damaged_release_fails_verification(tmp_path: Path, monkeypatch: pytes
 
 
 def test_large_files_are_checked_by_size_and_mtime_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The documented limit: a file above 1 MiB changed in place with size and mtime kept."""
+    """The documented limit: a file above 1 MiB changed in place with size and mtime kept. The
+    manifest holds no hash of it (none is compared), and `write` counts what `check` counts."""
+    from ddtctl.ops import release_probe
+
     rel, verify = _stub(tmp_path, monkeypatch)
+    files = json.loads((rel / ".ddtctl-release.json").read_text())["files"]
+    script = files["venv/bin/ddtree-server"]
+    assert files["venv/lib/libbig.so"][2] is None and len(script[2]) == 64 and files["venv/lib64"] == ["link", "lib"]
+    meta = json.loads((rel / ".ddtctl-release.json").read_text())
+    del meta["files"]
+    written = release_probe.write(str(rel), json.dumps(meta))
+    checked = release_probe.check(str(rel))
+    assert checked["ok"] and (written["files"], written["hashed"]) == (checked["files"], checked["hashed"]) == (4, 1)
     big = rel / "venv" / "lib" / "libbig.so"
     st = big.stat()
     with open(big, "r+b") as fh:
@@ -289,11 +300,22 @@ def test_an_install_root_the_inventory_accepts_deploys(tmp_path: Path, monkeypat
     bundle, t = build_wheel(), LocalTransport()
     layout = releases.Layout(host.root, host.unit)
     plan = packages.install_plan(host, venv_python(host), posixpath.join(layout.release(bundle.version_id), bundle.wheel.name))
-    releases.install(t, layout, bundle.version_id, bundle.wheel, venv_python(host), plan, version=bundle.identity.version)
+    _, installed = releases.install(t, layout, bundle.version_id, bundle.wheel, venv_python(host), plan,
+                                    version=bundle.identity.version)
     launcher = Path(layout.release(bundle.version_id), "venv", "bin", "ddtree-server").read_text()
     assert launcher.startswith("#!/bin/sh\n")                              # pip's launcher for such paths
     check = releases.verify(t, layout, bundle.version_id, venv_python(host), plan.fingerprint, bundle.identity.version)
     assert check.ok, check.summary()
+    # install verified from the manifest it wrote (no second listing): the counts a full check finds
+    assert installed.ok and (installed.files, installed.hashed) == (check.files, check.hashed) and check.hashed > 100
+    cli = next(Path(layout.release(bundle.version_id)).glob("venv/lib/python*/site-packages/ddtree_server/cli.py"))
+    st = cli.stat()                                   # same size and mtime: only the install-time hash tells
+    cli.write_text(cli.read_text().replace("Print the version.", "Print the versi0n."))
+    os.utime(cli, ns=(st.st_atime_ns, st.st_mtime_ns))
+    damaged = releases.verify(t, layout, bundle.version_id, venv_python(host), plan.fingerprint, bundle.identity.version)
+    assert damaged.stage == "manifest" and any(p.endswith("cli.py: sha256 differs") for p in damaged.problems), damaged
+    cli.write_text(cli.read_text().replace("Print the versi0n.", "Print the version."))
+    os.utime(cli, ns=(st.st_atime_ns, st.st_mtime_ns))
     releases.switch(t, layout, bundle.version_id)
     if shutil.which("systemd-analyze"):
         unit = tmp_path / "units" / ct.unit

@@ -86,7 +86,8 @@ def test_install_plans() -> None:
     dry = packages.install_plan(hosts["b"], "python3", wheel, wheelhouse_dir="/opt/ddtree/wheelhouse")
     assert "wheels" not in dry.fingerprint                                # a dry run resolves no wheelhouse
     system = packages.install_plan(hosts["here"], "/usr/bin/python3", wheel)
-    assert (system.venv_args, system.pip_installs) == (["--system-site-packages"], [["--no-index", "--no-deps", wheel]])
+    assert (system.venv_args, system.pip_installs) == (["--system-site-packages", "--without-pip"],
+                                                       [["--no-index", "--no-deps", wheel]])
     assert index.fingerprint != packages.install_plan(hosts["c"], "python3", wheel).fingerprint
 
 

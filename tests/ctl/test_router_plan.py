@@ -35,7 +35,7 @@ def test_each_mode_installs_the_pinned_router() -> None:
     assert house.fingerprint["wheels"] == ["a.whl"]
     system = router_release.plan(_router("{mode: system}"), "/usr/bin/python3", "/w")
     assert (system.venv_args, system.pip_installs) == (
-        ["--system-site-packages"], [["--no-index", "--no-deps", "sglang-router==0.3.2"]])
+        ["--system-site-packages", "--without-pip"], [["--no-index", "--no-deps", "sglang-router==0.3.2"]])
 
 
 def test_release_id_follows_the_install_settings() -> None:

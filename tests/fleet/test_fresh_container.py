@@ -119,8 +119,13 @@ def fresh(index, tmp_path_factory):
     if not Path(TARGET_PYTHON).exists():
         pytest.skip(f"{TARGET_PYTHON} missing (make install-test installs python3 and python3-venv)")
     common = {"python": TARGET_PYTHON, "ready_timeout_s": 900}
-    specs = (CtSpec("ct300", 300, "fresh-a", None, "h200", extra={**common, "packages": {"mode": "index", "index_url": url}}),
-             CtSpec("ct301", 301, "fresh-a", None, "h200", extra={**common, "packages": {"mode": "wheelhouse", "index_url": url}}))
+    # --no-compile: pip's bytecode compilation of the ~20k modules of torch, transformers, sympy ...
+    # (measured: 28 s of CPU of a 36 s install, 8 s without) is pip's own work, which this test
+    # asserts nothing about; the server compiles what it imports at its first start, into the
+    # __pycache__ folders the manifest check leaves out (the redeploy below still verifies)
+    pip = {"index_url": url, "pip_args": ["--no-compile"]}
+    specs = (CtSpec("ct300", 300, "fresh-a", None, "h200", extra={**common, "packages": {"mode": "index", **pip}}),
+             CtSpec("ct301", 301, "fresh-a", None, "h200", extra={**common, "packages": {"mode": "wheelhouse", **pip}}))
     fleet = FreshFleet(tmp_path_factory.mktemp("fresh"), specs)
     try:
         yield fleet.start()
