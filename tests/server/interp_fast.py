@@ -6,10 +6,11 @@ afterwards. Every call of a ``@triton.jit`` device function inside a kernel (``u
 ``online_step``, ...) patches the same modules AGAIN (``inspect.getmembers`` over six modules) and
 never restores that: the already patched members are no builtins any more, so the second patch
 changes nothing but costs ~1 ms per call, a fifth to a third of the time of the engine tests on
-the interpreter (tens of thousands of device-function calls). ``install()`` skips a device
-function's patch while a launch's patch of the same language modules is in place; anything else
-(a launch, a device function seeing other modules) takes Triton's own ``_patch_lang``. What the
-kernels compute is unchanged: the interpreter runs the same patched functions either way.
+the interpreter (tens of thousands of device-function calls). ``install()`` patches a set of
+language modules (``triton.language``, ``triton.language.core``: the standard library's device
+functions see the latter) once per launch: a launch takes Triton's own ``_patch_lang``, and so does
+the first device function of the launch that sees a module not patched yet in it; later ones skip.
+What the kernels compute is unchanged: the interpreter runs the same patched functions either way.
 """
 
 from __future__ import annotations
@@ -33,22 +34,27 @@ def install() -> bool:
     real = getattr(interp, "_patch_lang", None)
     if real is None or getattr(real, "_ddtree_skip", False) or not hasattr(interp, "GridExecutor"):
         return real is not None
-    active: list[frozenset] = []   # the language modules the running launch patched
+    patched: set[int] = set()   # the language modules patched since the running launch began
+    running = [False]
 
-    def langs(fn) -> frozenset:
-        return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v)
-                         and v in (interp.tl, interp.tl.core))
+    def langs(fn) -> set[int]:
+        return {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (interp.tl, interp.tl.core)}
 
     def patch_lang(fn):
         mine = langs(fn)
-        if active:                    # a device function called inside a running launch
-            return _Kept() if mine <= active[-1] else real(fn)
+        if running[0]:                # a device function called inside the running launch
+            if mine <= patched:
+                return _Kept()
+            patched.update(mine)
+            return real(fn)
         scope = real(fn)              # a launch: patched until its scope is restored
-        active.append(mine)
+        running[0] = True
+        patched.clear()
+        patched.update(mine)
         restore = scope.restore
 
         def undo() -> None:
-            active.clear()
+            running[0] = False
             restore()
 
         scope.restore = undo
