@@ -18,6 +18,7 @@ from ddtree_server.models.hybrid.load import build_hybrid
 VOCAB = 260
 PATTERNS = {
     "3gdn+attn": ["linear_attention"] * 3 + ["full_attention"],
+    "2gdn+attn": ["linear_attention"] * 2 + ["full_attention"],   # the fewest layers a drafter on [1, 2] reads
     "attn-first": ["full_attention", "linear_attention", "linear_attention", "full_attention", "linear_attention"],
     "qwen3.6x2": (["linear_attention"] * 3 + ["full_attention"]) * 2,  # the 27B pattern, 8 layers
     "mixed6": ["linear_attention", "full_attention"] + ["linear_attention"] * 3 + ["full_attention"],

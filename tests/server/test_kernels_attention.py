@@ -10,14 +10,18 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[2]   # the children import tests.server.interp_fast
 pytestmark = pytest.mark.kernels
 
 _CHILD = r"""
 import json, torch
+from tests.server.interp_fast import install
+install()
 from ddtree_server.kernels import attention as A, fused as F
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
@@ -116,7 +120,7 @@ print(json.dumps({"attention": att, "errors": errors, "fused": fused, "counters"
 @pytest.fixture(scope="module")
 def report():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=600)
+    run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 

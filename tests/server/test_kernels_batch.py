@@ -10,13 +10,17 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[2]   # the children import tests.server.interp_fast
 
 _CHILD = r"""
 import json, torch
+from tests.server.interp_fast import install
+install()
 from ddtree_server.kernels import attention as A
 from ddtree_server.kernels.attention_batch import batch_attention
 
@@ -56,7 +60,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def report():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, timeout=900)
+    run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -75,6 +79,8 @@ def test_batched_rows_match_reference(report):
 
 _ENGINE_CHILD = r"""
 import json, threading, torch
+from tests.server.interp_fast import install
+install()
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.models.drafter.config import DrafterConfig
@@ -83,7 +89,7 @@ from tests.server.batch_fixtures import run_together
 from tests.server.tiny import EOS, VOCAB, ByteTokenizer, tiny_target
 
 torch.set_num_threads(1)
-t = tiny_target()
+t = tiny_target(layers=3)   # the fewest a drafter reading layers [1, 2] allows
 raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
        "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 1,
        "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -106,7 +112,7 @@ def test_engine_batched_on_the_kernel_path_equals_alone():
     """The batch engine with the Triton kernels on (interpreter): batched rounds (the batched
     attention kernel) give each request the tokens of its solo rounds (the one-request kernel)."""
     env = dict(os.environ, TRITON_INTERPRET="1", DDTREE_KERNELS="1")
-    run = subprocess.run([sys.executable, "-c", _ENGINE_CHILD], capture_output=True, text=True, env=env, timeout=1200)
+    run = subprocess.run([sys.executable, "-c", _ENGINE_CHILD], capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads(run.stdout.strip().splitlines()[-1])
     assert doc["kernels"] and doc["max_batch"] == 3 and all(len(a) == 6 for a in doc["alone"])

@@ -23,6 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 _CHILD = r"""
 import json, os, sys, torch
+from tests.server.interp_fast import install
+install()
 torch.set_num_threads(1)
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
@@ -37,7 +39,7 @@ def kernels(flag):
 
 def target():
     out = {"target": []}
-    model = tiny_target()
+    model = tiny_target(layers=3)   # the fewest that hold capture layers 0 and 2 (drafter layers 1, 2)
     model.capture_layers = [0, 2]
     graphed = GraphedTarget(model, capture=False)
     ref_c, graph_c, eager_c = model.new_cache(200), graphed.new_cache(200), model.new_cache(200)
@@ -65,7 +67,7 @@ def target():
     return out
 
 def tokens(modes):
-    model = tiny_target()
+    model = tiny_target(layers=3)   # the fewest that hold capture layers 0 and 2 (drafter layers 1, 2)
     tok, prompt, sp = ByteTokenizer(), list(b"kernel path"), SamplingParams(max_tokens=16, ignore_eos=True)
     model.capture_layers = []
     kernels("0")

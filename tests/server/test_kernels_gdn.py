@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _KERNELS = r"""
 import json, random, torch
+from tests.server.interp_fast import install
+install()
 from ddtree_server.kernels.gdn_pre import gdn_pre
 from ddtree_server.kernels.gdn_tree import tree_rule
 from ddtree_server.kernels.gdn_state import step_rule, fold_path
@@ -133,6 +135,8 @@ print(json.dumps({"results": out, "errors": errors}))
 
 _WIRING = r"""
 import json, logging, os, random, torch
+from tests.server.interp_fast import install
+install()
 from ddtree_server.kernels import gdn_tree
 from ddtree_server.models.hybrid import gdn_fast
 from ddtree_server.models.hybrid.graphs import GraphedHybrid

@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _CHILD = r"""
 import json, torch
+from tests.server.interp_fast import install
+install()
 from types import SimpleNamespace
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.models.hybrid import gdn_batch, gdn_fast
@@ -88,6 +90,8 @@ def test_batched_step_kernels_are_batch_invariant_and_match_torch():
 
 _TREE_CHILD = r"""
 import json, random, torch
+from tests.server.interp_fast import install
+install()
 from types import SimpleNamespace
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.models.hybrid import gdn_batch, gdn_fast
@@ -178,6 +182,8 @@ def test_batched_tree_kernels_are_batch_invariant_and_match_torch():
 
 _ENGINE_CHILD = r"""
 import json, os, torch
+from tests.server.interp_fast import install
+install()
 from ddtree_server.engine.engine import Engine
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.models.drafter.config import DrafterConfig
@@ -188,7 +194,7 @@ from tests.server.hybrid_fixtures import tiny_hybrid
 from tests.server.tiny import EOS, ByteTokenizer
 
 torch.set_num_threads(1)
-t = tiny_hybrid("3gdn+attn", seed=21)
+t = tiny_hybrid("2gdn+attn", seed=21)   # two GDN layers: the layer index of the pooled state varies
 raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
        "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 1,
        "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,

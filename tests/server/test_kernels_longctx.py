@@ -13,13 +13,17 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[2]   # the children import tests.server.interp_fast
 
 _CHILD = r"""
 import json, sys, torch
+from tests.server.interp_fast import install
+install()
 from ddtree_server.kernels import attention as A
 torch.set_num_threads(1)
 g = torch.Generator().manual_seed(0)
@@ -116,7 +120,7 @@ print(json.dumps(res))
 
 def _child(which: str) -> dict:
     env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1")
-    run = subprocess.run([sys.executable, "-c", _CHILD, which], capture_output=True, text=True, env=env,
+    run = subprocess.run([sys.executable, "-c", _CHILD, which], capture_output=True, text=True, env=env, cwd=ROOT,
                          timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
