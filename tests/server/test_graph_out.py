@@ -110,3 +110,27 @@ def test_cuda_rounds_past_the_headroom_run_eagerly_and_equal_alone(monkeypatch):
     runner = eng.batch.runner
     assert runner.graphs.rounds > 0 and not runner.graphs._static
     assert runner.graph_pool.captured == 0 and runner.graph_pool.refused > 0 and runner.graph_pool.handle is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_a_capture_whose_warm_up_would_eat_the_headroom_runs_eagerly(monkeypatch):
+    """Free memory reads as the headroom plus one byte: every new shape passes the first check,
+    its measured warm-up then shows the capture would eat into the headroom, and the round runs
+    eagerly; the shape is not warmed up again while that much is not free."""
+    import ddtree_server.engine.batch.graph_pool as gp
+
+    eng, jobs, params = _engine_and_jobs()
+    pool = eng.batch.runner.graph_pool
+    monkeypatch.setattr(gp, "device_free", lambda device: pool.headroom + 1)
+    alone, batched, sizes = _alone_and_together(eng, jobs, params)
+    assert batched == alone and max(sizes) == 6
+    runner = eng.batch.runner
+    assert pool.captured == 0 and pool.handle is None and not runner.graphs._static
+    assert runner.graphs._refused and all(need > 1 for need in runner.graphs._refused.values())
+    drafts = runner.draft_graphs
+    if drafts is not None:
+        assert all(st.graph is None for st in drafts._static.values())
+        assert any(st.need > 1 for st in drafts._static.values())
+    # each refused shape was warmed up once; later rounds of it ran eagerly without a warm-up
+    assert pool.refused >= len(runner.graphs._refused) and runner.graphs.rounds > len(runner.graphs._refused)

@@ -89,7 +89,8 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
         gp = getattr(getattr(getattr(engine, "batch", None), "runner", None), "graph_pool", None)
         doc.update(graphs_captured=getattr(gp, "captured", None), graphs_refused=getattr(gp, "refused", None))
         log(f"graph pools: { {k: f'{v / GIB:.2f} GiB' for k, v in doc['graph_pool_bytes'].items()} }")
-        doc.update(peak_allocated_bytes=torch.cuda.max_memory_allocated(device),
+        gp_peak = gp.peak_allocated() if gp is not None else 0   # captures' warm-ups reset the statistic
+        doc.update(peak_allocated_bytes=max(gp_peak, torch.cuda.max_memory_allocated(device)),
                    peak_reserved_bytes=torch.cuda.max_memory_reserved(device),
                    total_bytes=torch.cuda.get_device_properties(device).total_memory)
     log(f"ok={doc['ok']} most decoding {most} of {slots}; {doc['error'] or ''}")

@@ -47,6 +47,7 @@ class _Static:
         self.graph = None
         self.logits: Tensor | None = None
         self.checked = False
+        self.need = 0   # bytes its capture takes, once a warm-up showed memory was short for it
 
 
 class DraftGraphs:
@@ -81,13 +82,14 @@ class DraftGraphs:
                                                         self.kpool.device)
         self._load(st, caches, slots, ctxs, bonus, starts)
         self.rounds += 1
-        eager = not self.capture or (st.graph is None and not self.pool.room())   # CPU, or memory is short
+        # eager: on the CPU, or when memory is short for a capture (graph_pool.py)
+        eager = not self.capture or (st.graph is None and not self.pool.room(st.need))
         try:
+            if not eager and st.graph is None and not self._capture(st, width):
+                st.need, eager = self.pool.need, True   # its warm-up showed memory is short
             if eager:
                 logits = self._run(st, width)
             else:
-                if st.graph is None:
-                    self._capture(st, width)
                 st.graph.replay()
                 logits = st.logits
         except RuntimeError as exc:   # capture problems: eager from now on
@@ -125,13 +127,17 @@ class DraftGraphs:
         append_context(self.drafter, self.kpool, self.vpool, st.ctx, st.pos, st.slot_c)
         return draft_blocks(self.drafter, self.kpool, self.vpool, st.slots, st.starts, st.bonus, width)
 
-    def _capture(self, st: _Static, width: int) -> None:
+    def _capture(self, st: _Static, width: int) -> bool:
+        """Capture ``st``'s graph; False when its warm-up shows memory is short (nothing captured)."""
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):   # warm-up with the real inputs: writes the K/V the graph writes
-                logits = self._run(st, width)
-        torch.cuda.current_stream().wait_stream(side)
+        with self.pool.measure():
+            with torch.cuda.stream(side):
+                for _ in range(2):   # warm-up with the real inputs: writes the K/V the graph writes
+                    logits = self._run(st, width)
+            torch.cuda.current_stream().wait_stream(side)
+        if not self.pool.room(self.pool.need):
+            return False
         self.out.reserve("logits", logits)
         del logits
         graph = torch.cuda.CUDAGraph()
@@ -140,6 +146,7 @@ class DraftGraphs:
             st.logits = self.out.keep("logits", logits)
             del logits
         st.graph = graph
+        return True
 
     def _self_check(self, st: _Static, caches, slots, ctxs, bonus, starts, logits: Tensor) -> Tensor:
         """The first replay of a graph against the eager forward (same K/V writes); on a difference

@@ -9,10 +9,14 @@ device ran out (docs/benchmarks/h200-2026-12-03/); vLLM likewise shares one pool
 captures.
 
 Each new shape captured adds to the pool for as long as the server runs, and a capture that runs
-out of memory fails mid-round. So a shape is captured only while the device keeps ``headroom``
-bytes free (driver-free memory plus the allocator's reserved but unallocated bytes); past that the
-shape runs eagerly, which needs its working memory only while it runs. ``DDTREE_GRAPH_HEADROOM_MIB``
-sets the headroom (default 3,072 MiB: about two eager rounds of 1,024 rows at the 27B shape).
+out of memory fails mid-round (no cached memory can be released while a stream captures). So a
+capture's warm-up runs are measured (their peak beyond what was allocated before: what the capture
+will take at most), and the shape is captured only when the device then keeps that much plus
+``headroom`` bytes (driver-free memory plus the allocator's cached bytes, which the capture's start
+returns to the driver); else the shape runs eagerly, which needs its working memory only while it
+runs, and is tried again only once that much is free. ``DDTREE_GRAPH_HEADROOM_MIB`` sets the
+headroom (default 3,072 MiB: about two eager rounds of 1,024 rows at the 27B shape). The warm-up's
+measure resets the allocator's peak statistic; ``peak_allocated`` keeps the highest one seen.
 """
 
 from __future__ import annotations
@@ -58,16 +62,37 @@ class GraphPool:
         self.handle = None        # set by the first capture; every later capture passes it
         self.captured = 0
         self.refused = 0          # captures declined for memory (those shapes ran eagerly)
+        self.need = 0             # bytes the last measured warm-up took at its peak
+        self.peak = 0             # the allocator's peak statistic before each measure reset it
 
-    def room(self) -> bool:
-        """Whether a new shape may be captured now (counts and logs a refusal)."""
-        if self.device.type != "cuda" or may_capture(device_free(self.device), self.headroom):
+    def room(self, need: int = 0) -> bool:
+        """Whether a shape whose capture takes ``need`` bytes may be captured now (counts and logs
+        a refusal); ``need`` 0 before its warm-up was measured."""
+        if self.device.type != "cuda" or may_capture(device_free(self.device), need + self.headroom):
             return True
         if not self.refused:
-            log.warning("CUDA graphs: fewer than %d MiB free on %s, new shapes run eagerly",
-                        self.headroom >> 20, self.device)
+            log.warning("CUDA graphs: fewer than %d MiB free on %s beside a capture's %d MiB, new shapes "
+                        "run eagerly", self.headroom >> 20, self.device, need >> 20)
         self.refused += 1
         return False
+
+    @contextmanager
+    def measure(self):
+        """Around a capture's warm-up runs: ``need`` = their peak beyond what was allocated before."""
+        if self.device.type != "cuda":
+            yield
+            return
+        torch.cuda.synchronize(self.device)
+        self.peak = self.peak_allocated()
+        base = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        yield
+        torch.cuda.synchronize(self.device)
+        self.need = max(int(torch.cuda.max_memory_allocated(self.device) - base), 0)
+
+    def peak_allocated(self) -> int:
+        """The allocator's highest allocated bytes, across the resets of ``measure``."""
+        return max(self.peak, torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else 0
 
     @contextmanager
     def capture(self, graph):

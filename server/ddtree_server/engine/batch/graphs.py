@@ -117,6 +117,7 @@ class BatchGraphs:
         self.cap = min(self.rows, ROW_BUCKETS[-1]) if cap is None else min(cap, self.rows)
         self.scratch = kpool.shape[0] - 1
         self._static: dict[tuple, _Static] = {}
+        self._refused: dict[tuple, int] = {}   # shapes not captured for memory: what their capture needs
         # every graph's logits / features in one buffer each (graph_out.py): at most the padded rows
         # of all slots' blocks (plain hybrid rounds: one row each; pending ones: the scratch's rows)
         most = min(MAX_ROWS, self.scratch * ROW_BUCKETS[-1] + BATCH_BUCKETS[-1])
@@ -161,13 +162,17 @@ class BatchGraphs:
         self.pending_rounds += self.gdn is not None and tree
         key = (b_pad, n_pad, r, tree, tuple(self.model.capture_layers))
         st = self._static.get(key)
-        if not self.capture or (st is None and not self.pool.room()):   # eager: CPU, or memory is short
+        if st is not None:
+            st.load(lay)
+        elif self.capture and self.pool.room(self._refused.get(key, 0)):
+            st = self._capture(lay)   # built from this round's layout
+            if st is None:            # its warm-up showed the capture would not leave the headroom free
+                self._refused[key] = self.pool.need
+            else:
+                self._static[key] = st
+        if st is None:                # eager: CPU, or memory is short (graph_pool.py)
             logits, feats = self._run(lay)
             return logits, feats, starts
-        if st is None:
-            st = self._static[key] = self._capture(lay)
-        else:
-            st.load(lay)
         st.graph.replay()
         return st.logits, st.feats, starts
 
@@ -177,7 +182,7 @@ class BatchGraphs:
             return run(self.model, self.kpool, self.vpool, lay, self.gdn)
         return dense_forward(self.model, self.kpool, self.vpool, lay)
 
-    def _capture(self, lay: Layout) -> _Static:
+    def _capture(self, lay: Layout) -> _Static | None:
         with torch.inference_mode(False):
             st = _Static(lay)
         saved = {}
@@ -187,10 +192,15 @@ class BatchGraphs:
         st.dest.copy_(torch.arange(st.dest.numel(), device=st.dest.device) % st.rmax)   # rows [0, r) of scratch
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                logits, feats = self._run(st)
-        torch.cuda.current_stream().wait_stream(side)
+        with self.pool.measure():
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    logits, feats = self._run(st)
+            torch.cuda.current_stream().wait_stream(side)
+        if not self.pool.room(self.pool.need):
+            for name, value in saved.items():
+                getattr(st, name).copy_(value)
+            return None
         self.out.reserve("logits", logits)
         self.out.reserve("feats", feats)
         del logits, feats
