@@ -200,3 +200,25 @@ def test_unusable_drafter_for_spec_mode_is_one_error_line(tmp_path):
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "could not be served" in errors[0], done.stderr[-3000:]
+
+
+def test_server_turns_on_expandable_segments_unless_the_operator_chose():
+    """The CUDA allocator's expandable segments are the server's default (a full 27B server lost
+    2.2 GiB to fragmentation without them); an operator's own PYTORCH_CUDA_ALLOC_CONF stays."""
+    import os
+    from types import SimpleNamespace
+
+    from ddtree_server.commands.serve import ALLOC_CONF_ENV, run_server
+
+    config = SimpleNamespace(device="cpu", host="999.1.1.1", port=8000)   # fails to bind: returns at once
+    saved = os.environ.pop(ALLOC_CONF_ENV, None)
+    try:
+        assert run_server(config) == 1
+        assert os.environ[ALLOC_CONF_ENV] == "expandable_segments:True"
+        os.environ[ALLOC_CONF_ENV] = "max_split_size_mb:512"
+        assert run_server(config) == 1
+        assert os.environ[ALLOC_CONF_ENV] == "max_split_size_mb:512"
+    finally:
+        os.environ.pop(ALLOC_CONF_ENV, None)
+        if saved is not None:
+            os.environ[ALLOC_CONF_ENV] = saved

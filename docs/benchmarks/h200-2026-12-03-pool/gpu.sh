@@ -9,16 +9,14 @@ step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s) $(da
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
 python3 -c "import torch, transformers, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
 RUN="python3 -m ddtree_server.bench.admission_run --context 4096 --prefill-chunk 512"
-if [[ $PART == a ]]; then
+if [[ $PART == a ]]; then    # before the measured capture rule and the allocator default (f1f1791)
   step graph-tests 150 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_graph_out.py tests/server/test_drafter_graphs.py \
     tests/server/test_batch_hybrid_rounds.py tests/server/test_tree_gpu.py -k "cuda or graph or passes"
   step slots150-27b 400 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150"
-elif [[ $PART == b ]]; then
-  export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-  step slots150-27b-expandable 420 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150-expandable"
-  step f0.8-8b 160 $RUN --shape qwen3-8b --fraction 0.8 --new-tokens 2048 --out "$OUT/f0.8"
-elif [[ $PART == c ]]; then
-  step f0.5-27b 300 $RUN --shape qwen3.6-27b --fraction 0.5 --new-tokens 3072 --out "$OUT/f0.5"
-  step f0.8-8b 250 $RUN --shape qwen3-8b --fraction 0.8 --new-tokens 2048 --out "$OUT/f0.8"
+elif [[ $PART == f ]]; then  # the measured capture rule; admission_run sets expandable segments as serve does
+  step slots150-27b 250 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150"
+  step graph-tests 110 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_graph_out.py tests/server/test_drafter_graphs.py \
+    tests/server/test_batch_hybrid_rounds.py -k "cuda or graph"
+  step f0.5-27b 200 $RUN --shape qwen3.6-27b --fraction 0.5 --new-tokens 3072 --out "$OUT/f0.5"
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .

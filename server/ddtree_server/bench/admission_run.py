@@ -17,6 +17,7 @@ Usage: python -m ddtree_server.bench.admission_run --shape qwen3.6-27b --context
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -146,8 +147,12 @@ def main(shape: str = typer.Option("qwen3.6-27b", help="bench.shapes name"),
          free_gib: float = typer.Option(0.0, help="free memory to assume (GiB; 0: the device's, after loading)"),
          slots: int = typer.Option(0, help="run this many requests instead of what --fraction holds (0: those)"),
          out: Path = typer.Option(Path("admission"), help="report folder")) -> None:
+    from ddtree_server.commands.serve import ALLOC_CONF_DEFAULT, ALLOC_CONF_ENV
+
+    os.environ.setdefault(ALLOC_CONF_ENV, ALLOC_CONF_DEFAULT)   # as the server (before CUDA starts)
     doc = run(shape, context, fraction, new_tokens=new_tokens, rounds=rounds, mode=mode, budget=budget,
               prefill_chunk=prefill_chunk, device=device, dtype=dtype, free_gib=free_gib, slots=slots or None)
+    doc["alloc_conf"] = os.environ[ALLOC_CONF_ENV]
     write(doc, out)
     if not doc["ok"]:
         raise typer.Exit(1)

@@ -35,6 +35,8 @@ log = logging.getLogger("ddtree_server.serve")
 # round). A shorter interval hands it back sooner (DDTREE_SWITCH_INTERVAL, seconds).
 SWITCH_INTERVAL_ENV = "DDTREE_SWITCH_INTERVAL"
 SWITCH_INTERVAL = 0.0005
+# the CUDA caching allocator's settings; the server's default unless the variable is set already
+ALLOC_CONF_ENV, ALLOC_CONF_DEFAULT = "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"
 
 
 def load_engine(config: Any, status: Any, beacon: Any = None) -> Any:
@@ -100,6 +102,9 @@ def log_auth(config: Any) -> None:
 
 def run_server(config: Any) -> int:
     """Serve until SIGTERM/SIGINT. Returns the process exit status (0 drained, 1 load or bind failure)."""
+    # a full server allocates blocks of many sizes round after round: without expandable segments
+    # 2.2 GiB sat reserved but unusable when a 27B server with 150 slots ran out (docs/server.md)
+    os.environ.setdefault(ALLOC_CONF_ENV, ALLOC_CONF_DEFAULT)
     if config.device == "cuda":
         from ddtree_server.config import cuda_available
 
