@@ -14,8 +14,8 @@ if [[ $PART == a ]]; then    # before the measured capture rule and the allocato
     tests/server/test_batch_hybrid_rounds.py tests/server/test_tree_gpu.py -k "cuda or graph or passes"
   step slots150-27b 400 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150"
 elif [[ $PART == f ]]; then  # the measured capture rule; admission_run sets expandable segments as serve does
-  step slots150-27b 250 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150"
-  step graph-tests 110 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_graph_out.py tests/server/test_drafter_graphs.py \
+  step slots150-27b 240 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150"
+  step graph-tests 100 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_graph_out.py tests/server/test_drafter_graphs.py \
     tests/server/test_batch_hybrid_rounds.py -k "cuda or graph"
 elif [[ $PART == g ]]; then
   step f0.5-27b 200 $RUN --shape qwen3.6-27b --fraction 0.5 --new-tokens 3072 --out "$OUT/f0.5"
