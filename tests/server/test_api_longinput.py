@@ -24,7 +24,7 @@ from tests.server.serverproc import API_KEY, MAX_MODEL_LEN, MODEL, ServerProcess
 pytest_plugins = ["tests.server.api_fixtures"]
 pytestmark = pytest.mark.slow
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-STALL_S = 4   # --stall-seconds of the long-prefill test
+STALL_S = 2   # --stall-seconds of the long-prefill test
 
 
 def _peak_rss_kib(pid: int) -> int:
@@ -78,13 +78,13 @@ def test_body_over_the_limit_is_a_413_json_error(api_server):
 
 
 def test_a_long_prefill_is_progress_not_a_stall():
-    """--stall-seconds 4 and a 3000-token prompt whose one prefill round runs longer (about 20 s on
-    one quiet core, 35 s on a busy one): /health stays 200 while the round's age passes 4 s (its
-    layers and their modules keep starting: several times per layer, 30 layers, about a second
-    apart at most), and the request completes. ``--prefill-chunk 0``: the whole prompt in one
+    """--stall-seconds 2 and a 1500-token prompt whose one prefill round runs longer (about 8 s on
+    one quiet core, 15 s on a busy one): /health stays 200 while the round's age passes 2 s (its
+    layers and their modules keep starting: several times per layer, 30 layers, under half a
+    second apart), and the request completes. ``--prefill-chunk 0``: the whole prompt in one
     round (chunked, each chunk is its own short round: tests/server/test_chunked_serving.py)."""
     with ServerProcess("--stall-seconds", str(STALL_S), "--prefill-chunk", "0") as server:
-        ids = [1000 + i % 3000 for i in range(3000)]
+        ids = [1000 + i % 3000 for i in range(1500)]
         result: dict = {}
         worker = threading.Thread(target=lambda: result.update(resp=httpx.post(
             server.url("/v1/completions"), json={"prompt": ids, "max_tokens": 2, "temperature": 0}, timeout=900)))

@@ -46,16 +46,31 @@ def test_shipped_drafter_config(drafter):
     assert c.block_size == 16 and list(c.target_layer_ids) == [1, 10, 19, 27] and c.mask_token_id == 16
 
 
+@pytest.fixture(scope="module")
+def engine(smollm2, drafter):
+    return Engine(smollm2.model, smollm2.tokenizer, drafter, max_model_len=512,
+                  eos_token_ids=smollm2.eos_token_ids)
+
+
+@pytest.fixture(scope="module")
+def plain(engine):
+    """Each question's prompt ids and its plain (``ar``) continuation, decoded once for every budget."""
+    params = SamplingParams(max_tokens=N_NEW, ignore_eos=True)
+    out = []
+    for q in QUESTIONS:
+        ids = engine.encode(q, chat=True)
+        out.append((ids, [t for ev in engine.generate(ids, params, mode="ar") for t in ev.token_ids]))
+    return out
+
+
 @pytest.mark.parametrize("budget", [15, 64])
-def test_shipped_drafter_ddtree_equals_ar_and_accepts(smollm2, drafter, budget):
-    eng = Engine(smollm2.model, smollm2.tokenizer, drafter, max_model_len=512,
-                 eos_token_ids=smollm2.eos_token_ids)
+def test_shipped_drafter_ddtree_equals_ar_and_accepts(engine, plain, budget):
+    eng = engine
     assert eng.default_mode == "ddtree"
     taus = []
-    for q in QUESTIONS:
-        ids = eng.encode(q, chat=True)
+    for ids, ar in plain:
         params = SamplingParams(max_tokens=N_NEW, ignore_eos=True)
-        ar = [t for ev in eng.generate(ids, params, mode="ar") for t in ev.token_ids]
+        assert len(ar) == N_NEW
         evs = list(eng.generate(ids, params, mode="ddtree", tree_budget=budget))
         assert [t for ev in evs for t in ev.token_ids] == ar
         taus.append(evs[-1].stats.mean_acceptance_length)
