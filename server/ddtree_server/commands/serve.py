@@ -175,15 +175,24 @@ def run_server(config: Any) -> int:
         outcome["status"] = 1
         print(f"error: the model could not be served: {worker.detail}", file=sys.stderr, flush=True)
     log.info("exiting with status %d", outcome["status"])
-    if server.force_exit or worker.thread_alive():
-        # A second signal (which skips the lifespan shutdown) or a drain deadline that passed left
-        # the worker thread inside torch; finalising the interpreter under it aborts the process
-        # (SIGABRT, "terminate called without an active exception"). Leave without finalising.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(outcome["status"])
-    return outcome["status"]
+    leave(outcome["status"])
+    return outcome["status"]   # not reached (leave exits)
+
+
+def leave(status: int) -> None:
+    """Exit the served process with `status` without finalising the interpreter: logs and the
+    standard streams are flushed first, and nothing else is left to do (no atexit handlers; the
+    drain answered every request and the worker stopped, or was given up on).
+
+    After a second signal (which skips the lifespan shutdown) or a drain deadline that passed,
+    the worker thread is still inside torch, and finalising the interpreter under it aborts the
+    process (SIGABRT, "terminate called without an active exception"). After a clean drain,
+    finalising only tears down torch and the model's objects one by one: ~1.5 s of every
+    restart's downtime on a 2-core machine, for nothing."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def _server_class() -> type:
