@@ -129,14 +129,9 @@ class DraftGraphs:
 
     def _capture(self, st: _Static, width: int) -> bool:
         """Capture ``st``'s graph; False when its warm-up shows memory is short (nothing captured)."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with self.pool.measure():
-            with torch.cuda.stream(side):
-                for _ in range(2):   # warm-up with the real inputs: writes the K/V the graph writes
-                    logits = self._run(st, width)
-            torch.cuda.current_stream().wait_stream(side)
-        if not self.pool.room(self.pool.need):
+        # warm-up with the real inputs: writes the K/V the graph writes
+        logits, fits = self.pool.warm_up(lambda: self._run(st, width))
+        if not fits:
             return False
         self.out.reserve("logits", logits)
         del logits

@@ -90,6 +90,18 @@ class GraphPool:
         torch.cuda.synchronize(self.device)
         self.need = max(int(torch.cuda.max_memory_allocated(self.device) - base), 0)
 
+    def warm_up(self, run, times: int = 2):
+        """A capture's warm-up: ``run()`` ``times`` on a side stream, measured (``measure``); returns
+        (its last output, whether the capture then fits: ``room(need)``)."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with self.measure():
+            with torch.cuda.stream(side):
+                for _ in range(times):
+                    out = run()
+            torch.cuda.current_stream().wait_stream(side)
+        return out, self.room(self.need)
+
     def peak_allocated(self) -> int:
         """The allocator's highest allocated bytes, across the resets of ``measure``."""
         return max(self.peak, torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else 0

@@ -190,14 +190,8 @@ class BatchGraphs:
             saved[name] = getattr(st, name).clone()
             getattr(st, name).fill_(self.scratch if name != "dest" else 0)
         st.dest.copy_(torch.arange(st.dest.numel(), device=st.dest.device) % st.rmax)   # rows [0, r) of scratch
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with self.pool.measure():
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    logits, feats = self._run(st)
-            torch.cuda.current_stream().wait_stream(side)
-        if not self.pool.room(self.pool.need):
+        (logits, feats), fits = self.pool.warm_up(lambda: self._run(st))
+        if not fits:
             for name, value in saved.items():
                 getattr(st, name).copy_(value)
             return None
