@@ -33,28 +33,47 @@ def test_shared_out_keeps_what_fits_and_returns_the_rest():
 def test_capture_rule_and_headroom_setting(monkeypatch):
     assert may_capture(3 << 30, 3 << 30) and not may_capture((3 << 30) - 1, 3 << 30)
     monkeypatch.delenv(HEADROOM_ENV, raising=False)
-    assert headroom_bytes() == 3072 << 20
-    for raw, want in (("512", 512 << 20), ("0", 0), ("-5", 0), ("lots", 3072 << 20)):
+    assert headroom_bytes() == 1024 << 20
+    for raw, want in (("512", 512 << 20), ("0", 0), ("-5", 0), ("lots", 1024 << 20)):
         monkeypatch.setenv(HEADROOM_ENV, raw)
         assert headroom_bytes() == want, raw
     pool = GraphPool("cpu", headroom=1 << 60)
     assert pool.room() and pool.refused == 0     # no device memory to run short of on the CPU
 
 
-def _engine_and_jobs():
+def test_the_largest_round_every_slot_a_chain_within_the_round_limits():
+    from ddtree_server.engine.batch.graphs import MAX_ROWS, ROW_BUCKETS
+    from ddtree_server.engine.batch.reserve import round_sizes
+
+    assert round_sizes(4, None, None) == [ROW_BUCKETS[-1]] * 4           # dense, few slots: the largest row bucket
+    many = round_sizes(150, None, None)                                  # dense: MAX_ROWS in all, spread evenly
+    assert sum(many) == MAX_ROWS and max(many) - min(many) <= 1
+    assert round_sizes(150, 65, 1024) == [7] * 124 + [6] * 26            # hybrid: within its round scratch
+    assert sum(round_sizes(3, 16, 1024)) == 48                           # ... and its verify scratch per slot
+    assert round_sizes(5, 16, 2) == [1] * 5                              # one row each at the least
+
+
+def test_the_cpu_runner_measures_no_reserve(monkeypatch):
+    monkeypatch.setenv("DDTREE_BATCH_GRAPHS", "1")   # the padded layout, run eagerly: no device memory to keep
+    eng, _, _ = _engine_and_jobs("cpu")
+    pool = eng.batch.runner.graph_pool
+    assert eng.batch.runner.graphs is not None and pool.reserve == 0 and pool.pool_bytes == 0
+
+
+def _engine_and_jobs(device="cuda"):
     from ddtree_server.engine.engine import Engine
     from ddtree_server.models.drafter.config import DrafterConfig
     from ddtree_server.models.drafter.model import DFlashDrafter
 
     from tests.server.tiny import EOS, VOCAB, ByteTokenizer, tiny_target
 
-    t = tiny_target().to("cuda")
+    t = tiny_target().to(device)
     raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
            "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 1,
            "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
     torch.manual_seed(1)
-    d = DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval().to("cuda")
+    d = DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval().to(device)
     eng = Engine(t, ByteTokenizer(), d, eos_token_ids=[EOS], max_model_len=96, max_running=6)
     words = [b"abc def", b"hello hello", b"xy", b"the cat sat", b"1+2=", b"zz top", b"a", b"mat on a"]
     jobs = [(list(w), ("ar", "ddtree", "dflash")[i % 3]) for i, w in enumerate(words)]
@@ -95,9 +114,13 @@ def test_cuda_batched_graphs_share_their_outputs_and_equal_alone():
     assert graphs.pool is pool and (drafts is None or drafts.pool is pool)
     assert pool.handle is not None and pool.captured == len(statics) + sum(
         1 for st in (drafts._static.values() if drafts is not None else ()) if st.graph) and pool.refused == 0
-    pools = {tuple(seg.get("segment_pool_id") or (0, 0)) for seg in torch.cuda.memory_snapshot()
-             if tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0)}
-    assert tuple(pool.handle) in pools
+    segs = [seg for seg in torch.cuda.memory_snapshot() if tuple(seg.get("segment_pool_id") or (0, 0)) != (0, 0)]
+    assert tuple(pool.handle) in {tuple(seg["segment_pool_id"]) for seg in segs}
+    # the bytes the captures took, counted from the allocator's reserved growth, are the pool's segments
+    # (eager code cannot use them: eager_free leaves them out), and the largest eager round was measured
+    ours = sum(seg["total_size"] for seg in segs if tuple(seg["segment_pool_id"]) == tuple(pool.handle))
+    assert ours > 0 and ours / 2 <= pool.pool_bytes <= ours * 2, (pool.pool_bytes, ours)
+    assert pool.reserve > 0
 
 
 @pytest.mark.gpu
@@ -115,14 +138,14 @@ def test_cuda_rounds_past_the_headroom_run_eagerly_and_equal_alone(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_a_capture_whose_warm_up_would_eat_the_headroom_runs_eagerly(monkeypatch):
-    """Free memory reads as the headroom plus one byte: every new shape passes the first check,
+    """Free memory reads as the largest eager round's reserve and the headroom plus one byte: every new shape passes the first check,
     its measured warm-up then shows the capture would eat into the headroom, and the round runs
     eagerly; the shape is not warmed up again while that much is not free."""
     import ddtree_server.engine.batch.graph_pool as gp
 
     eng, jobs, params = _engine_and_jobs()
     pool = eng.batch.runner.graph_pool
-    monkeypatch.setattr(gp, "device_free", lambda device: pool.headroom + 1)
+    monkeypatch.setattr(gp, "device_free", lambda device: pool.headroom + pool.reserve + pool.pool_bytes + 1)
     alone, batched, sizes = _alone_and_together(eng, jobs, params)
     assert batched == alone and max(sizes) == 6
     runner = eng.batch.runner

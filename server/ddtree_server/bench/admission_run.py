@@ -88,8 +88,10 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
     if cuda:
         doc["graph_pool_bytes"] = graph_pools(engine) if engine is not None else {}
         gp = getattr(getattr(getattr(engine, "batch", None), "runner", None), "graph_pool", None)
-        doc.update(graphs_captured=getattr(gp, "captured", None), graphs_refused=getattr(gp, "refused", None))
-        log(f"graph pools: { {k: f'{v / GIB:.2f} GiB' for k, v in doc['graph_pool_bytes'].items()} }")
+        doc.update(graphs_captured=getattr(gp, "captured", None), graphs_refused=getattr(gp, "refused", None),
+                   eager_reserve_bytes=getattr(gp, "reserve", None), graph_pool_taken_bytes=getattr(gp, "pool_bytes", None))
+        log(f"graph pools: { {k: f'{v / GIB:.2f} GiB' for k, v in doc['graph_pool_bytes'].items()} }; "
+            f"eager reserve {(doc['eager_reserve_bytes'] or 0) / GIB:.2f} GiB")
         gp_peak = gp.peak_allocated() if gp is not None else 0   # captures' warm-ups reset the statistic
         doc.update(peak_allocated_bytes=max(gp_peak, torch.cuda.max_memory_allocated(device)),
                    peak_reserved_bytes=torch.cuda.max_memory_reserved(device),

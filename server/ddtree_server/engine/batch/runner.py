@@ -38,6 +38,7 @@ from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
+from ddtree_server.engine.batch.reserve import largest_round
 from ddtree_server.engine.batch.solo_round import SOLO_ENV, SoloRound
 from ddtree_server.engine.batch.trees import RoundInfo, kind_of, round_trees
 from ddtree_server.models.dense.graphs import GraphedTarget
@@ -103,6 +104,8 @@ class StepRunner:
             self.draft_graphs = DraftGraphs(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
                                             capture=cuda, pool=self.graph_pool) if dgraphs else None
         self.batched = self.kind is not None
+        # what the largest eager round needs stays free of graph captures (reserve.py; CUDA only)
+        self.graph_pool.reserve = largest_round(self)
         # batch 1's greedy DDTree round after the drafter on the device (dense, graphed: solo_round.py)
         self.solo = SoloRound(target, capture=cuda and target.capture) if self.kind == "dense" and isinstance(
             target, GraphedTarget) and drafter is not None and os.environ.get(SOLO_ENV, "").strip() != "0" else None

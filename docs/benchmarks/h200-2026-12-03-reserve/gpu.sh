@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# one GPU run: the capture rule with the largest eager round's measured reserve (CUDA tests), 150 slots at 27B
+set -uo pipefail
+OUT=$1 COMMIT=$2 PART=$3
+REPO=$(pwd)
+export PYTHONPATH="$REPO/server:$REPO" DDTREE_CACHE=/tmp/ddc HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+LOG="$OUT/gpu-$PART.log"
+step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$LOG"; timeout "$limit" "$@" >>"$LOG" 2>&1; echo "=== $name exit $? $(date -u +%T)" | tee -a "$LOG"; }
+echo "commit $COMMIT" >>"$LOG"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
+python3 -c "import torch, transformers, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
+RUN="python3 -m ddtree_server.bench.admission_run --context 4096 --prefill-chunk 512"
+if [[ $PART == r ]]; then    # the reserve: 150 requests of 4k at 27B with the batched graphs on (the default)
+  step slots150-27b 300 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150"
+  step graph-tests 120 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_graph_out.py tests/server/test_drafter_graphs.py \
+    tests/server/test_batch_hybrid_rounds.py -k "cuda or graph or largest or reserve"
+fi
+cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .

@@ -1,0 +1,60 @@
+"""The working memory of the largest eager round, measured at start-up (``GraphPool.reserve``).
+
+The batched CUDA graphs are captured lazily, at the batch sizes that come; rounds past the graph
+buckets, and shapes declined for memory, run eagerly and need their working memory (activations,
+logits ``[rows, vocab]``, the draft logits ``[b, block_size - 1, vocab]`` alive beside them) at the
+moment they run. The capture rule (``graph_pool.py``) keeps that much free, so it is measured
+before the first capture, the way vLLM profiles a maximal batch before it sizes its cache: on the
+free slots, a drafter proposal for every slot (one context row each) and, while its logits are
+alive, the eager target forward of the most rows a round may take (every slot a causal chain of
+up to ``ROW_BUCKETS[-1]`` rows, at most ``MAX_ROWS`` in all; a hybrid's round at most its verify
+scratch's rows); the peak beyond what was allocated before is the reserve. The slots are reset
+afterwards. Only on CUDA, and only when the runner captures batched graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddtree_server.engine.batch.draft import propose_batch
+from ddtree_server.engine.batch.forward import Block, Layout, dense_forward, hybrid_forward
+from ddtree_server.engine.batch.graphs import MAX_ROWS, ROW_BUCKETS
+
+
+def round_sizes(slots: int, per_block: int | None, most: int | None) -> list[int]:
+    """Rows of each slot's block in the largest round: ``per_block`` (or ``ROW_BUCKETS[-1]``) rows
+    each, cut so that the round keeps to ``most`` rows (or ``MAX_ROWS``), at least one each (pure)."""
+    per = min(per_block or ROW_BUCKETS[-1], ROW_BUCKETS[-1])
+    total = min(slots * per, most or MAX_ROWS)
+    base, extra = divmod(max(total, slots), slots)
+    return [min(per, base + (i < extra)) or 1 for i in range(slots)]
+
+
+@torch.inference_mode()
+def largest_round(runner) -> int:
+    """Bytes the largest eager round takes beyond what is allocated (0 off CUDA or without graphs)."""
+    pool = runner.graph_pool
+    if pool.device.type != "cuda" or runner.kind is None or (runner.graphs is None and runner.draft_graphs is None):
+        return 0
+    slots = len(runner.caches.caches) - (runner.graphs is not None)   # not the scratch slot
+    sizes = round_sizes(slots, *runner.rows)
+    blocks = [Block(i, 0, [0] * n, list(range(n)), None) for i, n in enumerate(sizes)]
+    caches = [runner.caches[i] for i in range(slots)]
+    k, v = runner.caches.pool("k"), runner.caches.pool("v")
+    with pool.measure():
+        draft = None
+        if runner.draft_graphs is not None:
+            width = runner.model.config.hidden_size * len(runner.raw_drafter.config.target_layer_ids)
+            ctx = torch.zeros(1, width, dtype=runner.model.embed_tokens.weight.dtype, device=runner.device)
+            draft = propose_batch(runner.raw_drafter, runner.draft_graphs.kpool, runner.draft_graphs.vpool,
+                                  [runner.dcaches[i] for i in range(slots)], list(range(slots)), [ctx] * slots,
+                                  [0] * slots, [1] * slots)
+        lay = Layout(blocks, runner.device)
+        if runner.kind == "dense":
+            out = dense_forward(runner.model, k, v, lay)
+        else:
+            out = hybrid_forward(runner.model, caches, k, v, lay, runner._gdn())
+        del draft, out
+    for i in range(slots):
+        runner.reset(i)
+    return pool.need
