@@ -37,7 +37,8 @@ def largest_round(runner) -> int:
     if pool.device.type != "cuda" or runner.kind is None or (runner.graphs is None and runner.draft_graphs is None):
         return 0
     slots = len(runner.caches.caches) - (runner.graphs is not None)   # not the scratch slot
-    sizes = round_sizes(slots, *runner.rows)
+    per_block, most = runner.rows
+    sizes = round_sizes(slots, min(per_block or runner.caches[0].max_len, runner.caches[0].max_len), most)
     blocks = [Block(i, 0, [0] * n, list(range(n)), None) for i, n in enumerate(sizes)]
     caches = [runner.caches[i] for i in range(slots)]
     k, v = runner.caches.pool("k"), runner.caches.pool("v")
