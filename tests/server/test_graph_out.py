@@ -58,6 +58,11 @@ def test_the_cpu_runner_measures_no_reserve(monkeypatch):
     eng, _, _ = _engine_and_jobs("cpu")
     pool = eng.batch.runner.graph_pool
     assert eng.batch.runner.graphs is not None and pool.reserve == 0 and pool.pool_bytes == 0
+    from ddtree_server.engine.batch.reserve import largest_round
+
+    runner = eng.batch.runner   # the measure's forwards run on the CPU too (nothing to measure) and free the slots
+    assert largest_round(runner) == 0
+    assert all(c.length == 0 for c in runner.caches.caches) and all(c.length == 0 for c in runner.dcaches.caches)
 
 
 def _engine_and_jobs(device="cuda"):

@@ -9,7 +9,7 @@ free slots, a drafter proposal for every slot (one context row each) and, while 
 alive, the eager target forward of the most rows a round may take (every slot a causal chain of
 up to ``ROW_BUCKETS[-1]`` rows, at most ``MAX_ROWS`` in all; a hybrid's round at most its verify
 scratch's rows); the peak beyond what was allocated before is the reserve. The slots are reset
-afterwards. Only on CUDA, and only when the runner captures batched graphs.
+afterwards. The runner measures it on CUDA when it captures batched graphs.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def round_sizes(slots: int, per_block: int | None, most: int | None) -> list[int
 
 @torch.inference_mode()
 def largest_round(runner) -> int:
-    """Bytes the largest eager round takes beyond what is allocated (0 off CUDA or without graphs)."""
+    """Bytes the largest eager round takes beyond what is allocated (0 off CUDA, where it only runs)."""
     pool = runner.graph_pool
-    if pool.device.type != "cuda" or runner.kind is None or (runner.graphs is None and runner.draft_graphs is None):
+    if runner.kind is None:
         return 0
     slots = len(runner.caches.caches) - (runner.graphs is not None)   # not the scratch slot
     per_block, most = runner.rows
@@ -44,10 +44,10 @@ def largest_round(runner) -> int:
     k, v = runner.caches.pool("k"), runner.caches.pool("v")
     with pool.measure():
         draft = None
-        if runner.draft_graphs is not None:
+        if runner.dcaches is not None and runner.dcaches.pooled:
             width = runner.model.config.hidden_size * len(runner.raw_drafter.config.target_layer_ids)
             ctx = torch.zeros(1, width, dtype=runner.model.embed_tokens.weight.dtype, device=runner.device)
-            draft = propose_batch(runner.raw_drafter, runner.draft_graphs.kpool, runner.draft_graphs.vpool,
+            draft = propose_batch(runner.raw_drafter, runner.dcaches.pool("k"), runner.dcaches.pool("v"),
                                   [runner.dcaches[i] for i in range(slots)], list(range(slots)), [ctx] * slots,
                                   [0] * slots, [1] * slots)
         lay = Layout(blocks, runner.device)

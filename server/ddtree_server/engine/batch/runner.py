@@ -105,7 +105,8 @@ class StepRunner:
                                             capture=cuda, pool=self.graph_pool) if dgraphs else None
         self.batched = self.kind is not None
         # what the largest eager round needs stays free of graph captures (reserve.py; CUDA only)
-        self.graph_pool.reserve = largest_round(self)
+        if cuda and (self.graphs is not None or self.draft_graphs is not None):
+            self.graph_pool.reserve = largest_round(self)
         # batch 1's greedy DDTree round after the drafter on the device (dense, graphed: solo_round.py)
         self.solo = SoloRound(target, capture=cuda and target.capture) if self.kind == "dense" and isinstance(
             target, GraphedTarget) and drafter is not None and os.environ.get(SOLO_ENV, "").strip() != "0" else None
