@@ -16,7 +16,7 @@ if [[ $PART == r ]]; then    # the reserve: 150 requests of 4k at 27B with the b
     tests/server/test_batch_hybrid_rounds.py -k "cuda or graph or largest or reserve"
 elif [[ $PART == t ]]; then  # what an eager round holds at its peak against the measured reserve (graphs off)
   for n in 40 120; do
-    DDTREE_BATCH_GRAPHS=0 step trace-$n 240 python3 docs/benchmarks/h200-2026-12-03-reserve/trace_round.py --slots $n --out "$OUT/trace"
+    step trace-$n 240 env DDTREE_BATCH_GRAPHS=0 python3 docs/benchmarks/h200-2026-12-03-reserve/trace_round.py --slots $n --out "$OUT/trace"
   done
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
