@@ -99,10 +99,16 @@ def test_padded_layouts_with_the_real_drafter_equal_alone_and_ar(dense, monkeypa
     dense.capture_layers = []
 
 
-def test_batched_drafter_forward_equals_per_request(dense):
-    """The batched draft forward gives each request the logits of its own per-request proposal."""
+@pytest.mark.parametrize("passes", ["one", "per-request"])
+def test_batched_drafter_forward_equals_per_request(dense, passes, monkeypatch):
+    """The batched draft forward gives each request the logits of its own per-request proposal,
+    with the requests' attention in one pass or in one pass each (``draft.PASS_BYTES``)."""
+    from ddtree_server.engine.batch import draft as draft_mod
     from ddtree_server.engine.batch.draft import propose_batch
     from ddtree_server.engine.batch.pools import SlotPool
+
+    if passes == "per-request":
+        monkeypatch.setattr(draft_mod, "PASS_BYTES", 1)
 
     drafter = real_drafter(dense, block=8)
     dense.capture_layers = LAYERS
@@ -119,6 +125,20 @@ def test_batched_drafter_forward_equals_per_request(dense):
         want = drafter.propose(drafter.new_cache(64), ctx, [5, 6, 7][i], len(p))
         torch.testing.assert_close(got[i], want, rtol=1e-5, atol=1e-5)
     dense.capture_layers = []
+
+
+def test_drafter_attention_passes_keep_their_copies_within_the_limit():
+    from types import SimpleNamespace
+
+    from ddtree_server.engine.batch.draft import request_passes
+
+    attn = SimpleNamespace(n_heads=32, n_kv=8, head_dim=128)        # the Qwen3.6-27B drafter's heads
+    per = 2 * 4112 * 8 * 128 * 2 * (1 + 4)                           # k + v, gathered + repeated 4x, bf16
+    spans = request_passes(150, 4112, attn, 2, limit=512 << 20)
+    assert spans[0] == (0, (512 << 20) // per) and spans[-1][1] == 150
+    assert all(a == e0 for (_, e0), (a, _) in zip(spans, spans[1:]))  # contiguous, every request once
+    assert request_passes(3, 10 ** 9, attn, 2, limit=1) == [(0, 1), (1, 2), (2, 3)]   # at least one each
+    assert request_passes(5, 16, SimpleNamespace(n_heads=4, n_kv=4, head_dim=8), 4) == [(0, 5)]
 
 
 def test_padded_drafter_layout_equals_propose_batch(dense):

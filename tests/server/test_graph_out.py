@@ -60,19 +60,24 @@ def test_the_cpu_runner_measures_no_reserve(monkeypatch):
     assert eng.batch.runner.graphs is not None and pool.reserve == 0 and pool.pool_bytes == 0
     from ddtree_server.engine.batch.reserve import largest_round
 
-    runner = eng.batch.runner   # the measure's forwards run on the CPU too (nothing to measure) and free the slots
-    assert largest_round(runner) == 0
-    assert all(c.length == 0 for c in runner.caches.caches) and all(c.length == 0 for c in runner.dcaches.caches)
+    from tests.server.hybrid_fixtures import tiny_hybrid
+
+    hybrid, _, _ = _engine_and_jobs("cpu", tiny_hybrid("3gdn+attn", seed=3))
+    for runner in (eng.batch.runner, hybrid.batch.runner):   # the measure's forwards run on the CPU too
+        assert largest_round(runner) == 0                      # (nothing to measure there) and free the slots
+        assert all(c.length == 0 for c in runner.caches.caches) and all(c.length == 0 for c in runner.dcaches.caches)
+    alone, batched, _ = _alone_and_together(eng, *_engine_and_jobs("cpu")[1:])
+    assert batched == alone                                    # and leave nothing behind in them
 
 
-def _engine_and_jobs(device="cuda"):
+def _engine_and_jobs(device="cuda", target=None):
     from ddtree_server.engine.engine import Engine
     from ddtree_server.models.drafter.config import DrafterConfig
     from ddtree_server.models.drafter.model import DFlashDrafter
 
     from tests.server.tiny import EOS, VOCAB, ByteTokenizer, tiny_target
 
-    t = tiny_target().to(device)
+    t = (tiny_target() if target is None else target).to(device)
     raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
            "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 1,
            "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -5,6 +5,11 @@ their K/V written to its slot of the pooled draft cache; then the blocks ``[bonu
 at positions ``s_r .. s_r + bs - 1`` of all requests run as one ``[b, bs]`` batch, each block
 attending to its own slot's rows ``[0, s_r + bs)`` (rows past that are zeroed: a freed slot may
 hold anything). Draft outputs only shape the trees; exactness never depends on them.
+
+The block's attention gathers each request's key / value rows out of the pool (and repeats them
+per query head beside a mask): at 150 requests of 4k context at the Qwen3.6-27B drafter's shape
+one layer's copies took several GiB at once. So the requests attend in passes whose copies keep
+to ``PASS_BYTES`` (``request_passes``); each request's attention is its own in any pass.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from torch import Tensor
 
 from ddtree_server.models.drafter.attention import visibility
 from ddtree_server.models.layers import attention_backends as sdpa_backends
+
+PASS_BYTES = 512 << 20   # a pass's gathered (and per-head repeated) key / value rows, one layer
 
 
 @torch.no_grad()
@@ -91,7 +98,7 @@ def draft_blocks(drafter, kpool: Tensor, vpool: Tensor, slot_t: Tensor, starts: 
         masks[kind] = see[:, None]
     x = drafter.embed_tokens(drafter.block_ids(bonus)).to(drafter.dtype)
     cos, sin = drafter.rope(qpos, x.dtype)
-    keep = valid[:, None, :, None]
+    hide = ~valid[:, None, :, None]
     with sdpa_backends(dev):
         for i, layer in enumerate(drafter.layers):
             attn = layer.self_attn
@@ -100,7 +107,24 @@ def draft_blocks(drafter, kpool: Tensor, vpool: Tensor, slot_t: Tensor, starts: 
             kl, vl = kpool[:, i], vpool[:, i]
             kl[slot_t[:, None], :, qpos] = k.transpose(1, 2)
             vl[slot_t[:, None], :, qpos] = v.transpose(1, 2)
-            keys = kl[slot_t, :, :kv_max].masked_fill(~keep, 0.0)
-            vals = vl[slot_t, :, :kv_max].masked_fill(~keep, 0.0)
-            x = layer.finish(x, attn.attend(attn.q(xn, cos, sin), keys, vals, masks[drafter.kinds[i]]))
+            q, mask = attn.q(xn, cos, sin), masks[drafter.kinds[i]]
+            outs = [attn.attend(q[a:e], _rows(kl, slot_t[a:e], kv_max, hide[a:e]),
+                                _rows(vl, slot_t[a:e], kv_max, hide[a:e]), mask[a:e])
+                    for a, e in request_passes(b, kv_max, attn, kpool.element_size())]
+            x = layer.finish(x, outs[0] if len(outs) == 1 else torch.cat(outs))
     return drafter.lm_head(drafter.norm(x[:, 1:]))
+
+
+def _rows(pool: Tensor, slots: Tensor, kv_max: int, hide: Tensor) -> Tensor:
+    """Rows ``[0, kv_max)`` of the slots' caches of one layer (a copy), hidden rows zeroed."""
+    return pool[slots, :, :kv_max].masked_fill_(hide, 0.0)
+
+
+def request_passes(b: int, kv_max: int, attn, elem: int, limit: int | None = None) -> list[tuple[int, int]]:
+    """Spans ``[a, e)`` of the ``b`` requests whose key / value copies (gathered, and repeated per
+    query head where heads share them) stay within ``limit`` bytes; at least one request each (pure)."""
+    limit = PASS_BYTES if limit is None else limit
+    rep = attn.n_heads // attn.n_kv
+    per = 2 * kv_max * attn.n_kv * attn.head_dim * elem * (1 + (rep if rep > 1 else 0))
+    step = max(1, limit // max(per, 1))
+    return [(a, min(a + step, b)) for a in range(0, b, step)]

@@ -5,11 +5,12 @@ buckets, and shapes declined for memory, run eagerly and need their working memo
 logits ``[rows, vocab]``, the draft logits ``[b, block_size - 1, vocab]`` alive beside them) at the
 moment they run. The capture rule (``graph_pool.py``) keeps that much free, so it is measured
 before the first capture, the way vLLM profiles a maximal batch before it sizes its cache: on the
-free slots, a drafter proposal for every slot (one context row each) and, while its logits are
-alive, the eager target forward of the most rows a round may take (every slot a causal chain of
-up to ``ROW_BUCKETS[-1]`` rows, at most ``MAX_ROWS`` in all; a hybrid's round at most its verify
-scratch's rows); the peak beyond what was allocated before is the reserve. The slots are reset
-afterwards. The runner measures it on CUDA when it captures batched graphs.
+free slots, a drafter proposal for every slot (one context row each, at the end of the slot's
+rows: the drafter's attention copies its keys up to there) and, while its logits are alive, the
+eager target forward of the most rows a round may take (every slot a causal chain of up to
+``ROW_BUCKETS[-1]`` rows at the end of its rows, at most ``MAX_ROWS`` in all; a hybrid's round at
+most its verify scratch's rows); the peak beyond what was allocated before is the reserve. The
+slots (fresh: zero K/V) are reset afterwards. The runner measures it on CUDA when it captures batched graphs.
 """
 
 from __future__ import annotations
@@ -38,18 +39,25 @@ def largest_round(runner) -> int:
         return 0
     slots = len(runner.caches.caches) - (runner.graphs is not None)   # not the scratch slot
     per_block, most = runner.rows
-    sizes = round_sizes(slots, min(per_block or runner.caches[0].max_len, runner.caches[0].max_len), most)
-    blocks = [Block(i, 0, [0] * n, list(range(n)), None) for i, n in enumerate(sizes)]
+    top = runner.caches[0].max_len - 1    # rows a request may hold (StepRunner._room)
+    sizes = round_sizes(slots, min(per_block or top, top), most)
+    blocks = [Block(i, top - n, [0] * n, list(range(n)), None) for i, n in enumerate(sizes)]
     caches = [runner.caches[i] for i in range(slots)]
+    for c, blk in zip(caches, blocks):
+        c.length = blk.s
     k, v = runner.caches.pool("k"), runner.caches.pool("v")
     with pool.measure():
         draft = None
         if runner.dcaches is not None and runner.dcaches.pooled:
+            dk, dv = runner.dcaches.pool("k"), runner.dcaches.pool("v")
+            start = min(top, dk.shape[3] - runner.block_size)
+            dcaches = [runner.dcaches[i] for i in range(slots)]
+            for c in dcaches:
+                c.length = start - 1
             width = runner.model.config.hidden_size * len(runner.raw_drafter.config.target_layer_ids)
             ctx = torch.zeros(1, width, dtype=runner.model.embed_tokens.weight.dtype, device=runner.device)
-            draft = propose_batch(runner.raw_drafter, runner.dcaches.pool("k"), runner.dcaches.pool("v"),
-                                  [runner.dcaches[i] for i in range(slots)], list(range(slots)), [ctx] * slots,
-                                  [0] * slots, [1] * slots)
+            draft = propose_batch(runner.raw_drafter, dk, dv, dcaches, list(range(slots)), [ctx] * slots,
+                                  [0] * slots, [start] * slots)
         lay = Layout(blocks, runner.device)
         if runner.kind == "dense":
             out = dense_forward(runner.model, k, v, lay)
