@@ -14,9 +14,21 @@ if [[ $PART == r ]]; then    # the reserve: 150 requests of 4k at 27B with the b
   step slots150-27b 300 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150"
   step graph-tests 120 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_graph_out.py tests/server/test_drafter_graphs.py \
     tests/server/test_batch_hybrid_rounds.py -k "cuda or graph or largest or reserve"
-elif [[ $PART == t ]]; then  # what an eager round holds at its peak against the measured reserve (graphs off)
-  for n in 40 120; do
-    step trace-$n 240 env DDTREE_BATCH_GRAPHS=0 python3 docs/benchmarks/h200-2026-12-03-reserve/trace_round.py --slots $n --out "$OUT/trace"
-  done
+elif [[ $PART == p ]]; then  # the drafter's attention passes against one pass: batched rounds at the Qwen3-8B shape
+  mkdir -p "$OUT/passes"
+  step passes-8b 420 python3 -c "
+import json, torch
+import ddtree_server.engine.batch.draft as d
+from ddtree_server.bench.batch_shape import measure_batches
+from ddtree_server.bench.shapes import get_shape
+out = {}
+for name, pb in (('passes_512MiB', 512 << 20), ('one_pass', 1 << 42)):
+    d.PASS_BYTES = pb
+    doc = measure_batches(get_shape('qwen3-8b'), [16, 64], context=4096, iters=6, device='cuda', dtype='bf16')
+    out[name] = doc['rows']
+    torch.cuda.empty_cache()
+out['meta'] = doc['meta']
+json.dump(out, open('$OUT/passes/passes-qwen3-8b-4096.json', 'w'), indent=1)
+"
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
