@@ -53,8 +53,8 @@ MEASURED = {
     "tests/server/test_kernels_gdn_batch.py::test_hybrid_engine_batched_on_the_kernel_path_equals_alone": 120.0,
     "tests/server/test_kernels_gdn_batch.py::test_batched_tree_kernels_are_batch_invariant_and_match_torch": 60.0,
     "tests/server/test_kernels_gdn.py": 30.0,
-    "tests/server/test_api_auth.py::test_empty_key_logs_that_authentication_is_off": 15.0,
-    "tests/server/test_api_auth.py::test_a_key_logs_that_authentication_is_on_without_the_key": 15.0,
+    "tests/server/test_api_auth.py::test_empty_key_logs_that_authentication_is_off": 2.0,
+    "tests/server/test_api_auth.py::test_a_key_logs_that_authentication_is_on_without_the_key": 2.0,
 }
 BY_MARKER = (("kernels", 20.0), ("slow", 5.0), ("fleet", 2.0))
 DEFAULT = 0.3
