@@ -152,10 +152,11 @@ SMOL_PROMPT = "Write a Python function that returns the n-th Fibonacci number it
 
 @pytest.fixture(scope="module")
 def smol_ar(smollm2):
-    """Plain decoding's tokens of the prompt on the same (static-path) target."""
+    """Plain decoding's tokens of the prompt on the same (static-path) target: 100, more than the
+    test's ROUNDS rounds emit (78 at budget 64; more would fail its ``got == ar[:len(got)]``)."""
     eng = Engine(GraphedTarget(smollm2.model, capture=False), smollm2.tokenizer, max_model_len=256)
     ids = eng.encode(SMOL_PROMPT)
-    return ids, [t for ev in eng.generate(ids, SamplingParams(max_tokens=150, ignore_eos=True)) for t in ev.token_ids]
+    return ids, [t for ev in eng.generate(ids, SamplingParams(max_tokens=100, ignore_eos=True)) for t in ev.token_ids]
 
 
 @pytest.mark.slow
@@ -167,7 +168,7 @@ def test_smollm2_device_round_equals_host_round(smollm2, shipped, smol_ar, budge
     prompt, ar = smol_ar
     got = _lockstep(dev, host, prompt, budget)
     assert len(dev.batch.runner.device_rounds) >= ROUNDS
-    assert got == ar[:len(got)]   # the engine's tokens are plain decoding's
+    assert len(got) <= len(ar) and got == ar[:len(got)]   # the engine's tokens are plain decoding's
     assert len(got) > (1.5 if budget > 1 else 1.2) * ROUNDS   # the shipped drafter is accepted
 
 
