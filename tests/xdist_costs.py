@@ -48,7 +48,7 @@ MEASURED = {
     "tests/server/test_chunked_prefill.py": 12.0,
     "tests/server/test_chunked_prefill.py::test_chunks_on_the_kernel_path_equal_whole": 110.0,
     "tests/server/test_solo_round.py": 5.0,
-    "tests/server/test_solo_round.py::test_smollm2_device_round_equals_host_round": 45.0,
+    "tests/server/test_solo_round.py::test_smollm2_device_round_equals_host_round": 25.0,
     "tests/server/test_default_drafter.py": 20.0,
     "tests/server/test_kernels_gdn_batch.py::test_hybrid_engine_batched_on_the_kernel_path_equals_alone": 120.0,
     "tests/server/test_kernels_gdn_batch.py::test_batched_tree_kernels_are_batch_invariant_and_match_torch": 60.0,
