@@ -58,12 +58,15 @@ def random_specs(seed: int, count: int = 32):
     return out
 
 
-def run_alone(engine, spec, mode=None):
+def run_alone(engine, spec, mode=None, stats=None):
+    """(tokens, finish reason) of the spec sent alone; ``stats``: a dict that gets its last stats by rid."""
     toks, reason = [], None
     for ev in engine.generate(spec["prompt"], SamplingParams(**spec["params"]), mode=mode or spec["mode"],
                               tree_budget=spec["budget"]):
         toks += ev.token_ids
         reason = ev.finish_reason or reason
+        if stats is not None and ev.stats is not None:
+            stats[spec["rid"]] = ev.stats
     return toks, reason
 
 
@@ -104,11 +107,13 @@ def run_together(engine, jobs, params) -> tuple[list[list[int]], list[int]]:
     return [got[str(i)] for i in range(len(jobs))], sizes
 
 
-def check_alone_batched_ar(engine, specs, ar_engine):
+def check_alone_batched_ar(engine, specs, ar_engine, stats=None):
+    """Batched output equals each spec alone, and plain decoding where deterministic; ``stats``: a
+    dict that gets the alone runs' stats by rid."""
     got, finish = run_batched(engine, specs)
     assert max(engine.batch.runner.caches.tensors["0:k"].shape[0], 1) < len(specs)
     for s in specs:
-        alone, reason = run_alone(engine, s)
+        alone, reason = run_alone(engine, s, stats=stats)
         if finish[s["rid"]] == "cancelled":
             assert got[s["rid"]] == alone[: len(got[s["rid"]])], s
             continue

@@ -6,6 +6,7 @@ authentication off and says so in the log."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 
 import httpx
@@ -95,7 +96,7 @@ def test_empty_key_logs_that_authentication_is_off(env, monkeypatch):
         assert server.proc.poll() is None, server.log_tail()
         assert "authentication off: no API key" in server.log_text()
     finally:
-        server.stop()
+        server.stop(signal.SIGKILL)   # SIGTERM would wait for the model load (~8 s) to finish
 
 
 @pytest.mark.slow
@@ -107,7 +108,7 @@ def test_a_key_logs_that_authentication_is_on_without_the_key(monkeypatch):
     try:
         assert "authentication on" in keyed.log_text() and KEY not in keyed.log_text()
     finally:
-        keyed.stop()
+        keyed.stop(signal.SIGKILL)    # SIGTERM would wait for the model load (~8 s) to finish
 
 
 @pytest.mark.slow

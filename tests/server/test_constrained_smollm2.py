@@ -52,13 +52,15 @@ def test_json_schema_ddtree_equals_ar(engine, name):
 @pytest.mark.parametrize("name", ["all"])
 def test_penalties_ddtree_equals_ar(engine, name):
     ids = engine.encode("Write a short poem about the sea and its waves.")
-    plain, _, _ = decode(engine, ids, mode="ar", max_tokens=32, ignore_eos=True)
-    ref, ref_lps, _ = decode(engine, ids, mode="ar", max_tokens=32, ignore_eos=True, logprobs=5, **PENALTIES[name])
+    n = 24   # 15+ decode rounds in every mode (asserted): the counts carry over many rounds
+    plain, _, _ = decode(engine, ids, mode="ar", max_tokens=n, ignore_eos=True)
+    ref, ref_lps, _ = decode(engine, ids, mode="ar", max_tokens=n, ignore_eos=True, logprobs=5, **PENALTIES[name])
     assert ref != plain
     for mode, budget in SPEC_CASES:
-        toks, lps, _ = decode(engine, ids, mode=mode, budget=budget, max_tokens=32, ignore_eos=True, logprobs=5,
-                              **PENALTIES[name])
+        toks, lps, stats = decode(engine, ids, mode=mode, budget=budget, max_tokens=n, ignore_eos=True, logprobs=5,
+                                  **PENALTIES[name])
         assert toks == ref, f"{mode}/{budget} diverged at {first_diff(toks, ref)}"
+        assert stats.decode_rounds >= 15, (mode, budget, stats.decode_rounds)
         assert max(abs(a.logprob - b.logprob) for a, b in zip(lps, ref_lps)) < 1e-4
         for a, b in zip(lps, ref_lps):
             assert a.top[0][0] == b.top[0][0] == a.token_id
