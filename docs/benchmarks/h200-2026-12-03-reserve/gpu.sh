@@ -14,6 +14,9 @@ if [[ $PART == r ]]; then    # the reserve: 150 requests of 4k at 27B with the b
   step slots150-27b 300 $RUN --shape qwen3.6-27b --slots 150 --new-tokens 3072 --out "$OUT/slots150"
   step graph-tests 120 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_graph_out.py tests/server/test_drafter_graphs.py \
     tests/server/test_batch_hybrid_rounds.py -k "cuda or graph or largest or reserve"
+elif [[ $PART == d ]]; then  # the server's default fraction at 27B (84 slots: graphed rounds before), 8B at fraction 0.8
+  step default-f0.5-27b 200 $RUN --shape qwen3.6-27b --fraction 0.5 --new-tokens 3072 --out "$OUT/f0.5-27b"
+  step f0.8-8b 160 $RUN --shape qwen3-8b --fraction 0.8 --new-tokens 3072 --out "$OUT/f0.8-8b"
 elif [[ $PART == p ]]; then  # the drafter's attention passes against one pass: batched rounds at the Qwen3-8B shape
   mkdir -p "$OUT/passes"
   step passes-8b 420 python3 -c "
