@@ -33,7 +33,7 @@ def round_sizes(slots: int, per_block: int | None, most: int | None) -> list[int
 
 @torch.inference_mode()
 def largest_round(runner) -> int:
-    """Bytes the largest eager round takes beyond what is allocated (0 off CUDA, where it only runs)."""
+    """Bytes the largest eager round takes beyond what is allocated (off CUDA it runs, measuring 0)."""
     pool = runner.graph_pool
     if runner.kind is None:
         return 0
