@@ -52,7 +52,9 @@ def test_long_prefill_in_chunks_is_not_a_stall():
     for line in (f"ddtree_slot_bytes {float(engine.slot_bytes)}", 'ddtree_slots{state="used"} 0.0',
                  f'ddtree_slots{{state="free"}} {float(slots)}', "ddtree_kv_rows_used 0.0",
                  f"ddtree_kv_rows_capacity {float(slots * MAX_MODEL_LEN)}",
-                 "ddtree_prefilling_requests 0.0"):
+                 "ddtree_prefilling_requests 0.0", "ddtree_cuda_graph_pool_bytes 0.0",
+                 "ddtree_eager_reserve_bytes 0.0", "ddtree_cuda_graphs_captured 0.0",
+                 "ddtree_cuda_graph_declined_rounds 0.0"):   # the CPU: no graphs, nothing reserved
         assert line in metrics, line
 
 

@@ -131,6 +131,9 @@ def test_cuda_batched_graphs_share_their_outputs_and_equal_alone():
     ours = sum(seg["total_size"] for seg in segs if tuple(seg["segment_pool_id"]) == tuple(pool.handle))
     assert ours > 0 and ours / 2 <= pool.pool_bytes <= ours * 2, (pool.pool_bytes, ours)
     assert pool.reserve > 0
+    mem = eng.batch.memory   # what /metrics shows (ddtree_cuda_graph_pool_bytes ...)
+    assert (mem.graph_pool_bytes, mem.eager_reserve_bytes, mem.graphs_captured, mem.graph_declined_rounds) == (
+        pool.pool_bytes, pool.reserve, pool.captured, 0)
 
 
 @pytest.mark.gpu

@@ -112,6 +112,14 @@ class Metrics:
         self.kv_rows_used = Gauge("ddtree_kv_rows_used", "Cached tokens of the running requests (tokens).",
                                   registry=r)
         self.kv_rows_capacity = Gauge("ddtree_kv_rows_capacity", "Slots x max_model_len (tokens).", registry=r)
+        self.graph_pool_bytes = Gauge("ddtree_cuda_graph_pool_bytes", "Device memory the batched CUDA graphs' pool "
+                                      "took (bytes).", registry=r)
+        self.eager_reserve_bytes = Gauge("ddtree_eager_reserve_bytes", "Working memory of the largest eager round, "
+                                         "measured at start-up and kept free of graph captures (bytes).", registry=r)
+        self.graphs_captured = Gauge("ddtree_cuda_graphs_captured", "Batched CUDA graphs captured (target and "
+                                     "drafter).", registry=r)
+        self.graph_declined = Gauge("ddtree_cuda_graph_declined_rounds", "Batched rounds run eagerly because memory "
+                                    "was short for a new graph.", registry=r)
         self.state = Enum("ddtree_server_state", "Server lifecycle state.", states=STATES, registry=r)
         self.state.state("loading")
 
@@ -170,6 +178,10 @@ class Metrics:
         self.kv_rows_used.set(mem.kv_rows_used)
         self.kv_rows_capacity.set(mem.kv_rows_capacity)
         self.prefilling.set(mem.prefilling)
+        self.graph_pool_bytes.set(getattr(mem, "graph_pool_bytes", 0))
+        self.eager_reserve_bytes.set(getattr(mem, "eager_reserve_bytes", 0))
+        self.graphs_captured.set(getattr(mem, "graphs_captured", 0))
+        self.graph_declined.set(getattr(mem, "graph_declined_rounds", 0))
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

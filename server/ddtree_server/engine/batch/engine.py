@@ -50,7 +50,9 @@ class SlotMemory:
     GDN state, the drafter's context K/V, allocated once at max_model_len), KV rows (cached
     tokens) of the running requests of ``kv_rows_capacity`` (slots x rows per slot), requests
     still ``prefilling``, ``scratch_bytes`` allocated once for all slots (a hybrid's round verify
-    scratch)."""
+    scratch); the batched CUDA graphs' ``graph_pool_bytes``, the largest eager round's
+    ``eager_reserve_bytes`` they keep free, ``graphs_captured`` and ``graph_declined_rounds``
+    (rounds that ran eagerly because memory was short for a capture: ``graph_pool.py``)."""
 
     slots: int
     used: int
@@ -59,6 +61,10 @@ class SlotMemory:
     kv_rows_capacity: int
     prefilling: int = 0
     scratch_bytes: int = 0
+    graph_pool_bytes: int = 0
+    eager_reserve_bytes: int = 0
+    graphs_captured: int = 0
+    graph_declined_rounds: int = 0
 
 
 class BatchEngine:
@@ -86,10 +92,11 @@ class BatchEngine:
         self.memory = self._memory()
 
     def _memory(self) -> SlotMemory:
-        running = self.scheduler.running
+        running, gp = self.scheduler.running, self.runner.graph_pool
         return SlotMemory(self.max_running, len(running), self.slot_bytes,
                           sum(max(r.s, r.prefilled) for r in running), self.max_running * self.max_len,
-                          self.scheduler.prefilling, self.scratch_bytes)
+                          self.scheduler.prefilling, self.scratch_bytes, gp.pool_bytes, gp.reserve, gp.captured,
+                          gp.refused)
 
     @property
     def max_running(self) -> int:
