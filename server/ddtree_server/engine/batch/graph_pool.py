@@ -11,23 +11,28 @@ captures.
 Each new shape captured adds to the pool for as long as the server runs, and a capture that runs
 out of memory fails mid-round (no cached memory can be released while a stream captures). The
 eager rounds (shapes past the buckets, the prefill, the walk) need their working memory beside
-the pool, and the pool's cached bytes are not theirs to use. So:
+the pool. So:
 
 * ``reserve``: the working memory of the largest eager round, measured before the first capture
   (``reserve.py``: a drafter proposal for every slot and the target forward of the most rows a
   round may take, on the free slots);
 * a capture's warm-up runs are measured (their peak beyond what was allocated before: what the
   capture will take at most);
-* the shape is captured only when the memory left to eager code (driver-free plus the
-  allocator's cached bytes, less the bytes the pool took: ``eager_free``) keeps that, plus the
-  reserve, plus ``headroom`` bytes; else it runs eagerly, and is tried again only once that much
-  is free. ``DDTREE_GRAPH_HEADROOM_MIB`` sets the headroom (default 1,024 MiB: allocator slack
-  beside the measured reserve).
+* the shape is captured only when the device (driver-free memory plus the allocator's cached
+  bytes, which the capture's start returns to the driver) keeps that, plus the reserve, plus
+  ``headroom`` bytes; else it runs eagerly, and is tried again only once that much is free.
+  ``DDTREE_GRAPH_HEADROOM_MIB`` sets the headroom (default 3,072 MiB, see below).
 
-On one H200 at the Qwen3.6-27B shape with 150 slots of 4k, the rule without the reserve let the
-pool take 3.35 GiB at small batches, counted the pool's cached bytes as free, and the eager rounds
-past 128 requests then ran out (docs/benchmarks/h200-2026-12-03-pool/). The warm-up's measure
-resets the allocator's peak statistic; ``peak_allocated`` keeps the highest one seen.
+The allocator counts the pool's blocks as allocated (an out-of-memory report at 150 slots: 1.71
+GiB "allocated in private pools" of 1.76 GiB of pool segments), so they are not counted as free.
+``pool_bytes`` (the reserved growth while capturing: the pool's segments) is for /metrics. On one
+H200 at the Qwen3.6-27B shape with 150 slots of 4k (docs/benchmarks/h200-2026-12-03-reserve/):
+without the reserve the pool took 3.35 GiB at small batches and the eager rounds past 128
+requests then ran out; with it (and the drafter's attention in passes) all 150 decoded, under a
+rule that also subtracted the pool's bytes from the free memory and kept 1 GiB beside: it stopped
+capturing with 2.6-2.8 GiB kept beside the reserve, which the default headroom now keeps without
+counting the pool twice. The warm-up's measure resets the allocator's peak statistic;
+``peak_allocated`` keeps the highest one seen.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import torch
 
 log = logging.getLogger(__name__)
 HEADROOM_ENV = "DDTREE_GRAPH_HEADROOM_MIB"
-DEFAULT_HEADROOM_MIB = 1024
+DEFAULT_HEADROOM_MIB = 3072
 
 
 def headroom_bytes() -> int:
@@ -75,17 +80,13 @@ class GraphPool:
         self.refused = 0          # captures declined for memory (those shapes ran eagerly)
         self.need = 0             # bytes the last measured warm-up took at its peak
         self.reserve = 0          # working memory of the largest eager round (reserve.py)
-        self.pool_bytes = 0       # bytes the captures took from the device (the pool's; eager code cannot use them)
+        self.pool_bytes = 0       # bytes the captures took from the device: the pool's segments (/metrics)
         self.peak = 0             # the allocator's peak statistic before each measure reset it
-
-    def eager_free(self) -> int:
-        """Bytes eager code can still get: ``device_free`` less the pool's (cached for captures only)."""
-        return device_free(self.device) - self.pool_bytes
 
     def room(self, need: int = 0) -> bool:
         """Whether a shape whose capture takes ``need`` bytes may be captured now (counts and logs
         a refusal); ``need`` 0 before its warm-up was measured."""
-        if self.device.type != "cuda" or may_capture(self.eager_free(), need + self.reserve + self.headroom):
+        if self.device.type != "cuda" or may_capture(device_free(self.device), need + self.reserve + self.headroom):
             return True
         if not self.refused:
             log.warning("CUDA graphs: fewer than %d MiB free on %s beside a capture's %d MiB and the largest "
