@@ -77,6 +77,7 @@ class HostConfig:
     connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
     alive_interval: float = DEFAULT_ALIVE_INTERVAL
     alive_count: int = DEFAULT_ALIVE_COUNT
+    ciphers: tuple[str, ...] = ()
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -193,6 +194,7 @@ def from_values(name: str, values: Mapping[str, list[str]]) -> HostConfig:
         connect_timeout=_seconds(one.get("connecttimeout"), DEFAULT_CONNECT_TIMEOUT),
         alive_interval=_seconds(one.get("serveraliveinterval"), DEFAULT_ALIVE_INTERVAL),
         alive_count=int(count) if count.isdigit() and int(count) > 0 else DEFAULT_ALIVE_COUNT,
+        ciphers=tuple(c for c in one.get("ciphers", "").split(",") if c),
         raw=dict(values))
 
 

@@ -114,6 +114,9 @@ def handshake(sock, cfg: HostConfig, notify: Callable[[str], None] | None = None
     if known:
         opts.key_types = [t for t in known if t in opts.key_types] + \
                          [t for t in opts.key_types if t not in known]
+    offered = [c for c in cfg.ciphers if c in opts.ciphers]   # ssh_config Ciphers, in its order
+    if offered:       # (Paramiko has no chacha20-poly1305: OpenSSH's default list gives aes128-ctr first)
+        opts.ciphers = offered
     started = time.monotonic()
     try:
         try:

@@ -34,6 +34,18 @@ def test_exit_codes_and_separate_streams(pve1_transport):
     assert pve1_transport.run(["true"]).ok
 
 
+def test_ssh_config_ciphers_are_offered_in_their_order(pve1, pve1_transport):
+    # OpenSSH's default list (ssh -G) starts with chacha20-poly1305, which Paramiko lacks: aes128-ctr
+    assert pve1_transport.run(["true"]).ok and pve1_transport.transport().remote_cipher == "aes128-ctr"
+    for ciphers in ("aes256-gcm@openssh.com,aes128-ctr", "chacha20-poly1305@openssh.com,aes128-gcm@openssh.com"):
+        transport = pve1.transport(options={"Ciphers": ciphers})
+        try:
+            assert transport.run(["true"]).ok
+            assert transport.transport().remote_cipher == ciphers.split(",")[-1 if "chacha" in ciphers else 0]
+        finally:
+            transport.close()
+
+
 def test_stdin_bytes_and_closed_stdin(pve1_transport):
     blob = os.urandom(3 * 1024 * 1024) + b"\x00\r\n\x03\x04"
     res = pve1_transport.run(["sha256sum"], stdin=blob)

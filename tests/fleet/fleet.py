@@ -111,7 +111,10 @@ class Fleet:
                 self.nodes[spec.node] = shared_node(spec.node)
                 (self.models_root(spec.node)).mkdir(parents=True, exist_ok=True)
         self.known_hosts.write_text("".join(n.sshd.known_hosts_line + "\n" for n in self.nodes.values()))
-        self.ssh_config.write_text("# hermetic: replaces ~/.ssh/config for ddtctl (DDTCTL_SSH_CONFIG)\n")
+        # hermetic: replaces ~/.ssh/config for ddtctl (DDTCTL_SSH_CONFIG). AES-GCM first: ~1.3 GB of
+        # pushes over loopback cost a third less CPU (ddtctl and sshd) than Paramiko's aes128-ctr +
+        # hmac-sha2-256 (measured on 538 MB: 5.1 -> 3.5 s)
+        self.ssh_config.write_text("Ciphers aes128-gcm@openssh.com,aes256-gcm@openssh.com,aes128-ctr\n")
         self.home.mkdir(exist_ok=True)
         self.share_wheel_cache()
         self.snapshot()

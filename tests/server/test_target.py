@@ -218,3 +218,22 @@ def test_missing_tensor_named():
     del state["model.layers.1.mlp.up_proj.weight"]
     with pytest.raises(TargetLoadError, match=r"layers\.1\.mlp\.gate_up_proj"):
         build_target(cfg, state, torch.float32, torch.device("cpu"))
+
+
+def test_embedding_is_initialised_like_nn_embedding_and_never_on_meta(monkeypatch):
+    from transformers import AutoConfig
+
+    from ddtree_server.models.dense.target import TargetModel
+
+    cfg = AutoConfig.for_model("llama", vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=1)
+    torch.manual_seed(0)
+    ref = torch.nn.Embedding(64, 16).weight
+    torch.manual_seed(0)
+    assert torch.equal(TargetModel(cfg).embed_tokens.weight, ref)        # the same random numbers
+    normal, seen = torch.nn.init.normal_, []
+    monkeypatch.setattr(torch.nn.init, "normal_",
+                        lambda *a, **k: seen.append((a or [k.get("tensor")])[0].is_meta) or normal(*a, **k))
+    with torch.device("meta"):          # build_target: normal_ on meta imports torch._dynamo (~0.8 s)
+        assert TargetModel(cfg).embed_tokens.weight.is_meta
+    assert True not in seen

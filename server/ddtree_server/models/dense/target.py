@@ -114,7 +114,12 @@ class TargetModel(nn.Module):
             raise ValueError(f"TargetModel supports {TREE_FAMILIES}, not {config.model_type!r}")
         self.config = config
         qk_norm = config.model_type == "qwen3"
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        weight = torch.empty(config.vocab_size, config.hidden_size)
+        if weight.device.type != "meta":
+            nn.init.normal_(weight)   # nn.Embedding's own initialisation (the same random numbers)
+        # built under torch.device("meta") (models/dense/load.py) the weight is replaced by the
+        # loaded one; normal_ on a meta tensor would import torch._dynamo (0.85 s of CPU per load)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(DecoderLayer(config, qk_norm) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
