@@ -279,7 +279,6 @@ def test_other_settings_a_broken_entry_point_and_missing_dependencies_fail(tmp_p
     assert doc["ok"] is False and doc["problems"] == ["no-such-dist-xyz (needed by needy): not installed"]
 
 
-@pytest.mark.slow
 @pytest.fixture(scope="module")
 def wheel_cache(tmp_path_factory) -> Path:
     """One server-wheel cache ($DDTCTL_HOME/cache/wheels, keyed by the source identity) for the
@@ -292,6 +291,7 @@ def _share_wheels(home: Path, cache: Path) -> None:
     (home / "cache" / "wheels").symlink_to(cache, target_is_directory=True)
 
 
+@pytest.mark.slow
 def test_an_install_root_the_inventory_accepts_deploys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         wheel_cache: Path) -> None:
     """The characters the inventory allows in a root, in a path long enough (> 127 bytes) that pip
