@@ -115,6 +115,12 @@ def draft_blocks(drafter, kpool: Tensor, vpool: Tensor, slot_t: Tensor, starts: 
     return drafter.lm_head(drafter.norm(x[:, 1:]))
 
 
+def blank_context(target, drafter, device) -> Tensor:
+    """One row of zero context features ``[1, hidden x tapped layers]`` (the start-up measures)."""
+    width = target.config.hidden_size * len(drafter.config.target_layer_ids)
+    return torch.zeros(1, width, dtype=target.embed_tokens.weight.dtype, device=device)
+
+
 def _rows(pool: Tensor, slots: Tensor, kv_max: int, hide: Tensor) -> Tensor:
     """Rows ``[0, kv_max)`` of the slots' caches of one layer (a copy), hidden rows zeroed."""
     return pool[slots, :, :kv_max].masked_fill_(hide, 0.0)

@@ -17,7 +17,8 @@ import time
 
 import torch
 
-from ddtree_server.engine.batch.forward import Block, Layout, dense_forward, hybrid_forward
+from ddtree_server.engine.batch.draft import blank_context
+from ddtree_server.engine.batch.forward import Block, Layout
 from ddtree_server.engine.batch.policy import Profile
 
 CPU_ROWS = (1, 8, 32)
@@ -55,15 +56,12 @@ def measure(runner, rows=None) -> Profile:
 
     def forward(sizes: list[int]) -> None:
         blocks = [Block(i, 0, [0] * n, list(range(n)), None) for i, n in enumerate(sizes)]
-        k, v = runner.caches.pool("k"), runner.caches.pool("v")
         caches = [runner.caches[i] for i in range(len(sizes))]
         shape = runner.graphs.shape(blocks) if runner.graphs is not None else None
         if shape is not None:   # the rounds' own path: the graph of this padded layout
             runner.graphs.forward(blocks, shape, caches)
-        elif runner.kind == "dense":
-            dense_forward(runner.model, k, v, Layout(blocks, dev))
         else:
-            hybrid_forward(runner.model, caches, k, v, Layout(blocks, dev), runner._gdn())
+            runner.eager_forward(caches, Layout(blocks, dev))
         for i in range(len(sizes)):
             runner.reset(i)
 
@@ -80,8 +78,7 @@ def measure(runner, rows=None) -> Profile:
     draft, block = 0.0, 16
     if runner.drafter is not None:
         block = runner.block_size
-        width = runner.model.config.hidden_size * len(runner.raw_drafter.config.target_layer_ids)
-        ctx = torch.zeros(1, width, dtype=runner.model.embed_tokens.weight.dtype, device=dev)
+        ctx = blank_context(runner.model, runner.raw_drafter, dev)
         dcache = runner.dcaches[0]
 
         def propose() -> None:

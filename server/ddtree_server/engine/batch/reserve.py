@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ddtree_server.engine.batch.draft import propose_batch
-from ddtree_server.engine.batch.forward import Block, Layout, dense_forward, hybrid_forward
+from ddtree_server.engine.batch.draft import blank_context, propose_batch
+from ddtree_server.engine.batch.forward import Block, Layout
 from ddtree_server.engine.batch.graphs import MAX_ROWS, ROW_BUCKETS
 
 
@@ -45,7 +45,6 @@ def largest_round(runner) -> int:
     caches = [runner.caches[i] for i in range(slots)]
     for c, blk in zip(caches, blocks):
         c.length = blk.s
-    k, v = runner.caches.pool("k"), runner.caches.pool("v")
     with pool.measure():
         draft = None
         if runner.dcaches is not None and runner.dcaches.pooled:
@@ -54,15 +53,10 @@ def largest_round(runner) -> int:
             dcaches = [runner.dcaches[i] for i in range(slots)]
             for c in dcaches:
                 c.length = start - 1
-            width = runner.model.config.hidden_size * len(runner.raw_drafter.config.target_layer_ids)
-            ctx = torch.zeros(1, width, dtype=runner.model.embed_tokens.weight.dtype, device=runner.device)
+            ctx = blank_context(runner.model, runner.raw_drafter, runner.device)
             draft = propose_batch(runner.raw_drafter, dk, dv, dcaches, list(range(slots)), [ctx] * slots,
                                   [0] * slots, [start] * slots)
-        lay = Layout(blocks, runner.device)
-        if runner.kind == "dense":
-            out = dense_forward(runner.model, k, v, lay)
-        else:
-            out = hybrid_forward(runner.model, caches, k, v, lay, runner._gdn())
+        out = runner.eager_forward(caches, Layout(blocks, runner.device))
         del draft, out
     for i in range(slots):
         runner.reset(i)

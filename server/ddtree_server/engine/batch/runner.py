@@ -138,6 +138,13 @@ class StepRunner:
         pool = self.caches
         return pool.pool("k"), pool.pool("v")
 
+    def eager_forward(self, caches: list, lay: Layout) -> tuple[Tensor, Tensor | None]:
+        """The batched target forward of ``lay`` without graphs (``caches``: its blocks' slot caches)."""
+        k, v = self._kv()
+        if self.kind == "dense":
+            return dense_forward(self.model, k, v, lay)
+        return hybrid_forward(self.model, caches, k, v, lay, self._gdn())
+
     # ---- prefill ------------------------------------------------------------------------------
     def prefill(self, req: Request, n: int | None = None) -> list[int] | None:
         """The next ``n`` prompt tokens (None: the rest) in one forward on the request's slot, after
@@ -238,10 +245,7 @@ class StepRunner:
         else:
             lay = Layout(blocks, self.device)
             starts = lay.offsets[:-1]
-            if self.kind == "dense":
-                logits, feats = dense_forward(self.model, k, v, lay)
-            else:
-                logits, feats = hybrid_forward(self.model, caches, k, v, lay, self._gdn())
+            logits, feats = self.eager_forward(caches, lay)
         if self.kind == "dense":
             for c, blk in zip(caches, blocks):
                 c.length = blk.s + len(blk.ids)
