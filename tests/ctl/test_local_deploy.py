@@ -279,10 +279,12 @@ def test_other_settings_a_broken_entry_point_and_missing_dependencies_fail(tmp_p
     assert doc["ok"] is False and doc["problems"] == ["no-such-dist-xyz (needed by needy): not installed"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def wheel_cache(tmp_path_factory) -> Path:
     """One server-wheel cache ($DDTCTL_HOME/cache/wheels, keyed by the source identity) for the
-    tests below that build this checkout's wheel: one `pip wheel` (~3 s of CPU) instead of two."""
+    tests below that build this checkout's wheel: one `pip wheel` (~3 s of CPU) instead of two
+    where they run in one process. Session scope: a module-scoped fixture would hold the whole
+    module on one xdist worker (tests/conftest.py), the 90 s end-to-end deploy with the rest."""
     return tmp_path_factory.mktemp("wheels")
 
 
