@@ -8,7 +8,8 @@ them with ``--kv-memory-fraction``, without the server's cap of 64), then that m
 random prompts of ``context - new_tokens`` tokens, added at once, prefilled ``--prefill-chunk``
 tokens a step while the requests already prefilled decode, then ``--rounds`` rounds with every
 request decoding. Reported: the slots, the most requests decoding in one step, the peak of the
-device memory, the prefill phase's seconds, the median round with all of them decoding; or the
+device memory, the Engine's start-up seconds (policy profile, eager reserve, graph captures), the
+prefill phase's seconds (from before the start-up), the median round with all of them decoding; or the
 out-of-memory error and the step it came at. An operator gets the same engine with
 ``serve --max-model-len C --max-running N``.
 
@@ -62,6 +63,7 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
     try:
         engine = Engine(target, NoText(), drafter, model_id=shape, max_model_len=context, eos_token_ids=[],
                         tree_budget=budget, max_running=slots, prefill_chunk=prefill_chunk)
+        doc["engine_start_s"] = round(time.perf_counter() - t0, 2)   # profile, reserve, captures
         reqs = random_requests(engine, slots, mode, context - new_tokens, new_tokens, seed=7)
         for r in reqs:
             engine.batch.add(r)
@@ -89,7 +91,8 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
         doc["graph_pool_bytes"] = graph_pools(engine) if engine is not None else {}
         gp = getattr(getattr(getattr(engine, "batch", None), "runner", None), "graph_pool", None)
         doc.update(graphs_captured=getattr(gp, "captured", None), graphs_refused=getattr(gp, "refused", None),
-                   eager_reserve_bytes=getattr(gp, "reserve", None), graph_pool_taken_bytes=getattr(gp, "pool_bytes", None))
+                   eager_reserve_bytes=getattr(gp, "reserve", None), graph_pool_taken_bytes=getattr(gp, "pool_bytes", None),
+                   graph_capture_s=round(getattr(gp, "capture_s", 0.0), 2))
         log(f"graph pools: { {k: f'{v / GIB:.2f} GiB' for k, v in doc['graph_pool_bytes'].items()} }; "
             f"eager reserve {(doc['eager_reserve_bytes'] or 0) / GIB:.2f} GiB")
         gp_peak = gp.peak_allocated() if gp is not None else 0   # captures' warm-ups reset the statistic
@@ -132,9 +135,11 @@ def write(doc: dict, out: Path) -> dict[str, Path]:
              f"round scratch ({d['round_scratch_bytes'] / 2 ** 20:.0f} MiB), over {d['slot_bytes'] / 2 ** 20:.1f} MiB "
              f"a slot: **{d['slots']} slots**; {d['slots']} requests of {d['context'] - d['new_tokens']} prompt "
              f"tokens + {d['new_tokens']} new ({d['mode']}, budget {d['budget']}), prefill chunk {d['prefill_chunk']}.",
-             "", "| result | most decoding at once | steps | prefill phase s | round ms (all decoding) | peak allocated GiB |",
-             "|---|---:|---:|---:|---:|---:|",
-             f"| {'ran' if d['ok'] else d['error']} | {d['most_decoding']} | {d['steps']} | {d['prefill_s']} | "
+             "", "| result | most decoding at once | steps | engine start s | prefill phase s (start incl.) "
+             "| round ms (all decoding) | peak allocated GiB |",
+             "|---|---:|---:|---:|---:|---:|---:|",
+             f"| {'ran' if d['ok'] else d['error']} | {d['most_decoding']} | {d['steps']} | {d.get('engine_start_s')} | "
+             f"{d['prefill_s']} | "
              f"{d['round_ms']} | {peak} |"]
     return save_json_md(doc, lines, out, f"admission-run-{d['shape']}-{d['context']}")
 

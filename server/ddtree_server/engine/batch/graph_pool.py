@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from contextlib import contextmanager
 
 import torch
@@ -82,6 +83,7 @@ class GraphPool:
         self.reserve = 0          # working memory of the largest eager round (reserve.py)
         self.pool_bytes = 0       # bytes the captures took from the device: the pool's segments (/metrics)
         self.peak = 0             # the allocator's peak statistic before each measure reset it
+        self.capture_s = 0.0      # seconds spent in captures (torch.cuda.graph's gc + empty_cache included)
 
     def room(self, need: int = 0) -> bool:
         """Whether a shape whose capture takes ``need`` bytes may be captured now (counts and logs
@@ -129,6 +131,7 @@ class GraphPool:
     def capture(self, graph):
         """``torch.cuda.graph`` into the shared pool; counts the bytes the pool grew by (its start
         has returned the allocator's other cached bytes to the driver)."""
+        t0 = time.perf_counter()
         with torch.cuda.graph(graph, pool=self.handle):
             before = torch.cuda.memory_reserved(self.device)
             yield
@@ -136,3 +139,4 @@ class GraphPool:
         if self.handle is None:
             self.handle = graph.pool()
         self.captured += 1
+        self.capture_s += time.perf_counter() - t0
