@@ -1,68 +1,97 @@
 """kernels/attention_batch.py under TRITON_INTERPRET=1 (CPU): every request's attention rows in one
 batched launch are bitwise those of the one-request kernel on its slot (batch invariance), for
 causal blocks and tree masks, fp32 and fp16 (bf16 on the GPU), with several key splits; and close to the torch
-reference. The interpreter must be chosen before triton is imported: the kernels run in a child
-process that reports JSON."""
+reference. The interpreter must be chosen before triton is imported: the kernels run in one child
+process for the module (interp_child.py)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.server.interp_child import Child
+
 pytest.importorskip("triton")
-ROOT = Path(__file__).resolve().parents[2]   # the children import tests.server.interp_fast
 
 _CHILD = r"""
-import json, torch
+import torch
 from tests.server.interp_fast import install
 install()
+from ddtree_server.engine.engine import Engine
+from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.kernels import attention as A
 from ddtree_server.kernels.attention_batch import batch_attention
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.layers import kernels_usable
+from tests.server.batch_fixtures import run_together
+from tests.server.tiny import EOS, VOCAB, ByteTokenizer, tiny_target
 
-torch.manual_seed(0)
-cfg = A.AttnConfig(block_m=16, block_n=16, max_splits=4)
-out = []
-for dtype in (torch.float32, torch.float16):   # the interpreter has no bf16 dot
-    slots, hkv, rep, d, rows = 4, 2, 2, 16, 160
-    k = torch.randn(slots, hkv, rows, d).to(dtype)
-    v = torch.randn(slots, hkv, rows, d).to(dtype)
-    reqs = [(2, 37, 1), (0, 70, 5), (3, 130, 3), (1, 5, 4)]   # (slot, start, rows)
-    n_max = max(n for _, _, n in reqs)
-    for mode in ("causal", "tree"):
-        blocks = torch.zeros(len(reqs), n_max, n_max, dtype=torch.bool)
-        for i, (_, _, n) in enumerate(reqs):
-            m = torch.ones(n, n, dtype=torch.bool).tril_()
-            if mode == "tree" and n > 2:
-                m[n - 1, n - 2] = False   # a sibling of the previous node
-            blocks[i, :n, :n] = m
-        q = torch.randn(sum(n for _, _, n in reqs), hkv * rep, d).to(dtype)
-        qo = torch.tensor([0] + [sum(n for _, _, n in reqs[:i + 1]) for i in range(len(reqs))])
-        got = batch_attention(q, k, v, torch.tensor([s for _, s, _ in reqs]), qo, torch.tensor([sl for sl, _, _ in reqs]),
-                              n_max, mode, blocks if mode == "tree" else None, config=cfg)
-        for i, (sl, s, n) in enumerate(reqs):
-            rows_q = q[qo[i]:qo[i + 1]]
-            blk = blocks[i, :n, :n].contiguous() if mode == "tree" else None
-            alone = A.decode_attention(rows_q, k[sl], v[sl], torch.tensor(s), mode, blk, config=cfg)
-            ref = A.attention_ref(rows_q, k[sl], v[sl], s, mode, blk)
-            out.append({"dtype": str(dtype), "mode": mode, "req": i,
-                        "bitwise": bool(torch.equal(got[qo[i]:qo[i + 1]], alone)),
-                        "err": float((got[qo[i]:qo[i + 1]].float() - ref.float()).abs().max()),
-                        "splits": A.plan(n, rep, hkv, d, rows, q.device, cfg)[2]})
-print(json.dumps(out))
+def kernels():
+    torch.manual_seed(0)
+    cfg = A.AttnConfig(block_m=16, block_n=16, max_splits=4)
+    out = []
+    for dtype in (torch.float32, torch.float16):   # the interpreter has no bf16 dot
+        slots, hkv, rep, d, rows = 4, 2, 2, 16, 160
+        k = torch.randn(slots, hkv, rows, d).to(dtype)
+        v = torch.randn(slots, hkv, rows, d).to(dtype)
+        reqs = [(2, 37, 1), (0, 70, 5), (3, 130, 3), (1, 5, 4)]   # (slot, start, rows)
+        n_max = max(n for _, _, n in reqs)
+        for mode in ("causal", "tree"):
+            blocks = torch.zeros(len(reqs), n_max, n_max, dtype=torch.bool)
+            for i, (_, _, n) in enumerate(reqs):
+                m = torch.ones(n, n, dtype=torch.bool).tril_()
+                if mode == "tree" and n > 2:
+                    m[n - 1, n - 2] = False   # a sibling of the previous node
+                blocks[i, :n, :n] = m
+            q = torch.randn(sum(n for _, _, n in reqs), hkv * rep, d).to(dtype)
+            qo = torch.tensor([0] + [sum(n for _, _, n in reqs[:i + 1]) for i in range(len(reqs))])
+            got = batch_attention(q, k, v, torch.tensor([s for _, s, _ in reqs]), qo, torch.tensor([sl for sl, _, _ in reqs]),
+                                  n_max, mode, blocks if mode == "tree" else None, config=cfg)
+            for i, (sl, s, n) in enumerate(reqs):
+                rows_q = q[qo[i]:qo[i + 1]]
+                blk = blocks[i, :n, :n].contiguous() if mode == "tree" else None
+                alone = A.decode_attention(rows_q, k[sl], v[sl], torch.tensor(s), mode, blk, config=cfg)
+                ref = A.attention_ref(rows_q, k[sl], v[sl], s, mode, blk)
+                out.append({"dtype": str(dtype), "mode": mode, "req": i,
+                            "bitwise": bool(torch.equal(got[qo[i]:qo[i + 1]], alone)),
+                            "err": float((got[qo[i]:qo[i + 1]].float() - ref.float()).abs().max()),
+                            "splits": A.plan(n, rep, hkv, d, rows, q.device, cfg)[2]})
+    return out
+
+
+def engine():
+    torch.set_num_threads(1)
+    t = tiny_target(layers=3)   # the fewest a drafter reading layers [1, 2] allows
+    raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
+           "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 1,
+           "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
+    torch.manual_seed(1)
+    d = DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval()
+    eng = Engine(t, ByteTokenizer(), d, eos_token_ids=[EOS], max_model_len=64, max_running=3)
+    jobs = [(list(b"abc def"), "ar"), (list(b"hello hello"), "ddtree"), (list(b"xy"), "dflash")]
+    p = lambda: SamplingParams(max_tokens=4, ignore_eos=True)   # 4 rounds: the K/V carried over 3
+    alone = [[x for ev in eng.generate(ids, p(), mode=m) for x in ev.token_ids] for ids, m in jobs]
+    batched, sizes = run_together(eng, jobs, p)
+    return {"alone": alone, "batched": batched, "max_batch": max(sizes), "rounds": len(sizes),
+            "kernels": kernels_usable(16, t.embed_tokens.weight)}
+
+
+PARTS = {"kernels": kernels, "engine": engine}
 """
 
 
 @pytest.fixture(scope="module")
-def report():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    run = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+def child():
+    """One interpreter child for the module's parts (interp_child.py)."""
+    c = Child(_CHILD, DDTREE_KERNELS="1")
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def report(child):
+    return child("kernels")
 
 
 @pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
@@ -77,43 +106,11 @@ def test_batched_rows_match_reference(report):
         assert r["err"] < (2e-5 if r["dtype"] == "torch.float32" else 3e-3), r
 
 
-_ENGINE_CHILD = r"""
-import json, threading, torch
-from tests.server.interp_fast import install
-install()
-from ddtree_server.engine.engine import Engine
-from ddtree_server.engine.sampling import SamplingParams
-from ddtree_server.models.drafter.config import DrafterConfig
-from ddtree_server.models.drafter.model import DFlashDrafter
-from tests.server.batch_fixtures import run_together
-from tests.server.tiny import EOS, VOCAB, ByteTokenizer, tiny_target
-
-torch.set_num_threads(1)
-t = tiny_target(layers=3)   # the fewest a drafter reading layers [1, 2] allows
-raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
-       "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 1,
-       "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-       "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
-torch.manual_seed(1)
-d = DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval()
-eng = Engine(t, ByteTokenizer(), d, eos_token_ids=[EOS], max_model_len=64, max_running=3)
-jobs = [(list(b"abc def"), "ar"), (list(b"hello hello"), "ddtree"), (list(b"xy"), "dflash")]
-p = lambda: SamplingParams(max_tokens=6, ignore_eos=True)
-alone = [[x for ev in eng.generate(ids, p(), mode=m) for x in ev.token_ids] for ids, m in jobs]
-batched, sizes = run_together(eng, jobs, p)
-from ddtree_server.models.layers import kernels_usable
-print(json.dumps({"alone": alone, "batched": batched, "max_batch": max(sizes),
-                  "kernels": kernels_usable(16, t.embed_tokens.weight)}))
-"""
-
-
 @pytest.mark.slow
-def test_engine_batched_on_the_kernel_path_equals_alone():
+def test_engine_batched_on_the_kernel_path_equals_alone(child):
     """The batch engine with the Triton kernels on (interpreter): batched rounds (the batched
     attention kernel) give each request the tokens of its solo rounds (the one-request kernel)."""
-    env = dict(os.environ, TRITON_INTERPRET="1", DDTREE_KERNELS="1")
-    run = subprocess.run([sys.executable, "-c", _ENGINE_CHILD], capture_output=True, text=True, env=env, cwd=ROOT, timeout=1200)
-    assert run.returncode == 0, run.stderr[-3000:]
-    doc = json.loads(run.stdout.strip().splitlines()[-1])
-    assert doc["kernels"] and doc["max_batch"] == 3 and all(len(a) == 6 for a in doc["alone"])
+    doc = child("engine")
+    assert doc["kernels"] and doc["max_batch"] == 3 and all(len(a) == 4 for a in doc["alone"])
+    assert doc["rounds"] == 4, doc
     assert doc["batched"] == doc["alone"]

@@ -2,27 +2,20 @@
 with DDTREE_KERNELS=1 (fp32): the target's eager and graph-ready static forwards, the graphed
 drafter, and exactness (ar == dflash == ddtree token for token, equal to the SDPA path's ar).
 
-The Triton interpreter must be chosen before triton is imported: the checks run in a child process
-that prints a JSON report. ``DDTREE_KERNELS`` is read at every forward, so the child switches it
+The Triton interpreter must be chosen before triton is imported: the checks run in one child process
+for the module (interp_child.py). ``DDTREE_KERNELS`` is read at every forward, so the child switches it
 between the reference (0) and the kernel path (1)."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from ddtree_server.kernels import runtime
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.server.interp_child import Child
 
 _CHILD = r"""
-import json, os, sys, torch
+import os, torch
 from tests.server.interp_fast import install
 install()
 torch.set_num_threads(1)
@@ -99,24 +92,22 @@ def drafter():
     out["drafter"]["sliding"] = {"enabled": graphed_s.enabled, "kinds": slide.kinds, "keys": sorted(graphed_s._static)}
     return out
 
-part = json.loads(sys.argv[1])  # "target" | "drafter" | [[mode, tree budget], ...]
-print(json.dumps(target() if part == "target" else drafter() if part == "drafter" else tokens(part)))
+PARTS = {"target": target, "drafter": drafter, "tokens": tokens}
 """
 
 
-def run_part(part) -> dict:
-    """Run one part of the checks in a child under the Triton interpreter; its JSON report."""
+@pytest.fixture(scope="module")
+def child():
+    """One interpreter child for the module's parts (interp_child.py)."""
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(REPO / "server"), str(REPO)]))
-    run = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(part)], capture_output=True, text=True, env=env,
-                         timeout=900, cwd=REPO)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
+    c = Child(_CHILD)
+    yield c
+    c.close()
 
 
 @pytest.mark.kernels
-def test_target_kernel_path_equals_sdpa():
-    report = run_part("target")
+def test_target_kernel_path_equals_sdpa(child):
+    report = child("target")
     rows = report["target"]
     assert [r["n"] for r in rows] == [12, 1, 5, 10, 3]
     for r in rows:
@@ -128,15 +119,15 @@ def test_target_kernel_path_equals_sdpa():
 @pytest.mark.kernels
 @pytest.mark.parametrize("modes", [[["ar", None], ["dflash", None]], [["ddtree", 3], ["ddtree", 12]]],
                          ids=["ar+dflash", "ddtree"])
-def test_kernel_path_is_exact(modes):
-    """ar, dflash, ddtree at budgets 3 and 12 on kernels == the SDPA path's ar (two children)."""
-    assert run_part(modes)["tokens"] == {f"{mode}/{budget}": True for mode, budget in modes}
+def test_kernel_path_is_exact(child, modes):
+    """ar, dflash, ddtree at budgets 3 and 12 on kernels == the SDPA path's ar."""
+    assert child("tokens", modes)["tokens"] == {f"{mode}/{budget}": True for mode, budget in modes}
 
 
 @pytest.mark.kernels
-def test_drafter_kernel_path_equals_eager():
+def test_drafter_kernel_path_equals_eager(child):
     """GraphedDrafter on kernels (fused projections, split-K non-causal attention) == eager SDPA."""
-    report = run_part("drafter")
+    report = child("drafter")
     assert report["drafter"]["enabled"]
     assert [n for n, kv in report["drafter"]["keys"]] == [1, 2, 4, 8, 16]
     assert {kv for _, kv in report["drafter"]["keys"]} == {0}
