@@ -217,7 +217,7 @@ def test_smollm2_shipped_drafter_chunked_equals_whole(smollm2):
 
 
 _KERNEL_CHILD = """
-import json, torch
+import json, os, torch
 from tests.server.interp_fast import install
 install()
 from ddtree_server.engine.engine import Engine
@@ -231,7 +231,8 @@ prompt, out = list(b"The quick brown fox jumps over the lazy dog"), {}
 # K/V of the layers above it and the tokens (two dense layers do not, within 6 tokens)
 for name, t in (("dense", tiny_target(layers=3)), ("hybrid", tiny_hybrid("2gdn+attn", seed=21))):
     runs = []
-    for chunk in (0, 7):
+    for chunk in (0, 7):   # the whole prompt on the SDPA path (DDTREE_KERNELS is read at every forward)
+        os.environ["DDTREE_KERNELS"] = "1" if chunk else "0"
         e = Engine(t, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=96, max_running=2, prefill_chunk=chunk)
         runs.append([x for ev in e.generate(prompt, SamplingParams(max_tokens=6, ignore_eos=True), mode="ar")
                      for x in ev.token_ids])
@@ -243,7 +244,9 @@ print(json.dumps(out))
 @pytest.mark.kernels
 def test_chunks_on_the_kernel_path_equal_whole():
     """The Triton kernels (interpreter): a chunk's attention reads the slot's earlier rows through
-    the split-K kernel with the chunk's start (dense FastBlock, hybrid chain)."""
+    the split-K kernel with the chunk's start (dense FastBlock, hybrid chain). The reference, the
+    whole prompt, runs on the SDPA / torch path: the interpreter's cost is the chunked run's alone,
+    and the kernel path's tokens are those of the SDPA path (test_kernels_engine)."""
     pytest.importorskip("triton")
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1", DDTREE_KERNELS="1",
