@@ -103,7 +103,7 @@ def run(which):
     else:
         # one decode step and one 17-node chain ending at the last position of a long context
         hq, hkv, d = 4, 1, 16
-        cfg = A.AttnConfig(block_n=256)  # fewer, larger key tiles: the interpreter pays per tile
+        cfg = A.AttnConfig(block_n=1024)  # fewer, larger key tiles: the interpreter pays per tile
         for length in (16384, 32768, 40960, 262144):
             k, v = cache(hkv, length + 32, d, length)
             for n in (1, 17):
