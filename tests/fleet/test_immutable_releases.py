@@ -2,9 +2,10 @@
 the service comes back when it is restarted afterwards (on the test fleet over real SSH).
 
 One container (ct330 on its own node, shared with test_recovery.py: tests/fleet/fleet_fixtures.py)
-serves the real SmolLM2 (embedded default model) from a release of this checkout. Each test deploys a change of the service's dependencies (adding
-`target:` drops the embedded model's wheel from what the release needs; `pip_args` change how it
-is installed), so the deploy must make a NEW release, and fails it one way:
+serves the real SmolLM2 (embedded default model) from a release of this checkout. Each deploy
+changes the service's dependencies (adding `target:` drops the embedded model's wheel from what
+the release needs; `pip_args` change how it is installed), so it must make a NEW release, and
+fails it one way:
 * a model file that does not exist (no `source:`), then a dependency install that fails (pip
   refuses an option): neither restarts the service, so one restart follows both;
 * a corrupt GGUF pushed as the target (the server cannot load it);
