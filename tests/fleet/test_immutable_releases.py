@@ -1,13 +1,14 @@
 """Releases are immutable: a failed deploy of any class leaves the running release as it was, and
 the service comes back when it is restarted afterwards (on the test fleet over real SSH).
 
-One container (ct350 on its own node) serves the real SmolLM2 (embedded default model) from a
-release of this checkout. Each test deploys a change of the service's dependencies (adding
-`target:` drops the embedded model's wheel from what the release needs; `pip_args` change how it
-is installed), so the deploy must make a NEW release, and fails it one way:
-* a model file that does not exist (no `source:`);
+One container (ct330 on its own node, shared with test_recovery.py: tests/fleet/fleet_fixtures.py)
+serves the real SmolLM2 (embedded default model) from a release of this checkout. Each deploy
+changes the service's dependencies (adding `target:` drops the embedded model's wheel from what
+the release needs; `pip_args` change how it is installed), so it must make a NEW release, and
+fails it one way:
+* a model file that does not exist (no `source:`), then a dependency install that fails (pip
+  refuses an option): neither restarts the service, so one restart follows both;
 * a corrupt GGUF pushed as the target (the server cannot load it);
-* a dependency install that fails (pip refuses an option);
 * a readiness deadline that passes (`--timeout 1`).
 After each: `current` is the good release, whose manifest, console script and folder are
 byte-for-byte and inode-for-inode as before; then `wait-ready` must succeed after a restart (the
@@ -23,11 +24,11 @@ import sys
 
 import pytest
 
-from tests.fleet.fleet import CtSpec, Fleet
-from tests.fleet.node import fleet_available
+from tests.fleet.fleet import Fleet
+from tests.fleet.fleet_fixtures import ONE, ROOT, link, put_back
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
-CT, ROOT = "ct350", "/opt/ddtree"
+CT = ONE.name
 
 
 def ddtctl(fleet: Fleet, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -43,10 +44,6 @@ def deploy(fleet: Fleet, overrides: dict, *args: str) -> tuple[int, dict]:
     return res.returncode, json.loads(res.stdout)["hosts"][0]
 
 
-def link(fleet: Fleet, name: str) -> str:
-    return fleet.exec(CT, "readlink", f"{ROOT}/{name}").stdout.strip().rsplit("/", 1)[-1]
-
-
 def fingerprint(fleet: Fleet, release: str) -> str:
     """Inode, mtime (ns), size and sha256 of the release folder, its manifest and console script."""
     rel = f"{ROOT}/releases/{release}"
@@ -58,20 +55,9 @@ def fingerprint(fleet: Fleet, release: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def ifleet(tmp_path_factory):
-    reason = fleet_available()
-    if reason:
-        pytest.skip(reason)
-    fleet = Fleet(tmp_path_factory.mktemp("immutable"), specs=(CtSpec(CT, 350, "fleet-i", None, "h200"),))
-    try:
-        fleet.start()
-        res = ddtctl(fleet, "deploy", CT, "--no-smoke", "--json")
-        host = json.loads(res.stdout)["hosts"][0]
-        assert res.returncode == 0 and host["ok"], res.stderr[-3000:]
-        fleet.good = host["release"]
-        yield fleet
-    finally:
-        fleet.close()
+def ifleet(one_ct_fleet):
+    put_back(one_ct_fleet)
+    return one_ct_fleet
 
 
 @pytest.fixture
@@ -95,13 +81,19 @@ def _steps(host: dict) -> dict:
     return {s["name"]: s for s in host["steps"]}
 
 
-def test_a_missing_model_file(ifleet, before):
+def test_a_missing_model_file_then_a_failed_dependency_install(ifleet, before):
+    """Two classes that fail before any restart, back to back: the release is checked untouched
+    after each, and the one restart of the `before` fixture follows both (a second start of
+    SmolLM2 would find nothing the first does not: neither deploy rewrites what the other left)."""
     code, host = deploy(ifleet, {"target": {"path": "/srv/models/missing.gguf"}, "model_id": "m"})
     steps = _steps(host)
     assert code == 1 and steps["weights:target"]["status"] == "failed", host["steps"]
     assert "model target not found at /srv/models/missing.gguf" in host["error"]
     assert host["release"] != ifleet.good and steps["current"]["status"] == "changed"   # a new release ...
     assert host["rolled_back"] and host["current_release"] == ifleet.good               # ... switched back
+    assert link(ifleet, "current") == ifleet.good
+    assert fingerprint(ifleet, ifleet.good) == before, "the running release was modified"
+    _failed_dependency_install(ifleet)
 
 
 def test_a_corrupt_gguf(ifleet, before):
@@ -115,7 +107,7 @@ def test_a_corrupt_gguf(ifleet, before):
     assert steps["rollback"]["status"] == "changed" and host["service"].startswith("active"), host
 
 
-def test_a_failed_dependency_install(ifleet, before):
+def _failed_dependency_install(ifleet):
     code, host = deploy(ifleet, {"packages": {"mode": "system", "pip_args": ["--no-such-pip-option"]}})
     steps = _steps(host)
     assert code == 1 and steps["release"]["status"] == "failed", host["steps"]

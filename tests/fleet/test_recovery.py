@@ -1,6 +1,7 @@
 """Never leave a service down, on the test fleet over real SSH.
 
-One container (ct330 on its own node) runs the real ddtree-server under the systemd emulation,
+One container (ct330 on its own node, shared with test_immutable_releases.py:
+tests/fleet/fleet_fixtures.py) runs the real ddtree-server under the systemd emulation,
 which applies systemd 252's start rate limit (tests/fleet/emu/ratelimit.py; ddtctl's units:
 StartLimitIntervalSec=600, StartLimitBurst=5). Faults, by class:
 * a release that cannot start (a real build of this checkout whose `serve` exits at once),
@@ -8,10 +9,11 @@ StartLimitIntervalSec=600, StartLimitBurst=5). Faults, by class:
   the deploys' and rollbacks' starts add up to more than the start limit allows;
 * a unit left refused by its start limit (six starts in a row by hand): `ddtctl start` and
   `ddtctl deploy` bring it back;
-* a short `deploy --timeout`: the rollback waits under its own deadline;
+* a short `deploy --timeout` (the last of those three deploys): the rollback waits under its own
+  deadline;
 * a previous release that fails too (a fake release whose server exits 1): `ddtctl rollback`
   restores the links and the running release; a deploy's automatic rollback reports the state
-  the service is in. Every test leaves ct330 active on the good release.
+  the service is in. Every test starts with ct330 active on the good release.
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ import sys
 
 import pytest
 
-from tests.fleet.fleet import CtSpec, Fleet
-from tests.fleet.node import fleet_available
+from tests.fleet.fleet import Fleet
+from tests.fleet.fleet_fixtures import ONE, ROOT, active, link, put_back
 from tests.fleet.test_status_truth import row
 
 pytestmark = [pytest.mark.fleet, pytest.mark.slow]
-CT, ROOT, UNIT = "ct330", "/opt/ddtree", "ddtree-ct330.service"
+CT, UNIT = ONE.name, f"ddtree-{ONE.name}.service"
 FAKE = "0.0.0-fakebroken"           # a release directory whose server exits 1 at once
 
 
@@ -48,37 +50,20 @@ def deploy_json(fleet: Fleet, *args: str, src=None) -> tuple[int, dict, str]:
     return res.returncode, json.loads(res.stdout)["hosts"][0], res.stderr
 
 
-def link(fleet: Fleet, name: str) -> str:
-    return fleet.exec(CT, "readlink", f"{ROOT}/{name}").stdout.strip().rsplit("/", 1)[-1]
-
-
 def set_link(fleet: Fleet, name: str, release: str) -> None:
     assert fleet.exec(CT, "ln", "-sfn", f"releases/{release}", f"{ROOT}/{name}").returncode == 0
 
 
-def active(fleet: Fleet) -> bool:
-    return fleet.show(CT)["ActiveState"] == "active"
-
-
 @pytest.fixture(scope="module")
-def rfleet(tmp_path_factory):
-    reason = fleet_available()
-    if reason:
-        pytest.skip(reason)
-    fleet = Fleet(tmp_path_factory.mktemp("recovery"), specs=(CtSpec(CT, 330, "fleet-r", None, "h200"),))
-    try:
-        fleet.start()
-        code, host, err = deploy_json(fleet)
-        assert code == 0 and host["ok"], err[-3000:]
-        fleet.good = host.get("current_release") or host["release"]
-        script = "#!/bin/sh\necho 'fake release: cannot start' >&2\nexit 1\n"
-        made = fleet.exec(CT, "sh", "-c", 'mkdir -p "$1/venv/bin" && printf %s "$2" > "$1/venv/bin/ddtree-server" '
-                          '&& chmod 755 "$1/venv/bin/ddtree-server" && touch "$1/.complete"', "sh",
-                          f"{ROOT}/releases/{FAKE}", script)
-        assert made.returncode == 0, made.stderr
-        yield fleet
-    finally:
-        fleet.close()
+def rfleet(one_ct_fleet):
+    """The shared ct330 with FAKE beside its good release."""
+    fleet = one_ct_fleet
+    script = "#!/bin/sh\necho 'fake release: cannot start' >&2\nexit 1\n"
+    made = fleet.exec(CT, "sh", "-c", 'mkdir -p "$1/venv/bin" && printf %s "$2" > "$1/venv/bin/ddtree-server" '
+                      '&& chmod 755 "$1/venv/bin/ddtree-server" && touch "$1/.complete"', "sh",
+                      f"{ROOT}/releases/{FAKE}", script)
+    assert made.returncode == 0, made.stderr
+    return fleet
 
 
 @pytest.fixture(scope="module")
@@ -95,25 +80,26 @@ def broken_src(rfleet):
 
 @pytest.fixture
 def healthy(rfleet):
-    """Before and after each test: ct330 active on the good release."""
-    def ensure() -> None:
-        if link(rfleet, "current") != rfleet.good or not active(rfleet):
-            set_link(rfleet, "current", rfleet.good)
-            rfleet.exec(CT, "systemctl", "reset-failed", UNIT)
-            assert rfleet.exec(CT, "systemctl", "restart", UNIT).returncode == 0
-    ensure()
-    yield rfleet
-    ensure()
+    """Before each test: ct330 active on the good release (put back only when a test left it
+    otherwise: after the module's last test nothing needs it, and a start costs seconds of CPU)."""
+    put_back(rfleet)
+    return rfleet
 
 
 def test_failed_deploys_in_a_row_are_rolled_back_and_never_leave_the_service_down(healthy, broken_src):
+    """The last deploy also gives a 1 s `--timeout`: its rollback waits for the good server (a
+    start takes seconds) under its own deadline, not the deploy's (one round more would cost one
+    more start of SmolLM2)."""
     fleet = healthy
+    attempts = 0
     for attempt in range(3):       # 2 starts per failed deploy: past StartLimitBurst=5 without reset-failed
-        code, host, err = deploy_json(fleet, src=broken_src)
+        code, host, err = deploy_json(fleet, *(["--timeout", "1"] if attempt == 2 else []), src=broken_src)
+        attempts += 1
         assert code == 1 and not host["ok"] and host["rolled_back"], (attempt, host["steps"], err[-3000:])
         steps = {s["name"]: s for s in host["steps"]}
         assert steps["restart"]["status"] == "failed" and steps["rollback"]["status"] == "changed", host["steps"]
         assert active(fleet) and link(fleet, "current") == fleet.good, (attempt, fleet.journal(CT, 30))
+    assert attempts == 3
     assert host.get("current_release") == fleet.good and host["release"] != fleet.good
     assert host.get("service", "").startswith("active"), host.get("service")
     row = next(line for line in err.splitlines() if line.startswith(f"│ {CT}"))
@@ -149,14 +135,6 @@ def test_deploy_recovers_a_unit_refused_by_its_start_limit(healthy):
     code, host, err = deploy_json(fleet)                       # nothing changed: the unit is just started
     assert code == 0 and host["ok"] and host["restarted"] and not host["changed"], (host["steps"], err[-2000:])
     assert active(fleet)
-
-
-def test_rollback_waits_under_its_own_deadline_not_the_deploys_timeout(healthy, broken_src):
-    fleet = healthy
-    code, host, err = deploy_json(fleet, "--timeout", "1", src=broken_src)
-    steps = {s["name"]: s for s in host["steps"]}
-    assert code == 1 and steps["rollback"]["status"] == "changed", (host["steps"], err[-3000:])
-    assert active(fleet) and link(fleet, "current") == fleet.good
 
 
 def test_rollback_command_whose_previous_release_fails_restores_links_and_service(healthy):

@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 
-from . import ratelimit, show, state, supervisor, unitfile
+from . import ratelimit, show, state, unitfile
 from .journal import unit_tail
 from .paths import Paths
 
@@ -146,6 +146,8 @@ class Ctl:
         return 0 if "--no-block" in self.opts else -1
 
     def fork_supervisor(self, u: dict, st: dict) -> None:
+        from . import supervisor   # only starts need it (socket, ctypes, subprocess): imported per start
+
         r, w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -21,17 +21,21 @@ control-group.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import grp
 import os
 import pwd
 import signal
-import subprocess
+from typing import TYPE_CHECKING
 
 from .syntax import expand_argv, extract_words
 from .values import parse_env_file
 
+if TYPE_CHECKING:
+    import subprocess
+
+# subprocess and ctypes are imported where used: only a unit's supervisor spawns, while every
+# `systemctl show` (this module's readers) pays an emulator start-up per call
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -92,6 +96,8 @@ def build_env(unit: dict, invocation: str, notify_socket: str | None,
 
 def spawn(cmd: dict, unit: dict, env: dict, out_fd: int) -> subprocess.Popen:
     """Start one Exec*= command in a new session; raises SpawnError with systemd's exit status."""
+    import subprocess
+
     argv = cmd["argv"] if cmd["no_env"] else expand_argv(cmd["argv"], env)
     cwd = "/"
     if unit["working_directory"]:
@@ -123,6 +129,8 @@ def spawn(cmd: dict, unit: dict, env: dict, out_fd: int) -> subprocess.Popen:
 
 
 def set_subreaper() -> None:
+    import ctypes
+
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
 

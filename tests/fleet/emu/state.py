@@ -17,9 +17,7 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import time
-import uuid
 
 from .paths import Paths
 
@@ -68,6 +66,8 @@ def set_state(st: dict, active: str, sub: str) -> None:
 
 
 def new_invocation() -> str:
+    import uuid           # here: one start in many calls needs it (emulator start-up is per call)
+
     return uuid.uuid4().hex
 
 
@@ -130,7 +130,7 @@ def journal(paths: Paths, unit: str, msg: str, *, ident: str = "systemd", pid: i
             ts: float | None = None) -> None:
     """Append one record; a single O_APPEND write per record keeps concurrent writers intact."""
     paths.ensure()
-    rec = {"ts": time.time() if ts is None else ts, "host": socket.gethostname(), "ident": ident,
+    rec = {"ts": time.time() if ts is None else ts, "host": os.uname().nodename, "ident": ident,
            "pid": pid, "unit": unit, "msg": msg}
     fd = os.open(paths.journal_file(unit), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
     try:

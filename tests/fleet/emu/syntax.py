@@ -14,10 +14,9 @@ escape.c and env-util.c):
 
 from __future__ import annotations
 
-import platform
+import os
 import pwd
 import re
-import socket
 from pathlib import Path
 
 WHITESPACE = " \t\n\r"
@@ -190,13 +189,13 @@ def specifiers(name: str, user: str | None) -> dict[str, str]:
                  "h": pw.pw_dir, "s": pw.pw_shell}
     except KeyError:
         uinfo = {"u": user or "root", "U": "", "g": "", "G": "", "h": "", "s": ""}
-    host = socket.gethostname()
+    host = os.uname().nodename                  # gethostname(2) is uname's nodename
     return {
         "n": name, "N": base, "p": prefix, "P": _unescape_name(prefix), "i": inst, "I": _unescape_name(inst),
         "j": prefix.rsplit("-", 1)[-1], "J": _unescape_name(prefix.rsplit("-", 1)[-1]),
         "f": "/" + _unescape_name(inst or prefix), "H": host, "l": host.split(".")[0], "q": host,
         "m": _read("/etc/machine-id"), "b": _read("/proc/sys/kernel/random/boot_id").replace("-", ""),
         "t": "/run", "S": "/var/lib", "C": "/var/cache", "L": "/var/log", "E": "/etc", "T": "/tmp",
-        "V": "/var/tmp", "a": platform.machine().replace("_", "-"), "v": platform.release(),
+        "V": "/var/tmp", "a": os.uname().machine.replace("_", "-"), "v": os.uname().release,
         **uinfo,
     }

@@ -11,7 +11,6 @@ Type=oneshot, a bad specifier in a command line) give LoadState=bad-setting; unk
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 from pathlib import Path
@@ -56,13 +55,15 @@ def fragment_for(paths: Paths, name: str) -> Path | None:
 
 def fingerprint(paths: Paths, name: str) -> list:
     """What daemon-reload compares: fragment and drop-in paths with mtime and size."""
+    from hashlib import sha1   # here, not at the top: most calls of the emulator never hash
+
     out = []
     frag = fragment_for(paths, name)
     dropdir = paths.unit_dir / f"{name}.d"
     files = ([frag] if frag else []) + (sorted(dropdir.glob("*.conf")) if dropdir.is_dir() else [])
     for f in files:
         st = f.stat()
-        out.append([str(f), st.st_mtime_ns, st.st_size, hashlib.sha1(f.read_bytes()).hexdigest()])
+        out.append([str(f), st.st_mtime_ns, st.st_size, sha1(f.read_bytes()).hexdigest()])
     return out
 
 
