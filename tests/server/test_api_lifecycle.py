@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.serverproc import API_KEY, MODEL, ServerProcess
+from tests.server.serverproc import API_KEY, MODEL, THREAD_ENV, ServerProcess
 
 pytest_plugins = ["tests.server.api_fixtures"]
 pytestmark = pytest.mark.slow
@@ -157,7 +157,7 @@ def _serve_exit(*args: str) -> subprocess.CompletedProcess:
     device = [] if "--device" in args else ["--device", "cpu", "--dtype", "fp32"]
     argv = [sys.executable, "-m", "ddtree_server", "serve", *device, *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **THREAD_ENV})
 
 
 def test_busy_port_or_bad_host_exits_1_before_loading():
