@@ -22,6 +22,7 @@ import pytest
 
 from ddtctl.ops.supervisor import LocalSupervisor
 from ddtctl.ops.units import ServiceSpec, render_local
+from tests.server.serverproc import THREAD_ENV
 
 pytestmark = pytest.mark.slow
 KEY_VAR, KEY = "DDT_TEST_API_KEY", "sk-test-key-4711"
@@ -44,7 +45,7 @@ def keyed(tmp_path_factory):
     sup.activate()
     argv = [sys.executable, "-m", "ddtree_server", "serve", "--port", str(port), "--device", "cpu", "--dtype", "fp32"]
     sup.spec_file.write_text(render_local(ServiceSpec("ddtree.service", "ddtree", "keyed test server", argv,
-                                                      {"DDTREE_API_KEY": KEY}, str(home / "unused.env"),
+                                                      {"DDTREE_API_KEY": KEY, **THREAD_ENV}, str(home / "unused.env"),
                                                       working_dir=str(home))))
     sup.start()
     try:

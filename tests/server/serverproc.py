@@ -19,6 +19,10 @@ from pathlib import Path
 import httpx
 
 CPU_ARGS = ("--device", "cpu", "--dtype", "fp32")
+# One intra-op thread in the served process, as the in-process tests pin (tests/server/conftest.py):
+# the test machines are small and shared, and OpenMP threads spin-waiting under oversubscription
+# make SmolLM2's tiny forwards several times dearer in CPU seconds (a caller's env may override).
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 # Settings of the shared session server (tests/server/api_fixtures.py).
 API_KEY = "sk-test-ddtree"
@@ -62,7 +66,7 @@ class ServerProcess:
             self.port = free_port()
             argv = [sys.executable, "-m", "ddtree_server", "serve", *CPU_ARGS,
                     "--host", "127.0.0.1", "--port", str(self.port), *self.args]
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.extra_env}
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **THREAD_ENV, **self.extra_env}
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
             if not self._wait_listening():

@@ -23,7 +23,7 @@ from tests.server.api_tiny import TinyApp
 KEY = "sk-fuzz"
 CONFIG = {
     "seed": 20240611,
-    "generation": {"mode": "all", "max-examples": 40, "deterministic": True, "no-shrink": True,
+    "generation": {"mode": "all", "max-examples": 20, "deterministic": True, "no-shrink": True,
                    "database": "none", "allow-x00": True},
     "phases": {"examples": {"enabled": False}, "coverage": {"enabled": True}, "fuzzing": {"enabled": True},
                "stateful": {"enabled": False}},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.serverproc import API_KEY, MODEL, ServerProcess
+from tests.server.serverproc import API_KEY, MODEL, THREAD_ENV, ServerProcess
 
 pytest_plugins = ["tests.server.api_fixtures"]
 pytestmark = pytest.mark.slow
@@ -116,26 +117,47 @@ def test_second_sigterm_exits_at_once_without_aborting():
 
 
 def test_drain_deadline_passed_exits_without_aborting():
-    """SIGTERM with --drain-timeout 1 while a long generation runs: the drain gives up and the
-    process exits 0, not by SIGABRT with the worker thread still inside torch."""
-    server = ServerProcess("--drain-timeout", "1").start()
+    """SIGTERM with --drain-timeout 1 while a long generation runs (--max-running 1) and six clients
+    wait in the queue (three streaming): the drain gives up, the stream ends with finish_reason
+    "cancelled" and [DONE], each queued request gets 503 + Retry-After (it never started), nothing
+    gets a 500, and the process exits 0, not by SIGABRT with the worker thread still inside torch.
+    (One server for both: the drain deadline is the same path for the running and queued ones.)"""
+    server = ServerProcess("--drain-timeout", "1", "--max-running", "1").start()
+    answers: list = [None] * 6
+
+    def queued(i: int) -> None:
+        body = {"prompt": f"Item {i}:", "max_tokens": 4, "stream": i % 2 == 0}
+        answers[i] = httpx.post(server.url("/v1/completions"), json=body, timeout=120)
+
     try:
         stream = httpx.stream("POST", server.url("/v1/completions"), timeout=120,
                               json={"prompt": "Count: 1, 2, 3,", "stream": True, **LONG, "max_tokens": 8000})
         with stream as response:
             lines = response.iter_lines()   # kept: a dropped iterator closes the stream (a disconnect)
             next(lines)                     # the generation is running on the worker
-            time.sleep(1)
+            clients = [threading.Thread(target=queued, args=(i,)) for i in range(6)]
+            for client in clients:
+                client.start()
+            wait_for(lambda: httpx.get(server.url("/health"), timeout=30).json()["queued"] >= 6, 60,
+                     "the six requests to queue")
             t0 = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
             rest = [x for x in lines if x]  # the stream ends properly: cancelled at the drain deadline
+            for client in clients:
+                client.join(120)
             status = server.proc.wait(120)
             seconds = time.monotonic() - t0
         assert status == 0, server.log_tail()
         assert rest[-1] == "data: [DONE]" and any('"finish_reason":"cancelled"' in x.replace(" ", "") for x in rest), rest[-3:]
         assert seconds < 25, seconds        # not uvicorn's 30 s graceful wait for an unfinished response
+        codes = [a.status_code for a in answers]
+        assert codes == [503] * 6, [(a.status_code, a.text[:200]) for a in answers]
+        for a in answers:
+            assert a.headers.get("retry-after") and a.json()["error"]["type"] == "service_unavailable"
+            assert "cancelled before it started" in a.json()["error"]["message"]
         log = server.log_text()
         assert "drain timeout" in log and "terminate called" not in log and "exiting with status 0" in log
+        assert "the generation produced no result" not in log
     finally:
         server.stop(signal.SIGKILL)
 
@@ -157,7 +179,7 @@ def _serve_exit(*args: str) -> subprocess.CompletedProcess:
     device = [] if "--device" in args else ["--device", "cpu", "--dtype", "fp32"]
     argv = [sys.executable, "-m", "ddtree_server", "serve", *device, *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**os.environ, "PYTHONUNBUFFERED": "1", **THREAD_ENV})
 
 
 def test_busy_port_or_bad_host_exits_1_before_loading():

@@ -4,14 +4,15 @@
   at the tokenizer's longest token is a 400 before it is tokenised (the server's peak memory does
   not grow by the tokenisation of 10 MB); a body over the limit is a 413 JSON error;
 * a long prefill is progress: /health stays 200 while one prefill runs longer than --stall-seconds;
-* at the drain deadline after SIGTERM, requests still queued get a 503 with Retry-After (they never
-  started), the running stream ends with finish_reason "cancelled", and nothing gets a 500.
+* that server's --max-tree-budget 4 caps the default budget and refuses larger ones, and /health
+  and /metrics report its load (one server for both: --max-tree-budget does not touch a prefill).
+
+(Queued requests at the drain deadline: tests/server/test_api_lifecycle.py, on the drain test's server.)
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import threading
 import time
 from pathlib import Path
@@ -77,65 +78,50 @@ def test_body_over_the_limit_is_a_413_json_error(api_server):
     assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large"
 
 
-def test_a_long_prefill_is_progress_not_a_stall():
+@pytest.fixture(scope="module")
+def prefill_server():
+    """--stall-seconds 2 --prefill-chunk 0 (the long-prefill test) --max-tree-budget 4 (the cap)."""
+    with ServerProcess("--stall-seconds", str(STALL_S), "--prefill-chunk", "0", "--max-tree-budget", "4") as server:
+        yield server
+
+
+def test_real_server_caps_the_budget_and_reports_its_load(prefill_server):
+    server = prefill_server
+    http = httpx.Client(base_url=server.base_url, timeout=300)
+    card = http.get("/v1/models").json()["data"][0]
+    assert card["decoding"]["max_tree_budget"] == 4
+    if card["decoding"]["default_mode"] == "ddtree":   # the shipped drafter: default 15 lowered to 4
+        assert card["decoding"]["tree_budget"] == 4
+        assert "default tree budget 15 lowered to --max-tree-budget 4" in server.log_text()
+    refused = http.post("/v1/completions", json={"prompt": "Hi", "max_tokens": 2,
+                                                 "decoding": {"tree_budget": 4096}})
+    assert refused.status_code == 400 and "limit of 4 nodes" in refused.json()["error"]["message"]
+    health = http.get("/health").json()
+    assert health["status"] == "ok" and health["stall_seconds"] == STALL_S and "round_age_s" in health
+    assert "ddtree_round_age_seconds" in http.get("/metrics").text
+
+
+def test_a_long_prefill_is_progress_not_a_stall(prefill_server):
     """--stall-seconds 2 and a 1500-token prompt whose one prefill round runs longer (about 8 s on
     one quiet core, 15 s on a busy one): /health stays 200 while the round's age passes 2 s (its
     layers and their modules keep starting: several times per layer, 30 layers, under half a
     second apart), and the request completes. ``--prefill-chunk 0``: the whole prompt in one
     round (chunked, each chunk is its own short round: tests/server/test_chunked_serving.py)."""
-    with ServerProcess("--stall-seconds", str(STALL_S), "--prefill-chunk", "0") as server:
-        ids = [1000 + i % 3000 for i in range(1500)]
-        result: dict = {}
-        worker = threading.Thread(target=lambda: result.update(resp=httpx.post(
-            server.url("/v1/completions"), json={"prompt": ids, "max_tokens": 2, "temperature": 0}, timeout=900)))
-        worker.start()
-        polls = []
-        while worker.is_alive():
-            health = httpx.get(server.url("/health"), timeout=30)
-            polls.append((health.status_code, health.json()))
-            time.sleep(0.2)
-        worker.join()
-        assert result["resp"].status_code == 200, result["resp"].text
-        ages = [body["round_age_s"] or 0 for _, body in polls]
-        assert max(ages) > STALL_S, f"the prefill took under --stall-seconds ({max(ages)} s): not a long prefill"
-        bad = [(code, body) for code, body in polls if code != 200]
-        assert not bad, bad[:2]
-        assert all(body["quiet_s"] is None or body["quiet_s"] < STALL_S for _, body in polls)
-
-
-def test_drain_deadline_gives_queued_requests_503_not_500():
-    """--drain-timeout 5: `--max-running 1`: one stream runs, six clients wait in the queue (three streaming), SIGTERM.
-    At the deadline the stream ends with finish_reason "cancelled" and [DONE]; each queued request
-    gets 503 + Retry-After (it never started); nothing gets a 500; the process exits 0."""
-    with ServerProcess("--drain-timeout", "5", "--max-running", "1") as server:
-        long = {"prompt": "Count: 1, 2, 3,", "stream": True, "max_tokens": 8000, "ignore_eos": True,
-                "temperature": 0}
-        answers: list = [None] * 6
-
-        def queued(i: int) -> None:
-            body = {"prompt": f"Item {i}:", "max_tokens": 4, "stream": i % 2 == 0}
-            answers[i] = httpx.post(server.url("/v1/completions"), json=body, timeout=120)
-
-        with httpx.stream("POST", server.url("/v1/completions"), json=long, timeout=120) as stream:
-            lines = stream.iter_lines()
-            next(lines)   # the long generation is running on the worker
-            clients = [threading.Thread(target=queued, args=(i,)) for i in range(6)]
-            for client in clients:
-                client.start()
-            deadline = time.monotonic() + 60
-            while httpx.get(server.url("/health"), timeout=30).json()["queued"] < 6:
-                assert time.monotonic() < deadline, "the six requests never queued"
-                time.sleep(0.1)
-            server.proc.send_signal(signal.SIGTERM)
-            rest = [x for x in lines if x]
-            for client in clients:
-                client.join(120)
-        assert rest[-1] == "data: [DONE]"
-        assert any('"finish_reason":"cancelled"' in x.replace(" ", "") for x in rest), rest[-3:]
-        codes = [a.status_code for a in answers]
-        assert codes == [503] * 6, [(a.status_code, a.text[:200]) for a in answers]
-        for a in answers:
-            assert a.headers.get("retry-after") and a.json()["error"]["type"] == "service_unavailable"
-            assert "cancelled before it started" in a.json()["error"]["message"]
-        assert server.proc.wait(60) == 0, server.log_tail()
-        assert "the generation produced no result" not in server.log_text()
+    server = prefill_server
+    ids = [1000 + i % 3000 for i in range(1500)]
+    result: dict = {}
+    worker = threading.Thread(target=lambda: result.update(resp=httpx.post(
+        server.url("/v1/completions"), json={"prompt": ids, "max_tokens": 2, "temperature": 0}, timeout=900)))
+    worker.start()
+    polls = []
+    while worker.is_alive():
+        health = httpx.get(server.url("/health"), timeout=30)
+        polls.append((health.status_code, health.json()))
+        time.sleep(0.2)
+    worker.join()
+    assert result["resp"].status_code == 200, result["resp"].text
+    ages = [body["round_age_s"] or 0 for _, body in polls]
+    assert max(ages) > STALL_S, f"the prefill took under --stall-seconds ({max(ages)} s): not a long prefill"
+    bad = [(code, body) for code, body in polls if code != 200]
+    assert not bad, bad[:2]
+    assert all(body["quiet_s"] is None or body["quiet_s"] < STALL_S for _, body in polls)
