@@ -2,7 +2,7 @@
 slot bookkeeping on the way (CPU fp32, tiny dense target, the real DFlash drafter with random
 weights).
 
-Random prompt lengths (chunked prefill: prompts longer than the chunk budget take several steps),
+Random prompt lengths (chunked prefill: a step's prompt-token budget splits prompts over several steps),
 modes (plain / DFlash / DDTree), ``max_tokens``, cancellations while queued, while prefilling and
 while decoding, and consumers that go away (``abort``). After every step: each slot is either free
 or held by exactly one running request, no request is both queued and running, a finished request
