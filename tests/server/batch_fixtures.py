@@ -127,8 +127,10 @@ def oracle_drafter(target, specs):
     ar = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=1)
     table = []
     for s in specs:
-        ref, _ = run_alone(ar, dict(s, params=dict(max_tokens=MAX_LEN - len(s["prompt"]) - 1, ignore_eos=True)),
-                        mode="ar")
+        # the greedy continuation as far as the spec's drafts can look (its max_tokens + a block, and a
+        # block to spare): the oracle proposes exactly the same rows as with the whole continuation
+        n = min(MAX_LEN - len(s["prompt"]) - 1, s["params"]["max_tokens"] + 16)
+        ref, _ = run_alone(ar, dict(s, params=dict(max_tokens=n, ignore_eos=True)), mode="ar")
         table.append((prompt_features(target, s["prompt"]), len(s["prompt"]), ref))
     return ManyOracle(table, vocab=VOCAB, hidden=HIDDEN, layer_ids=LAYERS, block_size=8), ar
 

@@ -95,7 +95,9 @@ def test_real_drafter_random_weights_equals_ar(model):
 
 
 # ------------------------------------------------------------------ T > 0
-TEMP, TOP_P, SAMPLES = 0.8, 0.8, 1500
+# 750 samples: with every tree node drawing the root's uniform (a position bug) chi2 is ~500 against a
+# critical 68; at temperature 1 on tree nodes ~200 (and tokens outside the support); correct: ~25-31
+TEMP, TOP_P, SAMPLES = 0.8, 0.8, 750
 
 
 def _exact_joint(model, ids):

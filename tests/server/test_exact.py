@@ -27,7 +27,7 @@ QUESTIONS = [
     "Imagine you are a detective. Describe how you would investigate a missing painting.",
     "What are three tips for staying productive while working from home?",
 ]
-N_NEW = 64
+N_NEW = 32   # 8 wrong drafts per prompt; every mode still runs several rounds (asserted)
 LAYERS = [1, 14, 27]
 MAX_LEN = 256
 
@@ -74,6 +74,7 @@ def test_speculative_equals_ar(target, references, mode, budget):
         toks, stats = _run(target, drafter, ids, mode, budget)
         assert toks == ref, f"{mode}/{budget} diverged at {next(i for i, (a, b) in enumerate(zip(toks, ref)) if a != b)}"
         assert stats.generated_tokens == N_NEW and stats.decode_rounds == drafter.calls
+        assert stats.decode_rounds >= 3, stats   # the cache compacted in one round is read by the next
         taus.append(stats.mean_acceptance_length)
     tau = sum(taus) / len(taus)
     print(f"{mode} budget={budget}: mean tau {tau:.2f} per prompt {[round(t, 2) for t in taus]}")
@@ -124,10 +125,9 @@ def test_real_dflash_drafter_random_weights_equals_ar(target, references):
     torch.manual_seed(0)
     model = target.model
     drafter = DFlashDrafter(DrafterConfig.from_dict(raw), model.embed_tokens, model.lm_head).eval()
-    for ids, ref in references[:2]:
-        for mode, budget in (("dflash", None), ("ddtree", 8), ("ddtree", 32)):
-            # 13 tokens: the prefill's and 12 decode rounds (random weights: ~1 token a round)
-            toks, stats = _run(target, drafter, ids, mode, budget,
-                               SamplingParams(max_tokens=13, ignore_eos=True))
-            assert toks == ref[:13], (mode, budget)
-            assert stats.mean_acceptance_length >= 1.0 and stats.decode_rounds >= 12, (mode, budget, stats)
+    ids, ref = references[0]   # one prompt: the oracle cases above run all four
+    for mode, budget in (("dflash", None), ("ddtree", 8), ("ddtree", 32)):
+        # 13 tokens: the prefill's and 12 decode rounds (random weights: ~1 token a round)
+        toks, stats = _run(target, drafter, ids, mode, budget, SamplingParams(max_tokens=13, ignore_eos=True))
+        assert toks == ref[:13], (mode, budget)
+        assert stats.mean_acceptance_length >= 1.0 and stats.decode_rounds >= 12, (mode, budget, stats)
