@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 _MARK = "@@interp-child@@ "
 
@@ -66,3 +68,17 @@ class Child:
             self.proc.kill()
             self.proc.wait()
         self.err.close()
+
+
+def module_child(code: str, skip_without: str | None = None, **env: str):
+    """The module-scoped ``child`` fixture of a kernel test module: one ``Child(code, **env)`` for
+    the module's tests, closed after them (``skip_without``: a module whose absence skips them).
+    Assign it to the module's ``child`` name."""
+    @pytest.fixture(scope="module")
+    def child():
+        if skip_without:
+            pytest.importorskip(skip_without)
+        c = Child(code, **env)
+        yield c
+        c.close()
+    return child

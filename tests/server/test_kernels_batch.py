@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server.interp_child import Child
+from tests.server.interp_child import module_child
 
 pytest.importorskip("triton")
 
@@ -81,12 +81,7 @@ PARTS = {"kernels": kernels, "engine": engine}
 """
 
 
-@pytest.fixture(scope="module")
-def child():
-    """One interpreter child for the module's parts (interp_child.py)."""
-    c = Child(_CHILD, DDTREE_KERNELS="1")
-    yield c
-    c.close()
+child = module_child(_CHILD, DDTREE_KERNELS="1")   # one interpreter child for the module's parts
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ddtree_server.kernels import runtime
-from tests.server.interp_child import Child
+from tests.server.interp_child import module_child
 
 _CHILD = r"""
 import os, torch
@@ -96,13 +96,7 @@ PARTS = {"target": target, "drafter": drafter, "tokens": tokens}
 """
 
 
-@pytest.fixture(scope="module")
-def child():
-    """One interpreter child for the module's parts (interp_child.py)."""
-    pytest.importorskip("triton")
-    c = Child(_CHILD)
-    yield c
-    c.close()
+child = module_child(_CHILD, skip_without="triton")   # one interpreter child for the module's parts
 
 
 @pytest.mark.kernels

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server.interp_child import Child
+from tests.server.interp_child import module_child
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.kernels
@@ -192,12 +192,7 @@ PARTS = {"kernels": kernels, "wiring": wiring}
 """
 
 
-@pytest.fixture(scope="module")
-def child():
-    """One interpreter child for the module's parts (interp_child.py)."""
-    c = Child(_CHILD, DDTREE_KERNELS="1")
-    yield c
-    c.close()
+child = module_child(_CHILD, DDTREE_KERNELS="1")   # one interpreter child for the module's parts
 
 
 def test_gdn_kernels_match_torch_references(child):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server.interp_child import Child
+from tests.server.interp_child import module_child
 
 pytest.importorskip("triton")
 pytestmark = pytest.mark.kernels
@@ -177,11 +177,7 @@ PARTS = {"step": step, "tree": tree, "engine": engine}
 """
 
 
-@pytest.fixture(scope="module")
-def child():
-    c = Child(_CHILD, DDTREE_KERNELS="1")
-    yield c
-    c.close()
+child = module_child(_CHILD, DDTREE_KERNELS="1")   # one interpreter child for the module's parts
 
 
 def test_batched_step_kernels_are_batch_invariant_and_match_torch(child):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.server.interp_child import Child
+from tests.server.interp_child import module_child
 
 pytest.importorskip("triton")
 
@@ -118,12 +118,7 @@ PARTS = {"run": run}
 """
 
 
-@pytest.fixture(scope="module")
-def child():
-    """One interpreter child for the module's parts (interp_child.py)."""
-    c = Child(_CHILD, OMP_NUM_THREADS="1")
-    yield c
-    c.close()
+child = module_child(_CHILD, OMP_NUM_THREADS="1")   # one interpreter child for the module's parts
 
 
 @pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
