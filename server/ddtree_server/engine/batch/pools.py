@@ -8,8 +8,10 @@ each slot one contiguous cache, so the per-request code (kernels, CUDA graphs, c
 GDN fold) runs on a slot unchanged, and the batched forwards gather ``pool[slots_of_batch]``.
 
 Admission resets the slot (length 0, zero recurrent / conv state); rows past a request's length
-may hold anything (a previous request's K/V), and every reader masks them. ``poison`` fills a
-freed slot with NaN (debug: a leak of stale state then shows as NaN in an output).
+hold zeros or a previous request's K/V, and every reader masks them. They must stay finite: the
+padded batch-1 device round (``solo_round.py``) reads them with zero weights, and 0 * NaN is NaN
+(a pool of NaN instead of zeros fails test_solo_round). ``poison`` fills a freed slot with NaN
+(debug for the batched rounds: a leak of stale state then shows as NaN in an output).
 """
 
 from __future__ import annotations
