@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import sys
 from contextlib import contextmanager, suppress
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from rich.console import Console
-from rich.markup import escape
+if TYPE_CHECKING:
+    from rich.console import Console
 
 _PIPE_ERRORS = (BrokenPipeError, ConnectionResetError)
 _lost: set[str] = set()
@@ -92,9 +92,13 @@ def pipe_safe() -> Iterator[None]:
 
 def err_console() -> Console:
     """A console on stderr (created per call so tests capturing stderr see the output)."""
+    from rich.console import Console     # rich is imported by the first line printed, not by `--help`
+
     width = None if sys.stderr.isatty() else 160     # logs and pipes: do not squeeze tables to 80 columns
     return Console(file=sys.stderr, highlight=False, soft_wrap=True, width=width)
 
 
 def info(message: str) -> None:
+    from rich.markup import escape
+
     err_console().print(escape(message))

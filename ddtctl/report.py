@@ -17,7 +17,6 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from rich.markup import escape
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
 from ddtctl.output import err_console, info
@@ -68,6 +67,8 @@ def progress_bars(enabled: bool = True) -> Iterator[Callable[[str, int], Callabl
     if not enabled:
         yield None
         return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn  # deploy only
+
     progress = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                         console=err_console(), transient=True)
     lock = threading.Lock()

@@ -14,15 +14,17 @@ import functools
 import math
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from ddtctl import cancel, output, report
+from ddtctl import cancel, output
 from ddtctl.errors import DdtctlError, ExitCode, UsageError, exit_code_for
-from ddtctl.inventory import Host, Inventory, ddtctl_home, load_inventory
+from ddtctl.inventory_files import ddtctl_home
 from ddtctl.remote.nodepool import NodePool
+
+if TYPE_CHECKING:   # the inventory (pydantic schema) is imported by the commands that read it
+    from ddtctl.inventory import Host, Inventory
 
 HostsArg = typer.Argument(None, metavar="[HOST|GROUP]...", help="Host or group names (globs allowed).",
                           show_default=False)
@@ -45,6 +47,8 @@ def finite_seconds(value: Optional[float]) -> Optional[float]:
 
 def inventory(ctx: typer.Context) -> Inventory:
     """The inventory chosen by --inventory / DDTCTL_INVENTORY / ./inventory.yaml."""
+    from ddtctl.inventory import load_inventory     # pydantic: only for commands that read the inventory
+
     return load_inventory((ctx.obj or {}).get("inventory"))
 
 
@@ -142,6 +146,8 @@ def handle_errors(fn: Callable) -> Callable:
 
 
 def _run_command(fn: Callable, args, kwargs) -> int:
+    from ddtctl import report        # rich: imported when a command runs, not for --help / --version
+
     try:
         fn(*args, **kwargs)
         return 0
@@ -167,6 +173,8 @@ def _run_command(fn: Callable, args, kwargs) -> int:
 def per_host(hosts: list[Host], fn: Callable[[Host, Any], Any], parallel: int) -> list[tuple[Host, Any, Exception | None]]:
     """Run fn(host, transport) for each host (thread pool); collect (host, value, error) in order.
     After Ctrl-C each host stops at its next step boundary (cancel.py) and is still collected."""
+    from concurrent.futures import ThreadPoolExecutor
+
     def one(host: Host):
         transport = None
         try:

@@ -7,7 +7,6 @@ stderr; `--json` prints one JSON document on stdout.
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Optional
 
@@ -42,6 +41,8 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
+    import logging
+
     ctx.obj = {"inventory": inventory_file}
     # paramiko logs connection failures with tracebacks through logging's last-resort handler;
     # ddtctl reports them itself (UnreachableError, one line): keep library logs off the terminal

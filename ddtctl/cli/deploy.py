@@ -6,14 +6,9 @@ from typing import Optional
 
 import typer
 
-from ddtctl import report
 from ddtctl.cli import _common as common
 from ddtctl.cli._common import AllOpt, HostsArg, JsonOpt, LimitOpt, ParallelOpt, handle_errors
 from ddtctl.errors import DdtctlError
-from ddtctl.ops import recovery, releases
-from ddtctl.ops.bundle import build_wheel, source_identity
-from ddtctl.ops.deploy import DeployResult, deploy_host
-
 
 BreakLockOpt = typer.Option(False, "--break-lock", help="First remove a host lock left behind by a killed "
                             "ddtctl run; only when no other deploy or rollback is running.")
@@ -59,6 +54,10 @@ def deploy_cmd(
 
     Example: ddtctl deploy local
     """
+    from ddtctl import report
+    from ddtctl.ops.bundle import build_wheel, source_identity
+    from ddtctl.ops.deploy import DeployResult, deploy_host
+
     selected = common.select(ctx, hosts, all_hosts, limit)
     if dry_run and break_lock:
         report.info("--break-lock is ignored with --dry-run (a dry run takes no lock and changes nothing)")
@@ -96,6 +95,9 @@ def rollback_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HO
 
     Example: ddtctl rollback ct200
     """
+    from ddtctl import report
+    from ddtctl.ops import recovery
+
     target = common.select_one(ctx, host)
     transport = common.transport_for(target)
     try:
@@ -124,6 +126,9 @@ def releases_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HO
 
     Example: ddtctl releases local --prune 3
     """
+    from ddtctl import report
+    from ddtctl.ops import releases
+
     target = common.select_one(ctx, host)
     transport = common.transport_for(target)
     try:

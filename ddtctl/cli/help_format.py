@@ -12,10 +12,13 @@ the two distributions never import each other.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
-import click
 import typer
 from typer.core import TyperCommand
+
+if TYPE_CHECKING:       # annotations only: typer's commands run on typer's own click
+    import click
 
 _PLACEHOLDER = re.compile(r" <([^<>]+)>")
 _NAMES = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "path": "PATH", "file": "FILE",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from ddtctl import report
 from ddtctl.cli._common import JsonOpt, handle_errors
 from ddtctl.cli._common import inventory as load
 
@@ -21,6 +20,8 @@ def inventory_show(ctx: typer.Context, json_out: bool = JsonOpt) -> None:
 
     Example: ddtctl --inventory examples/proxmox-fleet.yaml inventory
     """
+    from ddtctl import report
+
     inv = load(ctx)
     if json_out:
         report.emit_json({

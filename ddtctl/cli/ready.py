@@ -6,12 +6,8 @@ from typing import Optional
 
 import typer
 
-from ddtctl import report
 from ddtctl.cli import _common as common
 from ddtctl.cli._common import AllOpt, HostsArg, JsonOpt, LimitOpt, ParallelOpt, handle_errors
-from ddtctl.ops.readiness import wait_ready
-from ddtctl.ops.smoke import require_ok, run_smoke
-from ddtctl.ops.supervisor import manager_for
 
 
 def register(app: typer.Typer) -> None:
@@ -32,6 +28,10 @@ def wait_ready_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="
 
     Example: ddtctl wait-ready ct200 --timeout 1800
     """
+    from ddtctl import report
+    from ddtctl.ops.readiness import wait_ready
+    from ddtctl.ops.supervisor import manager_for
+
     target = common.select_one(ctx, host)
     transport = common.transport_for(target)
     said: list[str] = []
@@ -61,6 +61,10 @@ def smoke_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_hos
 
     Example: ddtctl smoke local --json
     """
+    from ddtctl import report
+    from ddtctl.ops.smoke import require_ok, run_smoke
+    from ddtctl.ops.supervisor import manager_for
+
     selected = common.select(ctx, hosts, all_hosts, limit)
     outcome = common.per_host(selected, lambda h, t: run_smoke(h, t, manager=manager_for(h, t)), parallel)
     reports = [r for _, r, _ in outcome if r is not None]

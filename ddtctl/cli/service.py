@@ -7,13 +7,9 @@ from typing import Optional
 
 import typer
 
-from ddtctl import report
 from ddtctl.cli import _common as common
 from ddtctl.cli._common import AllOpt, HostsArg, LimitOpt, ParallelOpt, handle_errors
 from ddtctl.errors import UsageError
-from ddtctl.ops.supervisor import manager_for
-from ddtctl.remote import relay
-from ddtctl.ops.units import render_env, render_local, render_unit, service_spec, unit_path
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +25,9 @@ def _lifecycle(verb: str):
     @handle_errors
     def command(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_hosts: bool = AllOpt,
                 limit: Optional[str] = LimitOpt, parallel: int = ParallelOpt) -> None:
+        from ddtctl import report
+        from ddtctl.ops.supervisor import manager_for
+
         selected = common.select(ctx, hosts, all_hosts, limit)
 
         def one(host, transport):
@@ -53,6 +52,8 @@ def logs_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST")
 
     Example: ddtctl logs ct200 -n 200
     """
+    from ddtctl.ops.supervisor import manager_for
+
     target = common.select_one(ctx, host)
     transport = common.transport_for(target)
     try:
@@ -76,6 +77,8 @@ def exec_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST")
 
     Example: ddtctl exec ct200 -- nvidia-smi -L;  ddtctl exec --timeout 60 ct200 -- journalctl -f
     """
+    from ddtctl.remote import relay
+
     if argv and argv[0] != "--" and argv[0].startswith("-"):
         before = argv[:argv.index("--")] if "--" in argv else argv[:1]
         raise UsageError(f"exec takes no options after HOST (got {' '.join(before)!r}); put options "
@@ -104,6 +107,8 @@ def render_cmd(ctx: typer.Context, host: str = typer.Argument(..., metavar="HOST
 
     Example: ddtctl render ct200
     """
+    from ddtctl.ops.units import render_env, render_local, render_unit, service_spec, unit_path
+
     target = common.select_one(ctx, host)
     spec = service_spec(target)
     if target.kind == "local":

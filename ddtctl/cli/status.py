@@ -6,12 +6,9 @@ from typing import Optional
 
 import typer
 
-from ddtctl import report
 from ddtctl.cli import _common as common
 from ddtctl.cli._common import AllOpt, HostsArg, JsonOpt, LimitOpt, StatusParallelOpt, handle_errors
 from ddtctl.errors import ExitCode
-from ddtctl.ops.bundle import source_identity
-from ddtctl.ops.status import gather
 
 
 def register(app: typer.Typer) -> None:
@@ -33,6 +30,10 @@ def status_cmd(ctx: typer.Context, hosts: Optional[list[str]] = HostsArg, all_ho
 
     Example: ddtctl status --all
     """
+    from ddtctl import report
+    from ddtctl.ops.bundle import source_identity
+    from ddtctl.ops.status import gather
+
     selected = common.select(ctx, hosts, all_hosts, limit)
     expected = source_identity().version_id if any(h.service.kind == "ddtree" for h in selected) else None
     statuses = gather(selected, lambda h: common.transport_for(h), parallel=parallel,

@@ -22,8 +22,6 @@ import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from ddtctl.errors import AuthError, UnreachableError
 from ddtctl.inventory import Host
 from ddtctl.ops import container as container_ops
@@ -46,6 +44,8 @@ from ddtctl.ops.verdict import (
 
 def _samples(text: str) -> dict[str, float]:
     """{sample name: value} for unlabelled samples plus label-summed totals (pure)."""
+    from prometheus_client.parser import text_string_to_metric_families   # only when /metrics answered
+
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

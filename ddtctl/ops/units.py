@@ -15,11 +15,14 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
-
-import jinja2
+from typing import TYPE_CHECKING
 
 from ddtctl.inventory import Host
 from ddtctl.ops.releases import Layout
+
+if TYPE_CHECKING:   # jinja2 comes with the first systemd unit rendered (deploy, render); status, logs and
+    # local hosts (a JSON spec) never need it
+    import jinja2
 
 FIXED_ENV = {"PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
@@ -202,6 +205,8 @@ def templates_dir() -> Path:
 
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
+    import jinja2
+
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True, autoescape=False)

@@ -17,12 +17,13 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from typing import BinaryIO
-
-import paramiko
+from typing import TYPE_CHECKING, BinaryIO
 
 from ddtctl import cancel
 from ddtctl.output import output_broken, output_lost
+
+if TYPE_CHECKING:       # local commands (exec on a local host) relay without paramiko
+    import paramiko
 
 LOST = "lost"            # relay_channel's answer when the SSH connection died
 TIMED_OUT = 124          # timeout(1)'s exit status
@@ -66,8 +67,9 @@ def emit(stream: BinaryIO, data: bytes) -> None:
 
 
 def pump_stdin(read: Callable[[], bytes] | None, send: Callable[[bytes], None],
-               close: Callable[[], None]) -> threading.Thread:
-    """Forward stdin in a daemon thread until EOF (then ``close()``) or a send error."""
+               close: Callable[[], None], errors: tuple[type[Exception], ...] = ()) -> threading.Thread:
+    """Forward stdin in a daemon thread until EOF (then ``close()``) or a send error (OSError,
+    EOFError, and the transport's own `errors`, e.g. paramiko.SSHException)."""
     def run() -> None:
         try:
             while read is not None:
@@ -75,11 +77,11 @@ def pump_stdin(read: Callable[[], bytes] | None, send: Callable[[bytes], None],
                 if not data:
                     break
                 send(data)
-        except (OSError, EOFError, ValueError, paramiko.SSHException):
+        except (OSError, EOFError, ValueError, *errors):
             pass
         try:
             close()
-        except (OSError, EOFError, paramiko.SSHException):
+        except (OSError, EOFError, *errors):
             pass
     thread = threading.Thread(target=run, name="stdin", daemon=True)
     thread.start()
@@ -90,7 +92,9 @@ def relay_channel(chan: paramiko.Channel, transport: paramiko.Transport, stdin: 
                   stdout: BinaryIO, stderr: BinaryIO, deadline: float | None) -> int | str:
     """Relay an exec'd SSH channel; returns its exit status (255 when none was sent), 124 past
     ``deadline``, or LOST when the connection died. Raises cancel.Interrupted, BrokenOutput."""
-    pump_stdin(reader(stdin), chan.sendall, chan.shutdown_write)
+    import paramiko          # loaded already: the channel is paramiko's
+
+    pump_stdin(reader(stdin), chan.sendall, chan.shutdown_write, errors=(paramiko.SSHException,))
     while True:
         if cancel.requested():
             chan.close()
