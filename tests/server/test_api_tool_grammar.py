@@ -4,7 +4,10 @@ markup of the template's format (api/prompts.py grammar_for), decoded in every m
 parsed back into OpenAI tool calls (api/output.py). Both markups: SmolLM2's own template (no tool
 support: the Hermes fallback) and a Qwen3.5-kind template (XML parameters,
 tests/server/test_api_tool_render.py NATIVE). Constrained DDTree / DFlash output equals
-constrained plain decoding token for token (fp32) for budgets 1 / 16 / 64 and DFlash."""
+constrained plain decoding token for token (fp32). Each markup decodes in one chain mode and one
+tree mode, the two markups sharing the four modes out (DDTree budgets 1 / 16 / 64 and DFlash): the
+decode loop treats every grammar alike, and every mode meets every grammar kind on the tiny
+targets (tests/server/test_constrained_engine.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import pytest
 from ddtree_server.api.prompts import chat_prompt, grammar_for
 from ddtree_server.api.schemas import ChatCompletionRequest
 from ddtree_server.engine.engine import Engine
-from tests.server.processor_cases import SPEC_CASES, decode, first_diff
+from tests.server.processor_cases import decode, first_diff
 from tests.server.test_api_tool_render import NATIVE
 from tests.server.drafter_fixtures import shipped_drafter
 
@@ -39,8 +42,9 @@ def engine(smollm2):
 
 # max_tokens: the Hermes call ends by itself (48 tokens); SmolLM2 closes the qwen_xml call within
 # 48 tokens and then only repeats `</tool_call>` up to the cap (12+ verify rounds in every mode)
-@pytest.mark.parametrize("template, markup, max_tokens", [(None, "hermes", 96), (NATIVE, "qwen_xml", 48)])
-def test_named_tool_call_parses_and_ddtree_equals_ar(engine, template, markup, max_tokens):
+@pytest.mark.parametrize("template, markup, max_tokens, modes", [
+    (None, "hermes", 96, [("ddtree", 64), ("dflash", None)]), (NATIVE, "qwen_xml", 48, [("ddtree", 1), ("ddtree", 16)])])
+def test_named_tool_call_parses_and_ddtree_equals_ar(engine, template, markup, max_tokens, modes):
     tokenizer = engine.tokenizer
     if template is not None:
         tokenizer = copy.deepcopy(tokenizer)
@@ -68,7 +72,8 @@ def test_named_tool_call_parses_and_ddtree_equals_ar(engine, template, markup, m
     # qwen_xml: xgrammar's `qwen_3_5` structural tag fixes `<tool_call>\n<function=read_file>` but not
     # the parameters inside (SmolLM2 writes `<parameter=path>` without `</parameter>`); the parser
     # still returns the call, with the parameters it could read
-    for mode, budget in SPEC_CASES:
-        toks, _, _ = decode(engine, prompt.ids, mode=mode, budget=budget, max_tokens=max_tokens,
-                            grammar=grammar)
+    for mode, budget in modes:
+        toks, _, stats = decode(engine, prompt.ids, mode=mode, budget=budget, max_tokens=max_tokens,
+                                grammar=grammar)
         assert toks == ref, f"{mode}/{budget} diverged at {first_diff(toks, ref)}: {text!r}"
+        assert stats.decode_rounds >= 12, (mode, budget, stats)

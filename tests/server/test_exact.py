@@ -65,11 +65,18 @@ def _run(target, drafter, ids, mode, budget=None, params=None):
     return toks, stats
 
 
-@pytest.mark.parametrize("mode,budget", [("ddtree", 1), ("ddtree", 4), ("ddtree", 16), ("ddtree", 64),
-                                         ("dflash", None)])
+CASES = [("ddtree", 1), ("ddtree", 4), ("ddtree", 16), ("ddtree", 64), ("dflash", None)]
+
+
+@pytest.mark.parametrize("mode,budget", CASES)
 def test_speculative_equals_ar(target, references, mode, budget):
+    # two of the four prompts per mode, in turn (budgets 4 / 16 / 64 cover all four): the oracle
+    # misses every 4th position whatever the prompt, so each prompt gives a mode the same kind of
+    # rounds (the same tau); two, not one: a stale last row of a compacted path showed on one
+    # prompt only at budget 16
+    i = CASES.index((mode, budget))
     taus = []
-    for ids, ref in references:
+    for ids, ref in (references[2 * i % 4], references[(2 * i + 1) % 4]):
         drafter = _oracle(len(ids), ref)
         toks, stats = _run(target, drafter, ids, mode, budget)
         assert toks == ref, f"{mode}/{budget} diverged at {next(i for i, (a, b) in enumerate(zip(toks, ref)) if a != b)}"
