@@ -57,7 +57,8 @@ def test_json_schema_ddtree_equals_ar(engine, name):
         assert len(lps) == len(ref) and max(abs(a.logprob - b.logprob) for a, b in zip(lps, ref_lps)) < 1e-4
         assert st.decode_rounds >= 8, (mode, budget, st)   # the grammar state crosses many rounds
         taus[f"{mode}/{budget}"] = st.mean_acceptance_length
-    assert max(taus.values()) > 1.5, taus   # the trained drafter still gets tokens accepted
+    tree = f"ddtree/{max(b for m, b in JSON_CASES[name] if m == 'ddtree')}"   # the largest tree of the case
+    assert taus[tree] > 1.5, taus   # the trained drafter still gets tokens accepted in a tree
 
 
 @pytest.mark.parametrize("name", ["all"])
