@@ -1,7 +1,7 @@
 """kernels/attention_batch.py under TRITON_INTERPRET=1 (CPU): every request's attention rows in one
 batched launch are bitwise those of the one-request kernel on its slot (batch invariance), for
-causal blocks and tree masks, fp32 and fp16 (bf16 on the GPU), with several key splits; and close to the torch
-reference. The interpreter must be chosen before triton is imported: the kernels run in one child
+causal blocks and tree masks, fp32 and fp16 (bf16 on the GPU), with several key splits, read from
+the slot pool or through page tables; and close to the torch reference. The interpreter must be chosen before triton is imported: the kernels run in one child
 process for the module (interp_child.py)."""
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ def kernels():
         v = torch.randn(slots, hkv, rows, d).to(dtype)
         reqs = [(2, 37, 1), (0, 70, 5), (3, 130, 3), (1, 5, 4)]   # (slot, start, rows)
         n_max = max(n for _, _, n in reqs)
+        # the same rows in a page pool: pages of 16 rows in a random order, page 0 the dummy (NaN:
+        # a read of it would show), each request's table the pages of its slot
+        per = rows // 16
+        perm = torch.randperm(slots * per) + 1
+        kp = torch.full((slots * per + 1, hkv, 16, d), float("nan")).to(dtype)
+        vp = kp.clone()
+        kp[perm] = k.view(slots, hkv, per, 16, d).transpose(1, 2).reshape(-1, hkv, 16, d)
+        vp[perm] = v.view(slots, hkv, per, 16, d).transpose(1, 2).reshape(-1, hkv, 16, d)
+        table = perm.view(slots, per)[[sl for sl, _, _ in reqs]].to(torch.int32)
         for mode in ("causal", "tree"):
             blocks = torch.zeros(len(reqs), n_max, n_max, dtype=torch.bool)
             for i, (_, _, n) in enumerate(reqs):
@@ -47,6 +56,8 @@ def kernels():
             qo = torch.tensor([0] + [sum(n for _, _, n in reqs[:i + 1]) for i in range(len(reqs))])
             got = batch_attention(q, k, v, torch.tensor([s for _, s, _ in reqs]), qo, torch.tensor([sl for sl, _, _ in reqs]),
                                   n_max, mode, blocks if mode == "tree" else None, config=cfg)
+            paged = batch_attention(q, kp, vp, torch.tensor([s for _, s, _ in reqs]), qo, torch.zeros(len(reqs), dtype=torch.long),
+                                    n_max, mode, blocks if mode == "tree" else None, config=cfg, pages=table)
             for i, (sl, s, n) in enumerate(reqs):
                 rows_q = q[qo[i]:qo[i + 1]]
                 blk = blocks[i, :n, :n].contiguous() if mode == "tree" else None
@@ -54,6 +65,7 @@ def kernels():
                 ref = A.attention_ref(rows_q, k[sl], v[sl], s, mode, blk)
                 out.append({"dtype": str(dtype), "mode": mode, "req": i,
                             "bitwise": bool(torch.equal(got[qo[i]:qo[i + 1]], alone)),
+                            "paged": bool(torch.equal(paged[qo[i]:qo[i + 1]], alone)),
                             "err": float((got[qo[i]:qo[i + 1]].float() - ref.float()).abs().max()),
                             "splits": A.plan(n, rep, hkv, d, rows, q.device, cfg)[2]})
     return out
@@ -93,6 +105,13 @@ def report(child):
 def test_batched_rows_equal_one_request_bitwise(report):
     assert len(report) == 16 and all(r["bitwise"] for r in report), [r for r in report if not r["bitwise"]]
     assert max(r["splits"] for r in report) > 1   # the merge of several key splits is exercised
+
+
+@pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
+def test_paged_rows_equal_the_slot_pool_bitwise(report):
+    """The same rows read through page tables (pages of 16 in a random order) give the bits of
+    the slot pool: addresses change, tiles and splits do not."""
+    assert len(report) == 16 and all(r["paged"] for r in report), [r for r in report if not r["paged"]]
 
 
 @pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`

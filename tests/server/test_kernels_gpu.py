@@ -42,6 +42,33 @@ def test_chain_rows_equal_one_token_steps_bitwise(shape, s0):
     assert diffs == {"causal": 0.0, "tree": 0.0}, diffs
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_paged_batch_rows_equal_the_slot_pool_bitwise(shape):
+    """The batched kernel through page tables (shuffled pages of 16) gives the slot pool's bits in
+    bf16 at the real shapes: plain rows, chains and trees of several requests."""
+    from ddtree_server.bench.paged_attention import pools
+    from ddtree_server.kernels.attention_batch import batch_attention
+
+    hq, hkv, d = SHAPES[shape]
+    g = torch.Generator(device="cuda").manual_seed(1)
+    k, v, kp, vp, table = pools(4, hkv, 2080, d, torch.bfloat16, "cuda", g)
+    for n, mode in ((1, "causal"), (16, "causal"), (16, "tree")):
+        q = torch.randn(4 * n, hq, d, generator=g, device="cuda").to(torch.bfloat16)
+        start = torch.tensor([2000, 17, 1023, 1500], device="cuda") - n + 1
+        qo = torch.arange(0, 4 * n + 1, n, device="cuda")
+        block = None
+        if mode == "tree":   # each node's parent is a random earlier node
+            block = torch.eye(n, dtype=torch.bool, device="cuda").repeat(4, 1, 1)
+            for i in range(1, n):
+                block[:, i] |= block[:, (i * 7 + 3) % i]
+        slot = torch.tensor([2, 0, 3, 1], device="cuda")
+        want = batch_attention(q, k, v, start, qo, slot, n, mode, block)
+        got = batch_attention(q, kp, vp, start, qo, slot, n, mode, block, pages=table[slot].contiguous())
+        assert torch.equal(got, want), (shape, n, mode)
+
+
 if __name__ == "__main__":
     from ddtree_server.kernels.attention import AttnConfig
 

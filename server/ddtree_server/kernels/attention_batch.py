@@ -7,6 +7,11 @@ read on the device. Visibility per request as the one-request kernel (``causal``
 request r's ancestor-or-self mask ``block[r, :n_r, :n_r]``). Launch settings come from the same
 ``plan`` (the model's shape), so every row gets the key splits and tiles it gets alone: a
 request's attention rows are bitwise equal alone and in any batch (tests/server/test_kernels_batch.py).
+
+With ``pages`` the cache is a page pool ``[num_pages, kv_heads, page_size, d]`` and request r's rows
+are found through its page-table row ``pages[r]`` (row j: page ``pages[r, j // page_size]``, row
+``j % page_size``); the plan is the one of a slot of ``pages.shape[1] * page_size`` rows, so the
+rows are bitwise those of the slot pool (engine/batch/pages.py keeps the tables).
 """
 
 from __future__ import annotations
@@ -30,16 +35,18 @@ if HAVE_TRITON:
 
 def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, slot: Tensor, n_max: int,
                     mode: str = "causal", block: Tensor | None = None, scale: float | None = None,
-                    config: AttnConfig = DEFAULT) -> Tensor:
+                    config: AttnConfig = DEFAULT, pages: Tensor | None = None) -> Tensor:
     """Attention of b requests' new rows over their slots.
 
     Args:
         q: ``[N, hq, d]`` queries of all requests (last axis contiguous).
         k, v: ``[slots, hkv, rows, d]`` one layer of the slot pool; request r's new K/V already at
-            rows ``[start[r], start[r] + n_r)`` of slot ``slot[r]``.
+            rows ``[start[r], start[r] + n_r)`` of slot ``slot[r]``. With ``pages``: one layer of
+            the page pool ``[num_pages, hkv, page_size, d]`` (``slot`` is then not read).
         start, qo, slot: int tensors on q's device, ``[b]``, ``[b + 1]`` (row offsets), ``[b]``.
         n_max: the largest n_r (sizes the grid); mode: ``causal`` | ``tree``; block: bool / uint8
             ``[b, n_max, n_max]`` ancestor-or-self masks (tree).
+        pages: int32 ``[b, max_pages]`` page-table rows of the requests (batch order), or None.
     Returns ``[N, hq, d]`` in q's dtype. Raises ValueError for bad shapes / dtypes, RuntimeError
     without Triton.
     """
@@ -50,6 +57,11 @@ def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, 
     n_tot, hq, d = q.shape
     hkv, rows = k.shape[1], k.shape[2]
     b = start.shape[0]
+    page = rows if pages is not None else 1   # constexpr: 1 for the slot pool (no specialisation by rows)
+    if pages is not None:
+        if pages.dim() != 2 or pages.shape[0] != b or pages.stride(1) != 1 or pages.dtype != torch.int32:
+            raise ValueError(f"pages must be int32 [b, max_pages] with a contiguous last axis, got {tuple(pages.shape)}")
+        rows = pages.shape[1] * page   # the capacity of a request: its plan is a slot's of that size
     if not supported(d, q.dtype) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"unsupported head_dim {d} or dtypes {q.dtype}/{k.dtype}/{v.dtype}")
     if q.stride(2) != 1 or k.stride(3) != 1 or v.stride(3) != 1 or qo.shape[0] != b + 1 or slot.shape[0] != b:
@@ -72,12 +84,14 @@ def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, 
     mask = block if mode == "tree" else start
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     scale_log2 = (scale if scale is not None else d ** -0.5) * LOG2E
+    table = pages if pages is not None else slot
     batch_split_kernel[(splits, b * hkv, m_tiles)](
-        q, k, v, start, qo, slot, mask, out, po, pl, hkv, rep, q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
+        q, k, v, start, qo, slot, table, mask, out, po, pl, hkv, rep, q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), table.stride(0),
         mask.stride(0) if mode == "tree" else 0, mask.stride(1) if mode == "tree" else 0,
         out.stride(0), out.stride(1), m_pad, scale_log2, MODE=0 if mode == "causal" else 1, SPLITS=splits,
-        BLOCK_M=block_m, BLOCK_N=block_n, D=d, PREC=prec, num_warps=config.num_warps, num_stages=config.num_stages)
+        BLOCK_M=block_m, BLOCK_N=block_n, D=d, PREC=prec, PAGED=pages is not None, PAGE=page,
+        num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         batch_merge_kernel[(n_max * rep, b * hkv)](po, pl, out, start, qo, hkv, rep, out.stride(0), out.stride(1),
                                                    m_pad, SPLITS=splits, SP2=triton.next_power_of_2(splits),

@@ -2,7 +2,11 @@
 request axis. Program (split, request * kv_heads + kv head, row block) reads request r's live
 length ``start[r]``, its query rows ``[qo[r], qo[r + 1])`` and its slot's cache
 ``k[slot[r], head]``; key tiles and split boundaries are those of the one-request kernel for the
-same live length (``per_split``), so a request's rows are bitwise those it gets alone."""
+same live length (``per_split``), so a request's rows are bitwise those it gets alone.
+
+``PAGED``: the cache is a page pool ``[pages, kv_heads, PAGE, d]`` instead of a slot pool, and
+request r's row j lives in page ``pages[r, j // PAGE]`` at row ``j % PAGE``; tiles, splits and the
+arithmetic are the same, only the addresses differ (so paged rows are bitwise the slot pool's)."""
 
 import triton
 import triton.language as tl
@@ -11,17 +15,32 @@ from ddtree_server.kernels.attention_kernels import online_step, per_split
 
 
 @triton.jit
-def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr,
+def row_offsets(j, r, pages_ptr, stride_pr, stride_page, stride_row, ok, PAGED: tl.constexpr, PAGE: tl.constexpr):
+    """Element offsets of key rows ``j`` of request r from its base pointer (slot pool: the slot's
+    base; page pool: the pool's), rows outside ``ok`` read page 0."""
+    if PAGED:
+        page = tl.load(pages_ptr + r * stride_pr + j // PAGE, mask=ok, other=0).to(tl.int64)
+        return page * stride_page + (j % PAGE) * stride_row
+    else:
+        return j * stride_row
+
+
+@triton.jit
+def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr,
                        HKV, rep, stride_qn, stride_qh, stride_ks, stride_kh, stride_kr, stride_vs, stride_vh,
-                       stride_vr, stride_mb, stride_mn, stride_on, stride_oh, m_pad, scale_log2,
+                       stride_vr, stride_pr, stride_mb, stride_mn, stride_on, stride_oh, m_pad, scale_log2,
                        MODE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr):
+                       BLOCK_N: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, PAGED: tl.constexpr,
+                       PAGE: tl.constexpr):
     pid_s, pid_hr, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r, h = pid_hr // HKV, pid_hr % HKV
     s = tl.load(start_ptr + r).to(tl.int32)
     q0 = tl.load(qo_ptr + r).to(tl.int32)
     N = tl.load(qo_ptr + r + 1).to(tl.int32) - q0
-    slot = tl.load(slot_ptr + r).to(tl.int64)
+    if PAGED:
+        slot = 0
+    else:
+        slot = tl.load(slot_ptr + r).to(tl.int64)
     length = s + N
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     tok, head = rows // rep, h * rep + rows % rep
@@ -41,14 +60,18 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, mask_pt
     vb = v_ptr + slot * stride_vs + h * stride_vh
     for t in range(lo, pre, BLOCK_N):  # whole tiles of the committed prefix: no mask
         j = t + tl.arange(0, BLOCK_N)
-        k = tl.load(kb + j[:, None] * stride_kr + dd[None, :])
-        v = tl.load(vb + j[:, None] * stride_vr + dd[None, :])
+        jk = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, j >= 0, PAGED, PAGE)
+        jv = row_offsets(j, r, pages_ptr, stride_pr, stride_vs, stride_vr, j >= 0, PAGED, PAGE)
+        k = tl.load(kb + jk[:, None] + dd[None, :])
+        v = tl.load(vb + jv[:, None] + dd[None, :])
         m_i, l_i, acc = online_step(q, k, v, m_i, l_i, acc, 0, scale_log2, False, PREC)
     for t in range(pre, hi, BLOCK_N):
         j = t + tl.arange(0, BLOCK_N)
         kin = j < hi
-        k = tl.load(kb + j[:, None] * stride_kr + dd[None, :], mask=kin[:, None], other=0.0)
-        v = tl.load(vb + j[:, None] * stride_vr + dd[None, :], mask=kin[:, None], other=0.0)
+        jk = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, kin, PAGED, PAGE)
+        jv = row_offsets(j, r, pages_ptr, stride_pr, stride_vs, stride_vr, kin, PAGED, PAGE)
+        k = tl.load(kb + jk[:, None] + dd[None, :], mask=kin[:, None], other=0.0)
+        v = tl.load(vb + jv[:, None] + dd[None, :], mask=kin[:, None], other=0.0)
         rel = j - s
         if MODE == 0:
             vis = rel[None, :] <= tok[:, None]
