@@ -15,14 +15,17 @@ from ddtree_server.kernels.attention_kernels import online_step, per_split
 
 
 @triton.jit
-def row_offsets(j, r, pages_ptr, stride_pr, stride_page, stride_row, ok, PAGED: tl.constexpr, PAGE: tl.constexpr):
-    """Element offsets of key rows ``j`` of request r from its base pointer (slot pool: the slot's
-    base; page pool: the pool's), rows outside ``ok`` read page 0."""
+def row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, stride_vs, stride_vr, ok,
+                PAGED: tl.constexpr, PAGE: tl.constexpr):
+    """Element offsets of key rows ``j`` of request r in K and in V from their base pointers (slot
+    pool: the slot's base; page pool: the pool's, one page-table read for both; rows outside
+    ``ok`` read page 0)."""
     if PAGED:
         page = tl.load(pages_ptr + r * stride_pr + j // PAGE, mask=ok, other=0).to(tl.int64)
-        return page * stride_page + (j % PAGE) * stride_row
+        within = j % PAGE
+        return page * stride_ks + within * stride_kr, page * stride_vs + within * stride_vr
     else:
-        return j * stride_row
+        return j * stride_kr, j * stride_vr
 
 
 @triton.jit
@@ -60,16 +63,16 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
     vb = v_ptr + slot * stride_vs + h * stride_vh
     for t in range(lo, pre, BLOCK_N):  # whole tiles of the committed prefix: no mask
         j = t + tl.arange(0, BLOCK_N)
-        jk = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, j >= 0, PAGED, PAGE)
-        jv = row_offsets(j, r, pages_ptr, stride_pr, stride_vs, stride_vr, j >= 0, PAGED, PAGE)
+        jk, jv = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, stride_vs, stride_vr, j >= 0,
+                             PAGED, PAGE)
         k = tl.load(kb + jk[:, None] + dd[None, :])
         v = tl.load(vb + jv[:, None] + dd[None, :])
         m_i, l_i, acc = online_step(q, k, v, m_i, l_i, acc, 0, scale_log2, False, PREC)
     for t in range(pre, hi, BLOCK_N):
         j = t + tl.arange(0, BLOCK_N)
         kin = j < hi
-        jk = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, kin, PAGED, PAGE)
-        jv = row_offsets(j, r, pages_ptr, stride_pr, stride_vs, stride_vr, kin, PAGED, PAGE)
+        jk, jv = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, stride_vs, stride_vr, kin,
+                             PAGED, PAGE)
         k = tl.load(kb + jk[:, None] + dd[None, :], mask=kin[:, None], other=0.0)
         v = tl.load(vb + jv[:, None] + dd[None, :], mask=kin[:, None], other=0.0)
         rel = j - s
