@@ -1,6 +1,6 @@
 """engine/batch/pages.py: the page free list, page tables and the look-ahead plan of a round
 (tree -> chain -> plain, then preemption of the newest), and a 10,000-request soak that ends with
-every page free, the invariants checked after every change."""
+every page free, the invariants checked after every step."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_a_round_shrinks_the_newest_first_then_preempts_the_newest():
 
 def test_ten_thousand_requests_leave_every_page_free():
     rng = random.Random(7)
-    pool = PagePool(200, page_size=16, check=True)
+    pool = PagePool(200, page_size=16)
     running: dict[int, list[int]] = {}                     # rid -> [s, order, left]
     queue, next_rid, done, preempted = [], 0, 0, 0
     while done < 10_000:
@@ -79,6 +79,7 @@ def test_ten_thousand_requests_leave_every_page_free():
         while queue and pool.reserve(queue[0][0], queue[0][1] + 1):   # admission by free pages
             rid, prompt, gen = queue.pop(0)
             running[rid] = [prompt, rid, gen]
+        pool.verify()                                       # the invariants after every step
         if not running:
             continue
         asks = [Ask(r, v[0], tree=rng.choice((17, 33, 65)), chain=16, order=v[1]) for r, v in running.items()]
