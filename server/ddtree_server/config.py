@@ -132,6 +132,13 @@ class ServerConfig(BaseModel):
         0.5, gt=0, le=1, allow_inf_nan=False,
         description="Share of the free GPU memory after loading that the request slots may take when "
                     "max_running is not given (cuda): max_running = this x free / bytes per slot, at most 64.")
+    kv_layout: Literal["slot", "paged"] = Field("slot", description=(
+        "Where the target's K/V lives: slot (every request slot at max_model_len from start-up) or paged "
+        "(dense targets: pages of 16 tokens, admission and look-ahead by free pages, preemption of the "
+        "newest request by recompute when pages run out)."))
+    kv_pages: int | None = Field(None, ge=0, description=(
+        "Pages of 16 tokens of the paged layout (pages; default: cpu the slots' capacity at max_model_len, "
+        "cuda what kv_memory_fraction of the free memory holds after the drafter's slots)."))
     prefill_chunk: int | None = Field(None, ge=0, description=(
         "Prompt tokens per engine step (chunked prefill, interleaved with decode rounds; tokens; "
         "default 512 on cuda, 128 on cpu; 0: every prompt whole in one step)."))

@@ -31,7 +31,11 @@ Names (all prefixed `ddtree_`):
 * `round_scratch_bytes` — memory allocated once for all slots: a hybrid target's round verify
   scratch (`chunk` method; not part of `slot_bytes`) (bytes);
 * `slots{state}` — request slots used | free (`--max-running` in all);
-* `kv_rows_used` / `kv_rows_capacity` — cached tokens of the running requests / slots x max_model_len (tokens);
+* `kv_rows_used` / `kv_rows_capacity` — cached tokens of the running requests / slots x max_model_len
+  (the paged layout: pages x 16) (tokens);
+* `kv_pages{state}` — the paged layout's KV pages of 16 tokens used | free (0 in the slot layout);
+  `kv_page_bytes` — memory of one page (bytes); `preemptions_total` — requests preempted
+  (their pages freed, recomputed on resume) because pages ran out;
 * `round_draft_nodes` — histogram of the draft nodes one decode round verified over all its
   requests (N: the speculation policy's choice plus fixed-mode requests' nodes; roots excluded);
   `last_round_draft_nodes` — the same for the last round (gauge);
@@ -112,6 +116,12 @@ class Metrics:
         self.kv_rows_used = Gauge("ddtree_kv_rows_used", "Cached tokens of the running requests (tokens).",
                                   registry=r)
         self.kv_rows_capacity = Gauge("ddtree_kv_rows_capacity", "Slots x max_model_len (tokens).", registry=r)
+        self.kv_pages = Gauge("ddtree_kv_pages", "KV pages of 16 tokens by state (used | free; paged layout).",
+                              ["state"], registry=r)
+        self.page_bytes = Gauge("ddtree_kv_page_bytes", "Memory of one KV page (bytes; paged layout).", registry=r)
+        self.preemptions = Counter("ddtree_preemptions", "Requests preempted by recompute because KV pages "
+                                   "ran out (paged layout).", registry=r)
+        self._preempted = 0
         self.graph_pool_bytes = Gauge("ddtree_cuda_graph_pool_bytes", "Device memory the batched CUDA graphs' pool "
                                       "took (bytes).", registry=r)
         self.eager_reserve_bytes = Gauge("ddtree_eager_reserve_bytes", "Working memory of the largest eager round, "
@@ -182,6 +192,13 @@ class Metrics:
         self.eager_reserve_bytes.set(getattr(mem, "eager_reserve_bytes", 0))
         self.graphs_captured.set(getattr(mem, "graphs_captured", 0))
         self.graph_declined.set(getattr(mem, "graph_declined_rounds", 0))
+        self.kv_pages.labels(state="used").set(getattr(mem, "kv_pages_used", 0))
+        self.kv_pages.labels(state="free").set(getattr(mem, "kv_pages_free", 0))
+        self.page_bytes.set(getattr(mem, "page_bytes", 0))
+        seen = getattr(mem, "preemptions", 0)
+        if seen > self._preempted:
+            self.preemptions.inc(seen - self._preempted)
+            self._preempted = seen
 
     def render(self) -> bytes:
         """The text exposition format of every metric."""

@@ -64,13 +64,41 @@ def random_requests(engine, b: int, mode: str, context: int, tokens: int, seed: 
 
 def measure_batches(shape: Shape, batches: list[int], *, context: int, iters: int, device: str = "auto",
                     dtype: str | None = None, tau: dict[str, float] | None = None, warmup: int = 3,
-                    log: Callable[[str], None] = print) -> dict:
-    """The report document (meta + one row per batch size and mode)."""
+                    log: Callable[[str], None] = print, layouts: list[str] | tuple = ("slot",)) -> dict:
+    """The report document (meta + one row per KV layout, batch size and mode). ``layouts``: the
+    target's KV layouts to measure, one engine after the other (the paged one with pages for
+    every slot at the engine's max_len: the same capacity, nothing preempted)."""
     device, dtype = resolve_device(device, dtype)
     bs = (shape.drafter or {}).get("block_size") or 16
     steps = warmup + iters + 2
     max_len = context + steps * bs + 2
-    engine = build_engine(shape, device=device, dtype=dtype, max_len=max_len, max_running=max(batches))
+    rows, engine = [], None
+    for layout in layouts:
+        engine = None
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        engine = build_engine(shape, device=device, dtype=dtype, max_len=max_len, max_running=max(batches),
+                              kv_layout=layout)
+        rows += _measure_layout(engine, layout, batches, context, iters, warmup, steps * bs, log)
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
+    for r in rows:
+        first = next(x for x in rows if x["mode"] == r["mode"] and x["batch"] == batches[0] and x["layout"] == r["layout"])
+        r["step_vs_first_batch"] = round(r["step_ms"] / first["step_ms"], 3)
+        if r["mode"] == "dflash":
+            r["projected_tokens_per_s"] = {k: round(r["batch"] * t / (r["step_ms"] / 1e3), 1)
+                                           for k, t in (tau or {}).items() if k == "dflash"}
+        if r["layout"] != "slot" and "slot" in layouts:
+            slot = next(x for x in rows if x["layout"] == "slot" and x["mode"] == r["mode"] and x["batch"] == r["batch"])
+            r["vs_slot"] = round(r["step_ms"] / slot["step_ms"], 3)
+    dev = engine.device
+    meta = {"shape": shape.name, "device": device, "dtype": dtype, "context": context, "iters": iters,
+            "batches": batches, "layouts": list(layouts), "modes": modes, "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None}
+    return {"meta": meta, "rows": rows}
+
+
+def _measure_layout(engine, layout: str, batches: list[int], context: int, iters: int, warmup: int, tokens: int,
+                    log) -> list[dict]:
     dev = engine.device
     engine.tokenizer = engine.tokenizer or NoText()
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
@@ -78,7 +106,7 @@ def measure_batches(shape: Shape, batches: list[int], *, context: int, iters: in
     rows = []
     for b in batches:
         for mode in modes:
-            reqs = random_requests(engine, b, mode, context, steps * bs, seed=b)
+            reqs = random_requests(engine, b, mode, context, tokens, seed=b)
             for r in reqs:
                 engine.batch.add(r)
             while any(r.prefilling for r in reqs):   # the prefill steps of all b prompts (chunked)
@@ -86,29 +114,21 @@ def measure_batches(shape: Shape, batches: list[int], *, context: int, iters: in
             sec = _time_steps(engine, reqs, iters, warmup, sync)
             for r in reqs:
                 engine.batch.abort(r)
-            rows.append({"batch": b, "mode": mode, "step_ms": round(sec * 1e3, 3),
+            rows.append({"layout": layout, "batch": b, "mode": mode, "step_ms": round(sec * 1e3, 3),
                          "plain_tokens_per_s" if mode == "ar" else "round_tokens_per_s_at_tau1": round(b / sec, 1)})
-            log(f"b={b} {mode}: {sec * 1e3:.2f} ms per step")
-    base = {m: next(r["step_ms"] for r in rows if r["mode"] == m and r["batch"] == batches[0]) for m in modes}
-    for r in rows:
-        r["step_vs_first_batch"] = round(r["step_ms"] / base[r["mode"]], 3)
-        if r["mode"] == "dflash":
-            r["projected_tokens_per_s"] = {k: round(r["batch"] * t / (r["step_ms"] / 1e3), 1)
-                                           for k, t in (tau or {}).items() if k == "dflash"}
-    meta = {"shape": shape.name, "device": device, "dtype": dtype, "context": context, "iters": iters,
-            "batches": batches, "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None}
-    return {"meta": meta, "rows": rows}
+            log(f"{layout} b={b} {mode}: {sec * 1e3:.2f} ms per step")
+    return rows
 
 
 def write(doc: dict, out_dir: str | Path, stem: str) -> dict[str, Path]:
     """``<stem>.json`` and ``<stem>.md`` under out_dir."""
     m = doc["meta"]
     lines = [f"# Batched steps, {m['shape']} (random weights), {m['device']} {m['dtype']}, context {m['context']}",
-             "", "| batch | mode | step ms | x batch-first step | tokens/s (plain; dflash at tau 1) | projected |",
-             "| ---: | --- | ---: | ---: | ---: | --- |"]
+             "", "| KV layout | batch | mode | step ms | x batch-first step | x slot layout | tokens/s (plain; dflash at "
+             "tau 1) | projected |", "| --- | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
     for r in doc["rows"]:
         tps = r.get("plain_tokens_per_s", r.get("round_tokens_per_s_at_tau1"))
         proj = ", ".join(f"{k}: {v}" for k, v in r.get("projected_tokens_per_s", {}).items())
-        lines.append(f"| {r['batch']} | {r['mode']} | {r['step_ms']} | {r['step_vs_first_batch']} | {tps} | {proj} |")
+        lines.append(f"| {r.get('layout', 'slot')} | {r['batch']} | {r['mode']} | {r['step_ms']} | "
+                     f"{r['step_vs_first_batch']} | {r.get('vs_slot', '')} | {tps} | {proj} |")
     return save_json_md(doc, lines, out_dir, stem)

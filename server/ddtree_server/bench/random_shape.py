@@ -69,14 +69,14 @@ def random_models(shape: Shape, *, device: str, dtype: str):
 
 
 def build_engine(shape: Shape, *, device: str, dtype: str, max_len: int, tree_budget: int = 64,
-                 max_running: int = 1):
+                 max_running: int = 1, kv_layout: str = "slot", kv_pages: int | None = None):
     """The server's Engine over a random target (+ drafter) of ``shape``; no tokenizer;
-    ``max_running`` slots in its batch engine."""
+    ``max_running`` slots in its batch engine; ``kv_layout`` / ``kv_pages``: as ``Engine``'s."""
     from ddtree_server.engine.engine import Engine
 
     target, drafter = random_models(shape, device=device, dtype=dtype)
     return Engine(target, None, drafter, model_id=shape.name, max_model_len=max_len, eos_token_ids=[],
-                  tree_budget=tree_budget, max_running=max_running)
+                  tree_budget=tree_budget, max_running=max_running, kv_layout=kv_layout, kv_pages=kv_pages)
 
 
 def kv_window(target, cache, s: int, n: int) -> int:

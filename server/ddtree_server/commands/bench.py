@@ -75,6 +75,9 @@ def bench(
                                       help="--interference: prefill chunk settings in tokens (0: whole prompt)."),
     tau: Optional[str] = typer.Option(None, help="--random-shape: acceptance lengths for the projected speedup, "
                                                  "e.g. ddtree=3.3,dflash=2.1 (or ddtree-64=3.3)."),
+    kv_layout: str = typer.Option("slot", "--kv-layout",
+                                  help="--random-shape --batch: the target's KV layout, slot | paged, or slot,paged "
+                                       "(both, one engine after the other, same requests)."),
 ) -> None:
     """Benchmark ar, dflash and ddtree (budgets) plus transformers' generate() on pinned prompt sets."""
     from rich.console import Console
@@ -94,7 +97,7 @@ def bench(
                       device, dtype, stem)
         return
     if random_shape is not None and batch is not None:
-        _batch_shape(console, random_shape, out, batch, context_len, iters, tau, device, dtype, stem)
+        _batch_shape(console, random_shape, out, batch, context_len, iters, tau, device, dtype, stem, kv_layout)
         return
     if concurrency is not None:
         _concurrency(console, concurrency, out, target, gguf, drafter, datasets, max_prompts, max_new_tokens,
@@ -177,7 +180,7 @@ def _random_shape(console, name: str, out: Path, budgets: Optional[str], context
 
 
 def _batch_shape(console, name: str, out: Path, batch: str, context_len: int, iters: int, tau: Optional[str],
-                 device: str, dtype: Optional[str], stem: str) -> None:
+                 device: str, dtype: Optional[str], stem: str, kv_layout: str = "slot") -> None:
     """--random-shape NAME --batch B,...: batched step / round times (bench/batch_shape.py)."""
     from ddtree_server.bench import batch_shape
     from ddtree_server.bench.random_shape import parse_tau
@@ -191,9 +194,13 @@ def _batch_shape(console, name: str, out: Path, batch: str, context_len: int, it
         raise typer.BadParameter(str(exc)) from None
     if not sizes or min(sizes) < 1:
         raise typer.BadParameter(f"--batch {batch!r}: give batch sizes >= 1, e.g. 1,8,32")
+    layouts = [x.strip() for x in kv_layout.split(",") if x.strip()]
+    if not layouts or set(layouts) - {"slot", "paged"}:
+        raise typer.BadParameter(f"--kv-layout {kv_layout!r}: use slot, paged or slot,paged")
     try:
         doc = batch_shape.measure_batches(get_shape(name), sizes, context=context_len, iters=iters,
-                                          device=check_device(device), dtype=dtype, tau=taus, log=console.log)
+                                          device=check_device(device), dtype=dtype, tau=taus, log=console.log,
+                                          layouts=layouts)
     except (ValueError, RuntimeError) as exc:
         console.print(f"[red]bench --random-shape --batch failed:[/red] {exc}")
         raise typer.Exit(1) from None

@@ -270,6 +270,15 @@ def register(app: typer.Typer) -> None:
             0.5, "--kv-memory-fraction",
             help="Without --max-running on cuda: the request slots may take this share of the free GPU "
                  "memory after loading (max running = share x free / bytes per slot, at most 64)."),
+        kv_layout: str = typer.Option(
+            "slot", "--kv-layout",
+            help="slot: every request slot holds max-model-len tokens of K/V from start-up; paged (dense "
+                 "targets): K/V in pages of 16 tokens, admission by free pages, the newest request preempted "
+                 "and recomputed when pages run out."),
+        kv_pages: Optional[int] = typer.Option(
+            None, "--kv-pages",
+            help="Paged layout: pages of 16 tokens (default: cpu the slots' capacity, cuda what "
+                 "--kv-memory-fraction of the free memory holds after the drafter's slots)."),
         prefill_chunk: Optional[int] = typer.Option(
             None, "--prefill-chunk",
             help="Prompt tokens per engine step, interleaved with decode rounds so that a long prompt "
@@ -300,6 +309,7 @@ def register(app: typer.Typer) -> None:
                       served_model_name=served_model_name, max_model_len=max_model_len, max_queue=max_queue,
                       max_running=max_running if max_running is not None else max_concurrency,
                       kv_memory_fraction=kv_memory_fraction, prefill_chunk=prefill_chunk, round_rows=round_rows,
+                      kv_layout=kv_layout, kv_pages=kv_pages,
                       chat_template_kwargs=chat_template_kwargs,
                       drain_timeout_s=drain_timeout, stall_seconds=stall_seconds, log_level=log_level)
         try:

@@ -14,13 +14,12 @@ import random
 import threading
 from typing import Iterator, Sequence
 
-import torch
 
 from ddtree_server.engine.batch import BatchEngine, GenerationEvent, Request
 from ddtree_server.engine.batch.gate import SpecGate
 from ddtree_server.engine.batch.policy import POLICIES, Profile, SpecPolicy
-from ddtree_server.engine.batch.hybrid_rounds import round_rows
-from ddtree_server.engine.batch.pools import cache_bytes, slot_cache_bytes
+from ddtree_server.engine import memory
+from ddtree_server.engine.memory import CPU_MAX_RUNNING, CUDA_MAX_RUNNING, KV_MEMORY_FRACTION, slots_for  # noqa: F401
 from ddtree_server.engine.sampling import SamplingParams
 from ddtree_server.engine.processors import RequestProcessor
 from ddtree_server.engine.stats import DecodeStats
@@ -29,15 +28,12 @@ from ddtree_server.models import families
 from ddtree_server.models.drafter.graphs import GraphedDrafter
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
-from ddtree_server.models.hybrid.model import HybridTarget
 
 MODES = ("ar", "dflash", "ddtree")
 CUDA_TREE_BUDGET = 16  # default DDTree budget on CUDA (nodes; docs/benchmarks/h200-2026-12-02-gate-http/)
-CPU_MAX_RUNNING = 4    # default requests in one batch on the CPU
-CUDA_MAX_RUNNING = 64  # upper bound of the CUDA default (sized from free memory below it)
-KV_MEMORY_FRACTION = 0.5  # share of the free GPU memory the slots' caches may take (CUDA default)
 CUDA_PREFILL_CHUNK = 512  # prompt tokens per engine step on CUDA (docs/architecture.md)
 CPU_PREFILL_CHUNK = 128   # ... on the CPU (a 128-token forward of SmolLM2 takes ~0.1-0.3 s there)
+KV_LAYOUTS = ("slot", "paged")
 POISON_ENV = "DDTREE_POISON_FREED_SLOTS"  # debug: fill freed slots with NaN
 
 
@@ -78,6 +74,12 @@ class Engine:
             directly, off (rounds then run every request's mode as given).
         round_rows: rows of a hybrid target's round verify scratch (``chunk`` method: one per
             engine; a round's trees are cut to fit it); None: ``hybrid_rounds.round_rows``.
+        kv_layout: ``slot`` (every slot's K/V at max_model_len from start-up) or ``paged`` (dense
+            targets: the target's K/V in pages of 16 rows, admission and look-ahead by pages,
+            preemption by recompute; engine/batch/paged.py, admission.py).
+        kv_pages: pages of the paged layout; None / 0: on the CPU as many as the slots hold at
+            max_model_len, on CUDA what ``kv_memory_fraction`` of the free memory holds after the
+            drafter's slots (``memory.default_pages``).
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
     """
@@ -89,7 +91,7 @@ class Engine:
                  max_running: int | None = None, poison_freed_slots: bool | None = None,
                  kv_memory_fraction: float | None = None, prefill_chunk: int | None = None,
                  spec_policy: str = "fixed", profile: Profile | None = None, spec_gate: bool = False,
-                 round_rows: int | None = None):
+                 round_rows: int | None = None, kv_layout: str = "slot", kv_pages: int | None = None):
         device = target.embed_tokens.weight.device
         graphed = families.graphed(target) if cuda_graphs and device.type == "cuda" else None
         if graphed is not None:  # a family of ours: its CUDA-graph wrapper (models/families.py)
@@ -124,7 +126,13 @@ class Engine:
         if prefill_chunk is None:
             prefill_chunk = CUDA_PREFILL_CHUNK if device.type == "cuda" else CPU_PREFILL_CHUNK
         self.round_rows = round_rows
-        slots = self._default_running(max_running, fraction)
+        if kv_layout not in KV_LAYOUTS:
+            raise ValueError(f"unknown KV layout {kv_layout!r}; use one of {', '.join(KV_LAYOUTS)}")
+        paged = kv_layout == "paged"
+        if paged and not isinstance(getattr(target, "model", target), TargetModel):
+            raise ValueError("the paged KV layout is built for dense targets (Llama, Qwen3); use --kv-layout slot")
+        slots = memory.default_running(self, max_running, fraction, paged)
+        pages = memory.default_pages(self, slots, fraction, kv_pages) if paged else None
         poison = bool(int(os.environ.get(POISON_ENV, "0") or 0)) if poison_freed_slots is None else poison_freed_slots
         if spec_policy not in POLICIES:
             raise ValueError(f"unknown spec policy {spec_policy!r}; use one of {', '.join(POLICIES)}")
@@ -132,7 +140,7 @@ class Engine:
         self.batch = BatchEngine(target, drafter, max_running=slots, max_len=self.max_model_len,
                                  device=device, poison=poison, prefill_chunk=int(prefill_chunk) or None,
                                  policy=policy, gate=SpecGate() if spec_gate and self.spec_available else None,
-                                 round_rows=round_rows)
+                                 round_rows=round_rows, pages=pages)
         self.spec_policy = "auto" if self.batch.runner.policy is not None else "fixed"
         self._grammars = None
         self._grammars_lock = threading.Lock()
@@ -187,36 +195,14 @@ class Engine:
             out = out["input_ids"]
         return [int(t) for t in out]
 
-    def _batched(self) -> bool:
-        return isinstance(getattr(self.target, "model", self.target), (TargetModel, HybridTarget))
-
-    def _slot_bytes(self) -> tuple[int, int]:
-        """Bytes of one slot's caches (the target's KV / GDN state and the drafter's context K/V at
-        max_model_len), measured on one cache built here and freed (the CUDA sizing), and the
-        bytes allocated once whatever the slots (a hybrid's round scratch, at its most rows)."""
-        per_slot = slot_cache_bytes(self.target.new_cache(self.max_model_len + 1))
-        if self.drafter is not None:
-            per_slot += cache_bytes(self.drafter.new_cache(self.max_model_len + 1 + self.block_size))
-        model = getattr(self.target, "model", self.target)
-        once = model.new_scratch(round_rows(self.round_rows, CUDA_MAX_RUNNING), "meta").nbytes \
-            if isinstance(model, HybridTarget) and model.method == "chunk" else 0
-        return per_slot, once
+    def _slot_bytes(self, paged: bool = False) -> tuple[int, int]:
+        """(bytes of one slot, bytes allocated once): ``memory.slot_bytes``."""
+        return memory.slot_bytes(self, paged)
 
     @property
     def slot_bytes(self) -> int:
         """Bytes of one request slot as allocated (``batch.slot_bytes``; /metrics)."""
         return self.batch.slot_bytes
-
-    def _default_running(self, asked: int | None, fraction: float) -> int:
-        if not self._batched():
-            return 1  # no batched forward (transformers runner)
-        if asked is not None:
-            return int(asked)
-        if self.device.type != "cuda":
-            return CPU_MAX_RUNNING
-        per_slot, once = self._slot_bytes()
-        free, _ = torch.cuda.mem_get_info(self.device)
-        return slots_for(free, per_slot, fraction, once=once)
 
     @property
     def max_concurrency(self) -> int:
@@ -292,8 +278,3 @@ class Engine:
             stats = ev.stats or stats
         return text, stats
 
-
-def slots_for(free_bytes: int, slot_bytes: int, fraction: float, cap: int = CUDA_MAX_RUNNING, once: int = 0) -> int:
-    """Slots that ``fraction`` of ``free_bytes`` holds at ``slot_bytes`` each after ``once`` bytes
-    (buffers of the engine, not of a slot: a hybrid's round scratch): at least 1, at most ``cap``."""
-    return max(1, min(cap, (int(fraction * free_bytes) - once) // max(slot_bytes, 1)))

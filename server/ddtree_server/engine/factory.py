@@ -25,7 +25,7 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
                 max_model_len: int | None = None, model_id: str | None = None,
                 max_running: int | None = None, kv_memory_fraction: float | None = None,
                 prefill_chunk: int | None = None, spec_policy: str = "fixed", spec_gate: bool = False,
-                round_rows: int | None = None) -> Engine:
+                round_rows: int | None = None, kv_layout: str = "slot", kv_pages: int | None = None) -> Engine:
     """Load models and return a ready Engine; ``engine.messages`` holds the start-up lines.
 
     Raises:
@@ -72,10 +72,14 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
                     max_model_len=max_model_len, tree_mode_available=loaded.tree_mode_available,
                     default_mode=mode, tree_budget=tree_budget, eos_token_ids=loaded.eos_token_ids,
                     max_running=max_running, kv_memory_fraction=kv_memory_fraction, prefill_chunk=prefill_chunk,
-                    spec_policy=spec_policy, spec_gate=spec_gate, round_rows=round_rows)
+                    spec_policy=spec_policy, spec_gate=spec_gate, round_rows=round_rows, kv_layout=kv_layout,
+                    kv_pages=kv_pages)
     chunk = engine.batch.prefill_chunk
+    mem = engine.batch.memory
     messages.append(f"batching: up to {engine.max_concurrency} running requests per step, "
-                    f"{engine.batch.slot_bytes / 2**20:.1f} MiB per slot"
+                    + (f"{mem.kv_pages_free} KV pages of 16 tokens ({mem.page_bytes / 2**20:.2f} MiB each, "
+                       f"{mem.kv_rows_capacity} tokens), {engine.batch.slot_bytes / 2**20:.1f} MiB per slot (drafter)"
+                       if mem.page_bytes else f"{engine.batch.slot_bytes / 2**20:.1f} MiB per slot")
                     + (f" + {engine.batch.scratch_bytes / 2**20:.1f} MiB round scratch" if engine.batch.scratch_bytes else "")
                     + "; prefill "
                     + (f"chunks of {chunk} tokens per step" if chunk else "of whole prompts"))
@@ -104,4 +108,5 @@ def engine_from_config(cfg) -> Engine:
                        mode=cfg.mode, tree_budget=cfg.tree_budget, max_model_len=cfg.max_model_len,
                        model_id=cfg.served_model_name, max_running=cfg.max_running or cfg.max_concurrency,
                        kv_memory_fraction=cfg.kv_memory_fraction, prefill_chunk=cfg.prefill_chunk,
-                       spec_policy=cfg.spec_policy, spec_gate=cfg.spec_gate, round_rows=cfg.round_rows)
+                       spec_policy=cfg.spec_policy, spec_gate=cfg.spec_gate, round_rows=cfg.round_rows,
+                       kv_layout=cfg.kv_layout, kv_pages=cfg.kv_pages)

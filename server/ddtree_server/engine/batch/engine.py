@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ddtree_server.engine.batch.admission import PageAdmission
 from ddtree_server.engine.batch.prefill import prefill_many
 from ddtree_server.engine.batch.request import GenerationEvent, Request
 from ddtree_server.engine.batch.runner import StepRunner
@@ -52,7 +53,9 @@ class SlotMemory:
     still ``prefilling``, ``scratch_bytes`` allocated once for all slots (a hybrid's round verify
     scratch); the batched CUDA graphs' ``graph_pool_bytes``, the largest eager round's
     ``eager_reserve_bytes`` they keep free, ``graphs_captured`` and ``graph_declined_rounds``
-    (rounds that ran eagerly because memory was short for a capture: ``graph_pool.py``)."""
+    (rounds that ran eagerly because memory was short for a capture: ``graph_pool.py``). The
+    paged layout: ``page_bytes`` per page of 16 rows, pages used / free, ``preemptions`` so far
+    (zeros in the slot layout)."""
 
     slots: int
     used: int
@@ -65,6 +68,10 @@ class SlotMemory:
     eager_reserve_bytes: int = 0
     graphs_captured: int = 0
     graph_declined_rounds: int = 0
+    page_bytes: int = 0
+    kv_pages_used: int = 0
+    kv_pages_free: int = 0
+    preemptions: int = 0
 
 
 class BatchEngine:
@@ -72,12 +79,16 @@ class BatchEngine:
 
     def __init__(self, target, drafter, *, max_running: int, max_len: int, device, poison: bool = False,
                  graphs: bool | None = None, prefill_chunk: int | None = None, policy=None, gate=None,
-                 round_rows: int | None = None):
+                 round_rows: int | None = None, pages: int | None = None):
+        """``pages``: the target's K/V in this many pages of 16 rows (the paged layout: admission
+        and look-ahead by pages, preemption by recompute; ``admission.py``), None: slots."""
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 tokens (None: whole prompts), got {prefill_chunk}")
         self.scheduler = Scheduler(max_running)
         self.runner = StepRunner(target, drafter, slots=max_running, max_len=max_len, device=device,
-                                 poison=poison, graphs=graphs, policy=policy, rows=round_rows)
+                                 poison=poison, graphs=graphs, policy=policy, rows=round_rows, pages=pages)
+        self.admission = PageAdmission(self.runner.caches, self.runner.block_size) if self.runner.paged else None
+        self.preemptions = 0
         # targets without our forward (transformers runner) prefill whole prompts
         self.prefill_chunk = prefill_chunk if self.runner.kind is not None else None
         self.block_size = self.runner.block_size
@@ -92,11 +103,14 @@ class BatchEngine:
         self.memory = self._memory()
 
     def _memory(self) -> SlotMemory:
-        running, gp = self.scheduler.running, self.runner.graph_pool
+        running, gp, adm = self.scheduler.running, self.runner.graph_pool, self.admission
+        pages = adm.pages if adm is not None else None
+        capacity = (pages.num_pages - 1) * pages.page_size if pages else self.max_running * self.max_len
         return SlotMemory(self.max_running, len(running), self.slot_bytes,
-                          sum(max(r.s, r.prefilled) for r in running), self.max_running * self.max_len,
+                          sum(max(r.s, r.prefilled) for r in running), capacity,
                           self.scheduler.prefilling, self.scratch_bytes, gp.pool_bytes, gp.reserve, gp.captured,
-                          gp.refused)
+                          gp.refused, adm.slots.page_bytes if adm else 0, pages.used_pages if pages else 0,
+                          pages.free_pages if pages else 0, self.preemptions)
 
     @property
     def max_running(self) -> int:
@@ -127,6 +141,13 @@ class BatchEngine:
             self.runner.free(slot)
         req.ctx, req.ctx_parts = None, []
 
+    def _preempt(self, req: Request) -> None:
+        """Back to the queue by recompute (its pages freed; ``Request.preempt``)."""
+        slot = self.scheduler.requeue(req)
+        self.runner.free(slot)
+        req.preempt()
+        self.preemptions += 1
+
     def _emit(self, req: Request, out: list, ids: list[int], text: str, finish: str | None) -> None:
         logprobs = req.take_logprobs(len(ids), finish is not None)
         stats = None
@@ -156,12 +177,14 @@ class BatchEngine:
         for req in [*self.scheduler.waiting, *self.scheduler.running]:
             if req.cancelled:
                 self._emit(req, out, [], req.checker.finish("cancelled"), "cancelled")
-        for req in self.scheduler.admit():
+        take = None if self.admission is None else \
+            (lambda req, slot: self.admission.take(req, slot, len(self.scheduler.running)))
+        for req in self.scheduler.admit(take):
             self.runner.reset(req.slot)
         decoding = self.scheduler.decoding()   # before this step's chunks: new requests join next step
         made = ptoks = 0
         chunks = self.scheduler.chunks(self.prefill_chunk)
-        if len(chunks) > 1 and self.runner.kind == "dense":   # one forward for all (prefill.py)
+        if self.runner.kind == "dense" and (len(chunks) > 1 or (chunks and self.runner.paged)):   # one forward (prefill.py)
             t = time.perf_counter()
             done = prefill_many(self.runner, chunks)
             times = [(t, time.perf_counter())] * len(chunks)
@@ -174,7 +197,7 @@ class BatchEngine:
         for (req, n), tokens, (t, now) in zip(chunks, done, times):
             req.prefill_s += now - t   # the prompt's forwards (interleaved rounds not counted)
             ptoks += n
-            if tokens is not None:
+            if tokens:   # the first token (a preempted request's recompute brings none)
                 req.t_decode = now
                 made += 1
                 self._feed(req, tokens, out)
@@ -182,6 +205,10 @@ class BatchEngine:
         if decoding:
             gated = self.gate is not None and any(r.mode != "ar" for r in decoding)
             speculate = self.gate.choose(len(decoding)) if gated else True
+            if self.admission is not None:   # pages for the round's rows; the newest preempted if short
+                self.admission.plan(list(self.scheduler.running), decoding, speculate, self.runner.room, self._preempt)
+                decoding = [r for r in decoding if r.slot is not None]
+        if decoding:
             t_round, made_before = time.perf_counter(), made
             results = self.runner.round(decoding, speculate)
             for req, tokens in zip(decoding, results):

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ddtree_server.engine.batch.pages import PAGE_SIZE
 from ddtree_server.kernels.attention_batch import batch_attention
 from ddtree_server.models.hybrid import gdn_batch, gdn_fast, gdn_groups
 from ddtree_server.models.hybrid.config import GDN
@@ -54,9 +55,10 @@ class Layout:
     """Flattened rows of a batch of blocks and the attention geometry, built on the host and sent
     in two copies (row indices; per-request lengths / offsets / slots) plus the tree masks."""
 
-    def __init__(self, blocks: list[Block], device, rmax: int = 0, tree: bool = False):
+    def __init__(self, blocks: list[Block], device, rmax: int = 0, tree: bool = False, pages: Tensor | None = None):
         """``rmax`` / ``tree``: at least this many rows per block and tree masks even for chains
-        (the fixed shapes of a CUDA graph, engine/batch/graphs.py)."""
+        (the fixed shapes of a CUDA graph, engine/batch/graphs.py). ``pages``: int32 ``[b, width]``
+        device page tables of the blocks (the paged KV layout, ``paged.py``), None for slots."""
         self.blocks, self.device = blocks, device
         sizes = np.fromiter((len(b.ids) for b in blocks), dtype=np.int64, count=len(blocks))
         starts = np.fromiter((b.s for b in blocks), dtype=np.int64, count=len(blocks))
@@ -77,6 +79,11 @@ class Layout:
         self.slots, self.lens = per_dev[0, :-1], per_dev[2, :-1]
         self.starts, self.qo = per_dev[1, :-1].to(torch.int32), per_dev[3].to(torch.int32)
         self.slot_of_row = self.slots[self.req]
+        self.pages = pages
+        if pages is not None:   # where each row's K/V goes: (page, row in the page)
+            size = PAGE_SIZE
+            self.page_of_row = pages[self.req, self.dest // size].long()
+            self.row_in_page = self.dest % size
         self.tree = tree or any(b.mask is not None for b in blocks)
         self.inner_np = self.inner_host if self.tree else None   # host copy (hybrid_rounds.layout_windows)
         self.inner = torch.from_numpy(self.inner_np).to(device) if self.tree else None
@@ -112,20 +119,37 @@ class Layout:
         return [x[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
 
 
+def _paged_rows(pool: Tensor, lay: Layout) -> Tensor:
+    """A layer's first ``kv_max`` rows of every request through its page table: ``[b, hkv, kv_max, d]``."""
+    used = -(-lay.kv_max // PAGE_SIZE)
+    got = pool[lay.pages[:, :used].long()]                               # [b, used, hkv, page, d]
+    b, _, hkv, size, d = got.shape
+    return got.permute(0, 2, 1, 3, 4).reshape(b, hkv, used * size, d)[:, :, : lay.kv_max]
+
+
 def attend(lay: Layout, q: Tensor, k: Tensor, v: Tensor, kpool: Tensor, vpool: Tensor, li: int,
            mask: Tensor | None) -> Tensor:
-    """Write K/V ``[N, hkv, d]`` to the slots and attend: q ``[N, hq, d]`` -> ``[N, hq * d]``."""
-    kl, vl = kpool[:, li], vpool[:, li]                                  # [slots, hkv, rows, d]
-    kl[lay.slot_of_row, :, lay.dest] = k
-    vl[lay.slot_of_row, :, lay.dest] = v
+    """Write K/V ``[N, hkv, d]`` to the slots (or pages) and attend: q ``[N, hq, d]`` -> ``[N, hq * d]``.
+    The pools: ``[slots, layers, hkv, rows, d]``, or ``[layers, pages, hkv, page_size, d]`` when
+    the layout has page tables."""
+    paged = lay.pages is not None
+    if paged:
+        kl, vl = kpool[li], vpool[li]                                    # [pages, hkv, page_size, d]
+        kl[lay.page_of_row, :, lay.row_in_page] = k
+        vl[lay.page_of_row, :, lay.row_in_page] = v
+    else:
+        kl, vl = kpool[:, li], vpool[:, li]                              # [slots, hkv, rows, d]
+        kl[lay.slot_of_row, :, lay.dest] = k
+        vl[lay.slot_of_row, :, lay.dest] = v
     n, hq, d = q.shape
     if kernels_usable(d, kpool):  # split-K kernel with the request axis: reads each slot in place
         out = batch_attention(q, kl, vl, lay.starts, lay.qo, lay.slots, lay.rmax,
-                              "tree" if lay.tree else "causal", lay.inner)
+                              "tree" if lay.tree else "causal", lay.inner, pages=lay.pages)
         return out.reshape(n, hq * d)
     keep = lay.valid[:, None, :, None]
-    keys = kl[lay.slots, :, : lay.kv_max].masked_fill_(~keep, 0.0)
-    vals = vl[lay.slots, :, : lay.kv_max].masked_fill_(~keep, 0.0)
+    keys = _paged_rows(kl, lay) if paged else kl[lay.slots, :, : lay.kv_max]
+    vals = _paged_rows(vl, lay) if paged else vl[lay.slots, :, : lay.kv_max]
+    keys, vals = keys.masked_fill_(~keep, 0.0), vals.masked_fill_(~keep, 0.0)
     hkv = k.shape[1]
     rep = hq // hkv
     qp = q.new_zeros((lay.b, lay.rmax, hq, d))

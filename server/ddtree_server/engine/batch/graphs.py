@@ -36,6 +36,7 @@ from ddtree_server.engine.batch.forward import Block, Layout, dense_forward
 from ddtree_server.engine.batch.graph_out import SharedOut
 from ddtree_server.engine.batch.graph_pool import GraphPool
 from ddtree_server.engine.batch.hybrid_rounds import layout_windows, pending_forward, plain_forward
+from ddtree_server.engine.batch.pages import PAGE_SIZE
 
 BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 17, 24, 33, 48, 65, 80)
@@ -83,10 +84,12 @@ class _Static:
 
     FIELDS = ("ids", "pos", "dest", "slot_of_row", "starts", "qo", "slots")
     PENDING = ("req", "row", "win")   # a hybrid round of pending blocks (hybrid_rounds.pending_forward)
+    PAGED = ("pages", "page_of_row", "row_in_page")   # the paged KV layout's page tables (paged.py)
 
     def __init__(self, lay: Layout):
-        self.b, self.rmax, self.tree = lay.b, lay.rmax, lay.tree
-        self.fields = self.FIELDS + (self.PENDING if getattr(lay, "win", None) is not None else ())
+        self.b, self.rmax, self.tree, self.pages = lay.b, lay.rmax, lay.tree, None
+        self.fields = self.FIELDS + (self.PENDING if getattr(lay, "win", None) is not None else ()) \
+            + (self.PAGED if lay.pages is not None else ())
         for name in self.fields:
             setattr(self, name, getattr(lay, name).clone())
         self.inner = lay.inner.clone() if lay.tree else None
@@ -106,16 +109,19 @@ class BatchGraphs:
     last slot is the scratch slot (see the module docstring)."""
 
     def __init__(self, model, kpool: Tensor, vpool: Tensor, *, capture: bool = True, gdn: dict | None = None,
-                 cap: int | None = None, pool: GraphPool | None = None):
+                 cap: int | None = None, pool: GraphPool | None = None, scratch: int | None = None, tables=None):
         """``gdn``: the pooled GDN tensors of a hybrid target (``hybrid_rounds.py``): then rounds of
         one row per request, and of pending blocks up to ``cap`` rows (the slots' caches' ``cap``;
         None: the scratch's rows up to ``ROW_BUCKETS[-1]``; ``chunk`` method: ``gdn`` holds the
         round's verify scratch, whose rows bound the padded rows). ``pool``: the graph pool shared with
-        the runner's drafter graphs (``graph_pool.py``)."""
+        the runner's drafter graphs (``graph_pool.py``). The paged KV layout (``paged.py``): the
+        pools are page pools, ``tables(blocks)`` gives the padded blocks' page tables and
+        ``scratch`` is a slot without pages (padding rows write the dummy page 0)."""
         self.model, self.kpool, self.vpool, self.capture, self.gdn = model, kpool, vpool, capture, gdn
+        self.tables = tables
         self.rows = gdn["kk"].shape[1] if gdn is not None and "kk" in gdn else 0   # 0: no pending graphs
         self.cap = min(self.rows, ROW_BUCKETS[-1]) if cap is None else min(cap, self.rows)
-        self.scratch = kpool.shape[0] - 1
+        self.scratch = kpool.shape[0] - 1 if scratch is None else scratch
         self._static: dict[tuple, _Static] = {}
         self._refused: dict[tuple, int] = {}   # shapes not captured for memory: what their capture needs
         # every graph's logits / features in one buffer each (graph_out.py): at most the padded rows
@@ -154,7 +160,8 @@ class BatchGraphs:
     def _forward(self, blocks: list[Block], shape: tuple[int, int, int, bool]) -> tuple[Tensor, Tensor | None, list[int]]:
         b_pad, n_pad, r, tree = shape
         padded = pad_blocks(blocks, b_pad, n_pad, self.scratch)
-        lay = Layout(padded, self.kpool.device, rmax=r, tree=tree)
+        lay = Layout(padded, self.kpool.device, rmax=r, tree=tree,
+                     pages=self.tables(padded) if self.tables is not None else None)
         if self.gdn is not None and tree:
             lay.win = layout_windows(lay, self.model.config.linear_conv_kernel_dim)
         starts = lay.offsets[: len(blocks)]
@@ -186,10 +193,13 @@ class BatchGraphs:
         with torch.inference_mode(False):
             st = _Static(lay)
         saved = {}
-        for name in ("dest", "slot_of_row", "slots"):   # warm-up and capture write the scratch slot only
+        paged = st.pages is not None   # warm-up and capture write the scratch slot (the dummy page) only
+        for name in ("dest", "slot_of_row", "slots") + (_Static.PAGED if paged else ()):
             saved[name] = getattr(st, name).clone()
-            getattr(st, name).fill_(self.scratch if name != "dest" else 0)
+            getattr(st, name).fill_(self.scratch if name in ("slot_of_row", "slots") else 0)
         st.dest.copy_(torch.arange(st.dest.numel(), device=st.dest.device) % st.rmax)   # rows [0, r) of scratch
+        if paged:
+            st.row_in_page.copy_(st.dest % PAGE_SIZE)
         (logits, feats), fits = self.pool.warm_up(lambda: self._run(st))
         if not fits:
             for name, value in saved.items():

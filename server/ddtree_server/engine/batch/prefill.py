@@ -22,7 +22,7 @@ from ddtree_server.engine.batch.request import Request
 
 def check_chunk(req: Request, n: int, cache_length: int) -> None:
     """A chunk must continue the request's prompt where its slot's cache ends."""
-    p, total = req.prefilled, len(req.prompt_ids)
+    p, total = req.prefilled, len(req.prefill_ids)
     if n <= 0 or p + n > total:
         raise ValueError(f"prompt chunk [{p}, {p + n}) outside the prompt of {total} tokens")
     if cache_length != p:
@@ -32,19 +32,23 @@ def check_chunk(req: Request, n: int, cache_length: int) -> None:
 def finish_chunk(req: Request, n: int, last_logits: Tensor, ctx: Tensor | None) -> list[int] | None:
     """After a chunk's forward: its features join the prompt's (speculative requests), and after
     the last chunk the first token is chosen from the last row's logits ``[1, vocab]``; returns
-    ``[first token]`` then, else None."""
+    ``[first token]`` then, else None. A preempted request's recompute (``req.resume``) chooses
+    nothing: its rows are back, its bonus token is the one it had; returns ``[]``."""
     req.prefilled += n
-    total = len(req.prompt_ids)
+    total = len(req.prefill_ids)
     if ctx is not None and req.mode != "ar":
         req.ctx_parts.append(ctx)
     if req.prefilled < total:
         return None
-    token = req.choose(last_logits, [-1], [req.prompt_ids[-1]], [total])[0]
-    req.s, req.bonus = total, token
-    req.accept([token])  # the last chunk's last row chose it
+    out = []
+    if req.resume is None:
+        token = req.choose(last_logits, [-1], [req.prompt_ids[-1]], [total])[0]
+        req.bonus, out = token, [token]
+        req.accept(out)  # the last chunk's last row chose it
+    req.s, req.resume = total, None
     parts, req.ctx_parts = req.ctx_parts, []
     req.ctx = (parts[0] if len(parts) == 1 else torch.cat(parts)) if parts else None
-    return [token]
+    return out
 
 
 def prefill_many(runner, chunks: list[tuple[Request, int]]) -> list[list[int] | None]:
@@ -54,8 +58,8 @@ def prefill_many(runner, chunks: list[tuple[Request, int]]) -> list[list[int] | 
         cache = runner.caches[req.slot]
         check_chunk(req, n, cache.length)
         p = req.prefilled
-        blocks.append(Block(req.slot, p, req.prompt_ids[p:p + n], list(range(n)), None))
-    lay = Layout(blocks, runner.device)
+        blocks.append(Block(req.slot, p, req.prefill_ids[p:p + n], list(range(n)), None))
+    lay = Layout(blocks, runner.device, pages=runner.tables(blocks))
     last = torch.tensor([o - 1 for o in lay.offsets[1:]], device=runner.device)
     logits, feats = dense_forward(runner.model, runner.caches.pool("k"), runner.caches.pool("v"), lay,
                                   logit_rows=last)

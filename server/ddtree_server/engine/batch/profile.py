@@ -47,7 +47,7 @@ def _time(fn, device) -> float:
 @torch.inference_mode()
 def measure(runner, rows=None) -> Profile:
     """Time the runner's batched target forward (and the drafter) and return the profile."""
-    dev, slots = runner.device, len(runner.caches.caches) - (runner.graphs is not None)   # not the scratch slot
+    dev, slots = runner.device, runner.slots   # not the graphs' scratch slot
     cuda = torch.device(dev).type == "cuda"
     per_block, most = runner.rows   # a hybrid's rows per tree and per round (None: no bound)
     per_block = min(BLOCK_ROWS, per_block or BLOCK_ROWS)
@@ -61,7 +61,7 @@ def measure(runner, rows=None) -> Profile:
         if shape is not None:   # the rounds' own path: the graph of this padded layout
             runner.graphs.forward(blocks, shape, caches)
         else:
-            runner.eager_forward(caches, Layout(blocks, dev))
+            runner.eager_forward(caches, Layout(blocks, dev, pages=runner.tables(blocks, True)))
         for i in range(len(sizes)):
             runner.reset(i)
 

@@ -35,7 +35,9 @@ class Request:
     verified token at position s, not yet in the cache; ``ctx``: target features of the tokens
     the drafter has not seen. ``prefilled``: prompt tokens in the slot's cache so far (chunked
     prefill; the request decodes once it is the whole prompt); ``ctx_parts``: the prompt
-    chunks' features until the last chunk joins them into ``ctx``. ``processor``: an optional per-request logits processor
+    chunks' features until the last chunk joins them into ``ctx``. ``resume``: the rows a preempted
+    request recomputes (prompt + its tokens but the bonus; None otherwise), ``grant``: the rows its
+    next round may write (the paged layout's look-ahead; None: no bound). ``processor``: an optional per-request logits processor
     (``active``, ``process(logits, parents, tokens)``, ``commit(tokens)``); while active, the
     request's choices go through it (``choose``).
     """
@@ -68,11 +70,34 @@ class Request:
     kinds: dict = field(default_factory=lambda: {"plain": 0, "chain": 0, "tree": 0})   # rounds per tree kind
     prefilled: int = 0
     ctx_parts: list[Tensor] = field(default_factory=list)
+    resume: list[int] | None = None
+    grant: int | None = None
+    preemptions: int = 0
+
+    @property
+    def prefill_ids(self) -> list[int]:
+        """The rows to prefill: the prompt, or a preempted request's recompute."""
+        return self.prompt_ids if self.resume is None else self.resume
 
     @property
     def prefilling(self) -> bool:
         """True until the whole prompt is in the slot's cache (the first token follows it)."""
-        return self.prefilled < len(self.prompt_ids)
+        return self.prefilled < len(self.prefill_ids)
+
+    def preempt(self) -> None:
+        """Back to the queue by recompute: the rows in the cache (prompt + tokens but the bonus)
+        are prefilled again on re-admission; the bonus and every emitted token stay (a request
+        still prefilling starts its prefill again)."""
+        self.preemptions += 1
+        if self.prefilling:
+            self.prefilled, self.ctx_parts = 0, []
+            return
+        done = self.checker.token_ids
+        if len(self.prompt_ids) + len(done) - 1 != self.s:
+            raise RuntimeError(f"request {self.rid}: {self.s} rows, but {len(self.prompt_ids)} prompt tokens "
+                               f"and {len(done)} emitted")
+        self.resume = [*self.prompt_ids, *done[:-1]]
+        self.prefilled, self.s, self.ctx, self.ctx_parts, self.grant = 0, 0, None, [], None
 
     @property
     def cancelled(self) -> bool:

@@ -37,9 +37,9 @@ def largest_round(runner) -> int:
     pool = runner.graph_pool
     if runner.kind is None:
         return 0
-    slots = len(runner.caches.caches) - (runner.graphs is not None)   # not the scratch slot
+    slots = runner.slots   # not the graphs' scratch slot
     per_block, most = runner.rows
-    top = runner.caches[0].max_len - 1    # rows a request may hold (StepRunner._room)
+    top = runner.caches[0].max_len - 1    # rows a request may hold (StepRunner.room)
     sizes = round_sizes(slots, min(per_block or top, top), most)
     blocks = [Block(i, top - n, [0] * n, list(range(n)), None) for i, n in enumerate(sizes)]
     caches = [runner.caches[i] for i in range(slots)]
@@ -56,7 +56,7 @@ def largest_round(runner) -> int:
             ctx = blank_context(runner.model, runner.raw_drafter, runner.device)
             draft = propose_batch(runner.raw_drafter, dk, dv, dcaches, list(range(slots)), [ctx] * slots,
                                   [0] * slots, [start] * slots)
-        out = runner.eager_forward(caches, Layout(blocks, runner.device))
+        out = runner.eager_forward(caches, Layout(blocks, runner.device, pages=runner.tables(blocks, True)))
         del draft, out
     for i in range(slots):
         runner.reset(i)

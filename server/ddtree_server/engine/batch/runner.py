@@ -34,8 +34,9 @@ from ddtree_server.engine.batch.graph_pool import GraphPool
 from ddtree_server.engine.batch.graphs import BatchGraphs
 from ddtree_server.engine.batch.hybrid_rounds import commit_pending, round_rows
 from ddtree_server.engine.batch.policy import SpecPolicy
+from ddtree_server.engine.batch.paged import PagedSlots
 from ddtree_server.engine.batch.pools import SlotPool
-from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk
+from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk, prefill_many
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
 from ddtree_server.engine.batch.reserve import largest_round
@@ -66,18 +67,25 @@ class StepRunner:
     """Slot pools of the target (and drafter) caches and the forwards over them."""
 
     def __init__(self, target, drafter, *, slots: int, max_len: int, device, poison: bool = False,
-                 graphs: bool | None = None, policy: SpecPolicy | None = None, rows: int | None = None):
-        """``rows``: rows of a hybrid target's round scratch (``chunk`` method; ``round_rows``)."""
+                 graphs: bool | None = None, policy: SpecPolicy | None = None, rows: int | None = None,
+                 pages: int | None = None):
+        """``rows``: rows of a hybrid target's round scratch (``chunk`` method; ``round_rows``).
+        ``pages``: the target's K/V in this many pages (the paged layout, ``paged.py``; dense
+        targets; every round batched and eager) instead of slots at ``max_len``."""
         self.target, self.drafter, self.device, self.poison_freed = target, drafter, device, poison
         self.model = _raw(target, "model")
         self.kind = "hybrid" if isinstance(self.model, HybridTarget) else \
             "dense" if isinstance(self.model, TargetModel) else None
+        self.paged, self.slots = pages is not None, slots
+        if self.paged and self.kind != "dense":
+            raise ValueError("the paged KV layout is built for dense targets (Llama, Qwen3); "
+                             "serve this target with --kv-layout slot")
         cuda = torch.device(device).type == "cuda"
         want = graphs if graphs is not None else {"0": False, "1": True}.get(os.environ.get(GRAPHS_ENV, "").strip())
         # CUDA graphs of batched rounds: targets on the kernel path (hybrids: plain rounds); the drafter on CUDA
         head_dim = self.model.config.head_dim if self.kind == "hybrid" else getattr(self.model, "head_dim", 0)
-        graphs = self.kind is not None and (want if want is not None else
-                                            cuda and kernels_usable(head_dim, self.model.embed_tokens.weight))
+        graphs = self.kind is not None and (
+            want if want is not None else cuda and kernels_usable(head_dim, self.model.embed_tokens.weight))
         # a hybrid's chunk-method verify scratch: ONE per round, shared by the slots' caches (their
         # per-request forwards use its first rows; a batched round's block its rows at its row offset)
         self.scratch = self.model.new_scratch(round_rows(rows, slots)) \
@@ -85,14 +93,17 @@ class StepRunner:
         make = (lambda: target.new_cache(max_len + 1, scratch=self.scratch)) if self.scratch is not None else \
             (lambda: target.new_cache(max_len + 1))
         # with graphs the pool's last slot is the scratch slot of padding blocks (engine/batch/graphs.py)
-        self.caches = SlotPool(make, slots + graphs, pooled=self.kind is not None)
+        self.caches = PagedSlots(self.model, pages, slots, max_len + 1, device, check=poison) if self.paged else \
+            SlotPool(make, slots + graphs, pooled=self.kind is not None)
         # rows a round may verify: per tree (a hybrid slot's scratch), all trees (the round scratch)
         self.rows = (self.caches[0].cap if self.kind == "hybrid" else None,
                      self.scratch.rows if self.scratch is not None else None)
         # one CUDA graph pool for the batched target rounds and the batched drafter (graph_pool.py)
         self.graph_pool = GraphPool(device)
-        self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda, gdn=self._gdn(),
-                                  cap=self.rows[0], pool=self.graph_pool) if graphs else None
+        # the paged layout's padding blocks: a slot without pages (their rows go to the dummy page)
+        self.graphs = BatchGraphs(self.model, *self._kv(), capture=cuda, gdn=self._gdn(), cap=self.rows[0],
+                                  pool=self.graph_pool, scratch=slots if self.paged else None,
+                                  tables=self.tables if self.paged else None) if graphs else None
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
         self.dcaches = self.draft_graphs = None
         if drafter is not None:
@@ -109,7 +120,8 @@ class StepRunner:
             self.graph_pool.reserve = largest_round(self)
         # batch 1's greedy DDTree round after the drafter on the device (dense, graphed: solo_round.py)
         self.solo = SoloRound(target, capture=cuda and target.capture) if self.kind == "dense" and isinstance(
-            target, GraphedTarget) and drafter is not None and os.environ.get(SOLO_ENV, "").strip() != "0" else None
+            target, GraphedTarget) and drafter is not None and not self.paged and \
+            os.environ.get(SOLO_ENV, "").strip() != "0" else None
         # pinned buffers for small copies: batch 1's verify inputs and path rows; the batched walk's / commit's indices
         self._inputs_buf, self._rows_buf, *self._bufs = [decode.Staging() for _ in range(4)] if cuda else [None] * 4
         # the speculation policy governs ddtree requests (policy.py); it needs the batched forward
@@ -125,10 +137,22 @@ class StepRunner:
             self.dcaches[slot].crop(0)
 
     def free(self, slot: int) -> None:
-        if self.poison_freed:
+        if self.paged:
+            self.caches.release(slot, poison=self.poison_freed)
+        elif self.poison_freed:
             self.caches.poison(slot)
-            if self.dcaches is not None:
-                self.dcaches.poison(slot)
+        if self.poison_freed and self.dcaches is not None:
+            self.dcaches.poison(slot)
+
+    def tables(self, blocks: list[Block], scratch: bool = False) -> Tensor | None:
+        """The blocks' device page tables (the paged layout), else None. ``scratch``: every row
+        to the dummy page (the measured forwards of ``reserve.py`` / ``profile.py``: their values
+        are never read)."""
+        if not self.paged:
+            return None
+        if scratch:
+            return torch.zeros((len(blocks), self.caches.width), dtype=torch.int32, device=self.device)
+        return self.caches.table([b.slot for b in blocks], self.device)
 
     def _gdn(self) -> dict | None:
         """The pooled GDN tensors of a hybrid target by name, the round scratch's too (``forward.hybrid_forward``)."""
@@ -152,10 +176,12 @@ class StepRunner:
         recurrent / conv states carry over (a causal ``last_only`` block is committed at once).
         Returns ``[first token]`` after the last chunk, else None (no logits are used before)."""
         p = req.prefilled
-        n = len(req.prompt_ids) - p if n is None else n
+        n = len(req.prefill_ids) - p if n is None else n
+        if self.paged:   # the batched forward through the page table
+            return prefill_many(self, [(req, n)])[0]
         cache = self.caches[req.slot]
         check_chunk(req, n, cache.length)
-        ids = torch.tensor(req.prompt_ids[p:p + n], dtype=torch.long, device=self.device)
+        ids = torch.tensor(req.prefill_ids[p:p + n], dtype=torch.long, device=self.device)
         # slot 0 may take the CUDA graphs (bound to its storage); other slots run eagerly
         model = self.target if req.slot == 0 else self.model
         logits, ctx = model.forward(cache, ids, torch.arange(p, p + n, device=self.device), last_only=True)
@@ -163,18 +189,21 @@ class StepRunner:
         return finish_chunk(req, n, logits, None if ctx is None or req.mode == "ar" else ctx.clone())
 
     # ---- decode round -------------------------------------------------------------------------
-    def _room(self, req: Request) -> int:
-        return self.caches[req.slot].max_len - req.s - 1
+    def room(self, req: Request) -> int:
+        """Draft nodes the request's next round may verify: its cache's rows left (and the
+        paged layout's granted rows, ``Request.grant``)."""
+        room = self.caches[req.slot].max_len - req.s - 1
+        return room if req.grant is None else min(room, req.grant - 1)
 
     def round(self, reqs: list[Request], speculate: bool = True) -> list[list[int] | None]:
         """One round for every request: its accepted tokens (path + bonus), None when its cache is
         full. ``speculate`` False: nobody drafts (a plain round, the speculation gate's choice)."""
-        live = [r for r in reqs if self._room(r) >= 0]
+        live = [r for r in reqs if self.room(r) >= 0]
         if not live:
             return [None] * len(reqs)
         self.last = RoundInfo()
         drafting = [r for r in live if self._drafting(r)] if speculate else []   # before any forward
-        if not self.batched or (len(live) == 1 and live[0].slot == 0):   # slot 0's graphs (module docstring)
+        if not self.batched or (len(live) == 1 and live[0].slot == 0 and not self.paged):   # slot 0's graphs
             got = {id(r): self._solo(r, drafting) for r in live}
         else:
             got = dict(zip(map(id, live), self._batched(live, drafting)))
@@ -199,7 +228,7 @@ class StepRunner:
     def _trees(self, reqs: list[Request], drafted: list[Request], logits: Tensor | None,
                chains: list | None = None, device: bool = True) -> list[DraftTree]:
         """Every request's tree of the round (``trees.round_trees``; counted in ``self.last``)."""
-        return round_trees(reqs, drafted, logits, chains, self._room, self.policy, self.last, device, self.rows)
+        return round_trees(reqs, drafted, logits, chains, self.room, self.policy, self.last, device, self.rows)
 
     def _solo(self, req: Request, drafting: list[Request]) -> list[int]:
         cache, s = self.caches[req.slot], req.s
@@ -207,7 +236,7 @@ class StepRunner:
         if any(r is req for r in drafting):
             draft = self.drafter.propose(self.dcaches[req.slot], req.ctx, req.bonus, s)
             req.ctx = None
-            got = self.solo.run(cache, draft, req, min(req.budget, self._room(req))) \
+            got = self.solo.run(cache, draft, req, min(req.budget, self.room(req))) \
                 if self.solo is not None and not self._governed(req) else None
             if got is not None:   # None: not a greedy ddtree round, or its padded forward does not fit
                 self.last.nodes += got.nodes
@@ -243,14 +272,14 @@ class StepRunner:
         if shape is not None:   # padded layout, graph replay: each block's rows start at starts[i]
             logits, feats, starts = self.graphs.forward(blocks, shape, caches)
         else:
-            lay = Layout(blocks, self.device)
+            lay = Layout(blocks, self.device, pages=self.tables(blocks))
             starts = lay.offsets[:-1]
             logits, feats = self.eager_forward(caches, lay)
         if self.kind == "dense":
             for c, blk in zip(caches, blocks):
                 c.length = blk.s + len(blk.ids)
         plain = all(r.params.greedy and r.processor is None for r in reqs)
-        if plain and self.kind == "dense" and any(t.size > 1 for t in trees):   # one device walk + commit for all
+        if plain and self.kind == "dense" and not self.paged and any(t.size > 1 for t in trees):   # one walk + commit
             done = commit_greedy(k, v, caches, feats, reqs, trees, list(starts), logits.argmax(dim=-1), self._bufs)
             return [self._settle(r, t, *got) for r, t, got in zip(reqs, trees, done)]
         if plain and any(t.size > 1 for t in trees):   # a hybrid round: every tree walked on the device at once

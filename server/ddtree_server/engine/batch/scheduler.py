@@ -28,10 +28,14 @@ class Scheduler:
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
-    def admit(self) -> list[Request]:
-        """Move waiting requests into free slots (FCFS); returns the admitted ones."""
+    def admit(self, take=None) -> list[Request]:
+        """Move waiting requests into free slots (FCFS); returns the admitted ones. ``take(req,
+        slot)``: whether the request may have the slot (the paged layout reserves its prompt's
+        pages there); the first refusal stops admission (no request overtakes an older one)."""
         out = []
         while self.waiting and self._free:
+            if take is not None and not take(self.waiting[0], self._free[0]):
+                break
             req = self.waiting.popleft()
             req.slot = heapq.heappop(self._free)
             self.running.append(req)
@@ -49,6 +53,12 @@ class Scheduler:
             heapq.heappush(self._free, slot)
         return slot
 
+    def requeue(self, req: Request) -> int | None:
+        """A preempted request: out of the running set, its slot freed, first in the queue."""
+        slot = self.release(req)
+        self.waiting.appendleft(req)
+        return slot
+
     def chunks(self, budget: int | None) -> list[tuple[Request, int]]:
         """This step's prompt chunks: ``(request, tokens)`` for the prefilling requests in admission
         order, at most ``budget`` tokens in all (None: every prompt whole). The oldest request's
@@ -57,7 +67,7 @@ class Scheduler:
         for req in self.running:
             if not req.prefilling:
                 continue
-            n = len(req.prompt_ids) - req.prefilled
+            n = len(req.prefill_ids) - req.prefilled
             if left is not None:
                 if left <= 0:
                     break

@@ -1,0 +1,89 @@
+"""Memory sizing of the engine: request slots and KV pages from the free GPU memory.
+
+Slot layout: every slot holds the target's KV (and GDN state) and the drafter's context K/V at
+max_model_len; without ``--max-running`` on CUDA the engine takes as many slots as
+``kv_memory_fraction`` of the free memory after loading holds (``slots_for``; at most
+``CUDA_MAX_RUNNING``). Paged layout (dense targets): the drafter's context stays in slots, whose
+share is at most half of that budget; the target's K/V takes the rest in pages of 16 tokens
+(``default_pages``). Off CUDA the defaults are fixed (``CPU_MAX_RUNNING``; pages for every slot at
+max_model_len). The sizes are measured on one cache built and freed here (``pools.cache_bytes``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ddtree_server.engine.batch.hybrid_rounds import round_rows
+from ddtree_server.engine.batch.pages import PAGE_SIZE
+from ddtree_server.engine.batch.pools import cache_bytes, slot_cache_bytes
+from ddtree_server.models.dense.target import TargetModel
+from ddtree_server.models.hybrid.model import HybridTarget
+
+CPU_MAX_RUNNING = 4    # default requests in one batch on the CPU
+CUDA_MAX_RUNNING = 64  # upper bound of the CUDA default (sized from free memory below it)
+KV_MEMORY_FRACTION = 0.5  # share of the free GPU memory the slots' caches may take (CUDA default)
+
+
+def _model(engine):
+    return getattr(engine.target, "model", engine.target)
+
+
+def slots_for(free_bytes: int, slot_bytes: int, fraction: float, cap: int = CUDA_MAX_RUNNING, once: int = 0) -> int:
+    """Slots that ``fraction`` of ``free_bytes`` holds at ``slot_bytes`` each after ``once`` bytes
+    (buffers of the engine, not of a slot: a hybrid's round scratch): at least 1, at most ``cap``."""
+    return max(1, min(cap, (int(fraction * free_bytes) - once) // max(slot_bytes, 1)))
+
+
+def drafter_slot_bytes(engine) -> int:
+    """Bytes of one slot's drafter context K/V at max_model_len (0 without a drafter)."""
+    if engine.drafter is None:
+        return 0
+    return cache_bytes(engine.drafter.new_cache(engine.max_model_len + 1 + engine.block_size))
+
+
+def slot_bytes(engine, paged: bool = False) -> tuple[int, int]:
+    """Bytes of one slot's caches (the target's KV / GDN state and the drafter's context K/V at
+    max_model_len), and the bytes allocated once whatever the slots (a hybrid's round scratch, at
+    its most rows). ``paged``: the drafter's alone, counted twice (its slots take at most half
+    the budget; the target's K/V is in pages)."""
+    if paged:
+        return 2 * drafter_slot_bytes(engine), 0
+    per_slot = slot_cache_bytes(engine.target.new_cache(engine.max_model_len + 1)) + drafter_slot_bytes(engine)
+    model = _model(engine)
+    once = model.new_scratch(round_rows(engine.round_rows, CUDA_MAX_RUNNING), "meta").nbytes \
+        if isinstance(model, HybridTarget) and model.method == "chunk" else 0
+    return per_slot, once
+
+
+def default_running(engine, asked: int | None, fraction: float, paged: bool = False) -> int:
+    """Requests decoded together: ``asked``, else the defaults above (1 without a batched forward)."""
+    if not isinstance(_model(engine), (TargetModel, HybridTarget)):
+        return 1  # no batched forward (transformers runner)
+    if asked is not None:
+        return int(asked)
+    if engine.device.type != "cuda":
+        return CPU_MAX_RUNNING
+    per_slot, once = slot_bytes(engine, paged)
+    free, _ = torch.cuda.mem_get_info(engine.device)
+    return slots_for(free, per_slot, fraction, once=once)
+
+
+def page_bytes(model) -> int:
+    """Bytes of one page of a dense target's K/V (K and V, every layer), without building it."""
+    attn = model.layers[0].self_attn
+    return 2 * len(model.layers) * attn.n_kv * PAGE_SIZE * attn.head_dim * model.embed_tokens.weight.element_size()
+
+
+def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int:
+    """Pages of the paged layout: ``asked`` when given (not 0); on the CPU as many as ``slots``
+    requests at max_model_len take (the slot layout's capacity); on CUDA what ``fraction`` of the
+    free memory holds after the drafter's slots; at least one request at max_model_len and the
+    dummy page."""
+    least = -(-(engine.max_model_len + 1) // PAGE_SIZE) + 1
+    if asked:
+        return int(asked)
+    if engine.device.type != "cuda":
+        return slots * (least - 1) + 1
+    free, _ = torch.cuda.mem_get_info(engine.device)
+    budget = int(fraction * free) - slots * drafter_slot_bytes(engine)
+    return max(least, budget // page_bytes(_model(engine)))

@@ -1,0 +1,127 @@
+"""The paged KV layout in the batch engine (fp32, CPU; dense targets): the same tokens as the
+slot layout, alone, in any batch and as plain decoding, over many rounds, page reuse and
+preemptions by recompute; every page free at the end.
+
+The target's K/V lives in pages of 16 rows (engine/batch/paged.py); admission and each round's
+look-ahead reserve pages (engine/batch/admission.py), and with few pages the newest requests are
+shrunk to chains and plain rounds, then preempted and recomputed from prompt + emitted tokens.
+Freed pages are filled with NaN and the page bookkeeping is verified after every change (the
+debug mode), so a request reading a page it does not hold, or a lost page, fails the test. The
+drafter is the oracle TEST DOUBLE of test_batch_engine.py (wrong at every 4th position: trees
+are compacted through the page tables) and the real DFlashDrafter with random weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ddtree_server.engine.batch.pages import PAGE_SIZE
+from ddtree_server.engine.engine import Engine
+from ddtree_server.engine.sampling import SamplingParams
+
+from tests.server.batch_fixtures import (LAYERS, MAX_LEN, check_alone_batched_ar, oracle_drafter, random_specs,
+                                         real_drafter, run_together)
+from tests.server.tiny import EOS, ByteTokenizer
+
+pytest_plugins = ["tests.server.tiny_fixtures"]
+
+LEAST = -(-(MAX_LEN + 1) // PAGE_SIZE) + 1   # one request at the model's maximum and the dummy page
+
+
+def paged(target, drafter, pages: int, running: int = 8) -> Engine:
+    return Engine(target, ByteTokenizer(), drafter, eos_token_ids=[EOS], max_model_len=MAX_LEN,
+                  max_running=running, poison_freed_slots=True, kv_layout="paged", kv_pages=pages)
+
+
+def all_free(engine: Engine) -> None:
+    pages = engine.batch.runner.caches.pages
+    pages.verify()
+    assert pages.tables == {} and pages.free_pages == pages.num_pages - 1
+    assert engine.batch.memory.kv_pages_used == 0
+
+
+@pytest.mark.parametrize("pages", [0, LEAST])
+def test_32_random_requests_paged_equal_alone_and_ar(dense, pages):
+    """Random arrivals, modes, stops, seeds and cancellations; ``0``: pages for every slot at the
+    maximum (no shortage), ``LEAST``: so few that the rounds' trees shrink to chains and plain rounds."""
+    dense.capture_layers = LAYERS
+    specs = random_specs(seed=17)
+    drafter, ar = oracle_drafter(dense, specs)
+    engine = paged(dense, drafter, pages)
+    check_alone_batched_ar(engine, specs, ar)
+    all_free(engine)
+    if pages:
+        assert engine.batch.admission.shrunk > 0
+    dense.capture_layers = []
+
+
+def test_preempted_requests_resume_with_the_same_tokens(dense):
+    """Six long generations (greedy and seeded sampling, every mode) on pages for about two:
+    requests are preempted several times each and resumed by recompute; every request's tokens
+    are those it gets alone on the slot layout (and greedy ones plain decoding's)."""
+    drafter = real_drafter(dense)
+    slot = Engine(dense, ByteTokenizer(), drafter, eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=1)
+    engine = paged(dense, drafter, LEAST + 4, running=6)
+    prompts = [list(f"request {i}: the cat sat on".encode()) for i in range(6)]
+    modes = ["ddtree", "ar", "dflash", "ddtree", "ddtree", "ar"]
+    seeds = [None, None, None, 7, None, 3]
+
+    def params(i: int) -> SamplingParams:
+        return SamplingParams(max_tokens=120, ignore_eos=True, temperature=0.0 if seeds[i] is None else 0.8,
+                              seed=seeds[i])
+
+    order = iter(range(6))
+    got, sizes = run_together(engine, list(zip(prompts, modes)), lambda: params(next(order)))
+    assert engine.batch.preemptions >= 6 and max(sizes) > 1
+    all_free(engine)
+    for i, (ids, mode) in enumerate(zip(prompts, modes)):
+        alone = [t for ev in slot.generate(ids, params(i), mode=mode) for t in ev.token_ids]
+        assert got[i] == alone, i
+        if seeds[i] is None:
+            ar = [t for ev in slot.generate(ids, params(i), mode="ar") for t in ev.token_ids]
+            assert alone == ar, i
+    dense.capture_layers = []
+
+
+def test_admission_waits_for_pages_and_memory_shows_them(dense):
+    """A request whose prompt's pages are not free waits in the queue (FCFS) while slots are
+    free; /metrics' snapshot shows the pages used and free."""
+    engine = paged(dense, None, LEAST + 2, running=4)
+    long = list(range(3, 3 + 150))   # 10 pages of prompt
+    reqs = [engine.make_request(long, SamplingParams(max_tokens=30, ignore_eos=True), rid=str(i)) for i in range(2)]
+    for r in reqs:
+        engine.batch.add(r)
+    engine.batch.step()
+    mem = engine.batch.memory
+    assert engine.batch.running == 1 and len(engine.batch.scheduler.waiting) == 1
+    assert mem.kv_pages_used == 10 and mem.kv_pages_free == LEAST + 1 - 10 and mem.page_bytes > 0
+    while engine.batch.busy:
+        engine.batch.step()
+    assert all(len(r.checker.token_ids) == 30 for r in reqs)
+    all_free(engine)
+
+
+def test_paged_layout_refuses_a_hybrid_and_too_few_pages(dense, hybrid):
+    with pytest.raises(ValueError, match="dense targets"):
+        Engine(hybrid, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, kv_layout="paged")
+    with pytest.raises(ValueError, match="cannot hold one request"):
+        paged(dense, None, LEAST - 1)
+    with pytest.raises(ValueError, match="unknown KV layout"):
+        Engine(dense, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, kv_layout="pages")
+    assert torch.get_num_threads() == 1
+
+
+def test_paged_rounds_through_the_padded_graph_layout(dense, monkeypatch):
+    """The CUDA graphs' padded layout (engine/batch/graphs.py) over page tables, run eagerly on the
+    CPU: padding blocks on a slot without pages write the dummy page only; every request's tokens
+    are still its own alone and plain decoding's, with rounds shrunk for pages."""
+    monkeypatch.setenv("DDTREE_BATCH_GRAPHS", "1")
+    dense.capture_layers = LAYERS
+    specs = random_specs(seed=29, count=12)
+    drafter, ar = oracle_drafter(dense, specs)
+    engine = paged(dense, drafter, LEAST + 2, running=6)
+    graphs = engine.batch.runner.graphs
+    assert graphs is not None and graphs.scratch == 6
+    check_alone_batched_ar(engine, specs, ar)
+    assert graphs.rounds > 15
+    all_free(engine)
+    dense.capture_layers = []

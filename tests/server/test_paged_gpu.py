@@ -1,0 +1,38 @@
+"""The paged KV layout on CUDA (skipped without one): the batched rounds replay CUDA graphs whose
+page tables are static inputs (engine/batch/graphs.py), the attention kernel reads K/V through
+them (kernels/attention_batch.py), and with few pages the newest requests are shrunk and
+preempted. Every request's tokens equal the slot layout's for the same request alone (a tiny
+fp32 target with a random-weight DFlash drafter: chains and trees every round)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ddtree_server.engine.engine import Engine
+from ddtree_server.engine.sampling import SamplingParams
+
+from tests.server.test_graph_out import _engine_and_jobs
+from tests.server.batch_fixtures import run_together
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("pages", [0, 9])
+def test_cuda_paged_graph_rounds_equal_the_slot_layout_alone(pages):
+    slot, jobs, params = _engine_and_jobs()
+    target, drafter = slot.target, slot.drafter
+    paged = Engine(getattr(target, "model", target), slot.tokenizer, drafter.drafter if hasattr(drafter, "drafter")
+                   else drafter, eos_token_ids=slot.eos_token_ids, max_model_len=96, max_running=6,
+                   kv_layout="paged", kv_pages=pages, poison_freed_slots=True)
+    lengths = [6 + 5 * ((i + 1) % 4) for i in range(len(jobs))]
+    alone = [[x for ev in slot.generate(ids, SamplingParams(max_tokens=n, ignore_eos=True), mode=m)
+              for x in ev.token_ids] for (ids, m), n in zip(jobs, lengths)]
+    batched, sizes = run_together(paged, jobs, params)
+    assert batched == alone and max(sizes) > 1
+    graphs = paged.batch.runner.graphs
+    assert graphs is not None and graphs._static, "the paged rounds were captured"
+    pool = paged.batch.runner.caches.pages
+    pool.verify()
+    assert pool.free_pages == pool.num_pages - 1
+    if pages:
+        assert paged.batch.admission.shrunk + paged.batch.preemptions > 0
