@@ -40,8 +40,9 @@ from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk, prefil
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
 from ddtree_server.engine.batch.reserve import largest_round
+from ddtree_server.engine.batch import settle
 from ddtree_server.engine.batch.solo_round import SOLO_ENV, SoloRound
-from ddtree_server.engine.batch.trees import RoundInfo, kind_of, round_trees
+from ddtree_server.engine.batch.trees import RoundInfo, round_trees
 from ddtree_server.models.dense.graphs import GraphedTarget
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
@@ -49,7 +50,6 @@ from ddtree_server.models.hybrid.gdn_batch import gdn_tensors
 from ddtree_server.models.hybrid.model import HybridTarget
 from ddtree_server.models.layers import kernels_usable
 from ddtree_server.speculative.tree import DraftTree
-from ddtree_server.speculative.walk import accepted_tokens, walk
 from ddtree_server.speculative.walk_gpu import walk_all
 
 
@@ -219,11 +219,11 @@ class StepRunner:
         if self.dcaches is not None and self.dcaches.pooled:
             fold_skipped(self.raw_drafter, self.dcaches, reqs)
 
-    def _governed(self, req: Request) -> bool:
+    def governed(self, req: Request) -> bool:
         return self.policy is not None and req.governed
 
     def _drafting(self, req: Request) -> bool:
-        return req.mode != "ar" and (not self._governed(req) or self.policy.drafts(req))
+        return req.mode != "ar" and (not self.governed(req) or self.policy.drafts(req))
 
     def _trees(self, reqs: list[Request], drafted: list[Request], logits: Tensor | None,
                chains: list | None = None, device: bool = True) -> list[DraftTree]:
@@ -237,17 +237,17 @@ class StepRunner:
             draft = self.drafter.propose(self.dcaches[req.slot], req.ctx, req.bonus, s)
             req.ctx = None
             got = self.solo.run(cache, draft, req, min(req.budget, self.room(req))) \
-                if self.solo is not None and not self._governed(req) else None
+                if self.solo is not None and not self.governed(req) else None
             if got is not None:   # None: not a greedy ddtree round, or its padded forward does not fit
                 self.last.nodes += got.nodes
                 self.last.kinds[got.kind] += 1
-                return self._record(req, got.path, got.tokens, got.bonus, got.nodes + 1, got.kind, got.ctx)
+                return settle.record(self, req, got.path, got.tokens, got.bonus, got.nodes + 1, got.kind, got.ctx)
             draft = draft[None]
         # the host round: one request's heap (cheaper than the device build's kernels launched eagerly)
         tree = self._trees([req], [req] if draft is not None else [], draft, device=False)[0]
         ids, pos, mask = decode.tree_inputs(tree, s, self.device, self._inputs_buf)
         logits, feats = self.target.forward(cache, ids, pos, tree_mask=mask)
-        return self._commit(req, tree, self._walk(req, tree, logits, None), feats, self._rows_buf)
+        return settle.commit(self, req, tree, settle.choose_and_walk(req, tree, logits, None), feats, self._rows_buf)
 
     def _batched(self, reqs: list[Request], spec: list[Request]) -> list[list[int]]:
         logits = chains = None
@@ -281,60 +281,16 @@ class StepRunner:
         plain = all(r.params.greedy and r.processor is None for r in reqs)
         if plain and self.kind == "dense" and not self.paged and any(t.size > 1 for t in trees):   # one walk + commit
             done = commit_greedy(k, v, caches, feats, reqs, trees, list(starts), logits.argmax(dim=-1), self._bufs)
-            return [self._settle(r, t, *got) for r, t, got in zip(reqs, trees, done)]
+            return [settle.settle(self, r, t, *got) for r, t, got in zip(reqs, trees, done)]
         if plain and any(t.size > 1 for t in trees):   # a hybrid round: every tree walked on the device at once
             walks = walk_all(logits.argmax(dim=-1), trees, list(starts), self._bufs[0])
         else:
             choices = logits.argmax(dim=-1).tolist() if plain else None
-            walks = [self._walk(r, t, logits[a:a + t.size], None if choices is None else choices[a:a + t.size])
+            walks = [settle.choose_and_walk(r, t, logits[a:a + t.size], None if choices is None else choices[a:a + t.size])
                      for r, t, a in zip(reqs, trees, starts)]
         if self.scratch is not None:   # hybrid, chunk method (trees within the scratch: round_trees)
             ctxs = commit_pending(k, v, self._gdn(), caches, feats, [r.slot for r in reqs], [r.s for r in reqs],
                                   list(starts), [p for p, _ in walks], self._bufs[1])   # every slot's keep at once
-            return [self._settle(r, t, p, b, ctx) for r, t, (p, b), ctx in zip(reqs, trees, walks, ctxs)]
-        return [self._commit(r, t, w, None if feats is None else feats[a:a + t.size])
+            return [settle.settle(self, r, t, p, b, ctx) for r, t, (p, b), ctx in zip(reqs, trees, walks, ctxs)]
+        return [settle.commit(self, r, t, w, None if feats is None else feats[a:a + t.size])
                 for r, t, w, a in zip(reqs, trees, walks, starts)]
-
-    def _commit(self, req: Request, tree: DraftTree, walked: tuple[list[int], int], feats: Tensor | None,
-                staging=None) -> list[int]:
-        """Choice, acceptance walk, KV / GDN commit to the path; the request's new s, bonus, ctx.
-        ``staging``: a pinned buffer for the path rows (batch 1 only: the round's choice syncs
-        before the buffer is reused; several commits of one batched round would race on it)."""
-        s, (path, bonus) = req.s, walked
-        k = len(path)
-        cache = self.caches[req.slot]
-        if tree.size == 1:  # one row: the forward appended it (committed at once on hybrids)
-            ctx = feats
-        elif path == list(range(k)):
-            cache.keep(s, path)
-            ctx = None if feats is None else feats[:k]
-        else:
-            rows = decode.path_rows(path, self.device, staging)
-            cache.keep(s, path, rows)
-            ctx = None if feats is None else feats.index_select(0, rows)
-        return self._settle(req, tree, path, bonus, ctx, copy=True)
-
-    def _walk(self, req: Request, tree: DraftTree, logits: Tensor, choices: list[int] | None) -> tuple[list[int], int]:
-        """The request's choice over its rows (unless ``choices`` are given) and acceptance walk."""
-        if choices is None:
-            choices = req.choose(logits, tree.parents, tree.tokens, [req.s + d + 1 for d in tree.depths])
-        return walk(tree, choices)
-
-    def _settle(self, req: Request, tree: DraftTree, path: list[int], bonus: int, ctx: Tensor | None,
-                copy: bool = False) -> list[int]:
-        """The request's state after its committed path: ctx (``ctx``: the path's feature rows;
-        ``copy``: they are a view to copy), s, bonus, emitted tokens and counters; returns the tokens."""
-        return self._record(req, path, accepted_tokens(tree, path, bonus), bonus, tree.size, kind_of(tree), ctx, copy)
-
-    def _record(self, req: Request, path: list[int], out: list[int], bonus: int, size: int, kind: str,
-                ctx: Tensor | None, copy: bool = False) -> list[int]:
-        k = len(path)
-        if req.mode != "ar" and ctx is not None:   # a request that skipped the drafter keeps its rows
-            req.ctx = (ctx.clone() if copy else ctx) if req.ctx is None else torch.cat((req.ctx, ctx))
-        req.s, req.bonus = req.s + k, bonus
-        req.accept(out, path)
-        req.nodes += size - 1
-        req.kinds[kind] += 1
-        if self._governed(req):
-            self.policy.observe(req, k - 1)
-        return out
