@@ -14,6 +14,7 @@ plain, DFlash and DDTree rounds up to 2,560 rows (``DDTREE_BATCH_GRAPHS=0``: eag
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 from pathlib import Path
@@ -75,6 +76,7 @@ def measure_batches(shape: Shape, batches: list[int], *, context: int, iters: in
     rows, engine = [], None
     for layout in layouts:
         engine = None
+        gc.collect()   # the previous layout's engine (its graphs and pools) before the next one is built
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
         engine = build_engine(shape, device=device, dtype=dtype, max_len=max_len, max_running=max(batches),
