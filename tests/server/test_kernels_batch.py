@@ -89,7 +89,61 @@ def engine():
             "kernels": kernels_usable(16, t.embed_tokens.weight)}
 
 
-PARTS = {"kernels": kernels, "engine": engine}
+def windows():
+    # block mode and sliding windows (a DFlash draft block's attention) against a dense masked
+    # reference: every request's rows over its slot, several key splits
+    torch.manual_seed(2)
+    cfg = A.AttnConfig(block_m=16, block_n=16, max_splits=4)
+    slots, hkv, rep, d, rows, n = 4, 2, 2, 16, 160, 4
+    k, v = torch.randn(slots, hkv, rows, d), torch.randn(slots, hkv, rows, d)
+    reqs = [(2, 37), (0, 70), (3, 130), (1, 3)]   # (slot, start): n new rows after start
+    q = torch.randn(len(reqs) * n, hkv * rep, d)
+    qo = torch.arange(0, (len(reqs) + 1) * n, n)
+    out = []
+    for mode, window in (("block", None), ("causal", 20), ("block", 20), ("causal", 1), ("block", 5), ("block", 2)):
+        got = batch_attention(q, k, v, torch.tensor([s for _, s in reqs]), qo, torch.tensor([sl for sl, _ in reqs]),
+                              n, mode, config=cfg, window=window)
+        for i, (sl, s) in enumerate(reqs):
+            qp = torch.arange(s, s + n)[:, None]
+            kp = torch.arange(s + n)[None, :]
+            see = (kp <= qp) if mode == "causal" else torch.ones(n, s + n, dtype=torch.bool)
+            if window is not None:
+                see &= (qp - kp < window) & ((kp - qp < window) | (mode == "causal"))
+            kk = k[sl, :, :s + n].repeat_interleave(rep, 0)
+            vv = v[sl, :, :s + n].repeat_interleave(rep, 0)
+            att = torch.einsum("nhd,hkd->hnk", q[qo[i]:qo[i + 1]], kk) * d ** -0.5
+            ref = torch.einsum("hnk,hkd->nhd", att.masked_fill(~see, float("-inf")).softmax(-1), vv)
+            out.append({"mode": mode, "window": window, "req": i,
+                        "err": float((got[qo[i]:qo[i + 1]] - ref).abs().max()),
+                        "splits": A.plan(n, rep, hkv, d, rows, q.device, cfg)[2]})
+    return out
+
+
+def drafter():
+    # the batched drafter (propose_batch) on the kernel path against each request's own propose
+    # (masked SDPA over its cache): a sliding layer (window 6) and a full layer
+    from ddtree_server.engine.batch.draft import propose_batch
+    from ddtree_server.engine.batch.pools import SlotPool
+    torch.manual_seed(3)
+    t = tiny_target(layers=3)
+    raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
+           "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 2,
+           "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6,
+           "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
+    d = DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval()
+    pool = SlotPool(lambda: d.new_cache(96), 4, pooled=True)
+    lens, width = [3, 9, 20, 41], 2 * 64
+    ctxs = [torch.randn(n, width) for n in lens]
+    refs = [d.propose(d.new_cache(96), c, 7 + i, n) for i, (c, n) in enumerate(zip(ctxs, lens))]
+    slots = [2, 0, 3, 1]
+    got = propose_batch(d, pool.pool("k"), pool.pool("v"), [pool[s] for s in slots], slots, ctxs,
+                        [7 + i for i in range(4)], lens)
+    return {"kernels": kernels_usable(16, pool.pool("k")), "err": float((got - torch.stack(refs)).abs().max()),
+            "scale": float(torch.stack(refs).abs().max())}
+
+
+PARTS = {"kernels": kernels, "engine": engine, "windows": windows, "drafter": drafter}
 """
 
 
@@ -118,6 +172,25 @@ def test_paged_rows_equal_the_slot_pool_bitwise(report):
 def test_batched_rows_match_reference(report):
     for r in report:
         assert r["err"] < (2e-5 if r["dtype"] == "torch.float32" else 3e-3), r
+
+
+@pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
+def test_block_mode_and_windows_match_reference(child):
+    """A DFlash draft block's attention (every new row sees all new rows) and sliding windows
+    (causal and not; a window of 1 sees only its own key) over each request's slot."""
+    report = child("windows")
+    assert len(report) == 24 and max(r["splits"] for r in report) > 1
+    for r in report:
+        assert r["err"] < 2e-5, r
+
+
+@pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
+def test_batched_drafter_on_the_kernel_path_equals_its_solo_proposals(child):
+    """Four requests' draft blocks in one forward through the batched kernel (slots out of order,
+    lengths below, at and past the window) give each request's own proposal."""
+    doc = child("drafter")
+    assert doc["kernels"], doc
+    assert doc["err"] < 1e-4 * max(1.0, doc["scale"]), doc
 
 
 @pytest.mark.slow

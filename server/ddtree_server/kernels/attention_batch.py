@@ -24,6 +24,8 @@ from torch import Tensor
 from ddtree_server.kernels.attention import DEFAULT, LOG2E, AttnConfig, plan, supported
 from ddtree_server.kernels.runtime import HAVE_TRITON
 
+_MODES = {"causal": 0, "tree": 1, "block": 2}
+
 if HAVE_TRITON:
     import triton
 
@@ -35,7 +37,7 @@ if HAVE_TRITON:
 
 def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, slot: Tensor, n_max: int,
                     mode: str = "causal", block: Tensor | None = None, scale: float | None = None,
-                    config: AttnConfig = DEFAULT, pages: Tensor | None = None) -> Tensor:
+                    config: AttnConfig = DEFAULT, pages: Tensor | None = None, window: int | None = None) -> Tensor:
     """Attention of b requests' new rows over their slots.
 
     Args:
@@ -44,8 +46,11 @@ def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, 
             rows ``[start[r], start[r] + n_r)`` of slot ``slot[r]``. With ``pages``: one layer of
             the page pool ``[num_pages, hkv, page_size, d]`` (``slot`` is then not read).
         start, qo, slot: int tensors on q's device, ``[b]``, ``[b + 1]`` (row offsets), ``[b]``.
-        n_max: the largest n_r (sizes the grid); mode: ``causal`` | ``tree``; block: bool / uint8
+        n_max: the largest n_r (sizes the grid); mode: ``causal`` | ``tree`` | ``block`` (every
+            new row sees all new rows: a DFlash draft block); block: bool / uint8
             ``[b, n_max, n_max]`` ancestor-or-self masks (tree).
+        window: a sliding window W (keys W or more positions before a query hidden, and in
+            ``block`` mode after it), None for none.
         pages: int32 ``[b, max_pages]`` page-table rows of the requests (batch order), or None.
     Returns ``[N, hq, d]`` in q's dtype. Raises ValueError for bad shapes / dtypes, RuntimeError
     without Triton.
@@ -66,8 +71,10 @@ def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, 
         raise ValueError(f"unsupported head_dim {d} or dtypes {q.dtype}/{k.dtype}/{v.dtype}")
     if q.stride(2) != 1 or k.stride(3) != 1 or v.stride(3) != 1 or qo.shape[0] != b + 1 or slot.shape[0] != b:
         raise ValueError("contiguous last axes and start [b], qo [b + 1], slot [b] are needed")
-    if mode not in ("causal", "tree"):
-        raise ValueError(f"mode {mode!r}: use causal or tree")
+    if mode not in _MODES:
+        raise ValueError(f"mode {mode!r}: use causal, tree or block")
+    if window is not None and (mode == "tree" or window < 1):
+        raise ValueError(f"window {window!r}: a positive window of causal or block attention")
     if mode == "tree":
         if block is None or tuple(block.shape) != (b, n_max, n_max) or block.stride(2) != 1:
             raise ValueError(f"mode 'tree' needs block masks [{b}, {n_max}, {n_max}]")
@@ -89,8 +96,8 @@ def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, 
         q, k, v, start, qo, slot, table, mask, out, po, pl, hkv, rep, q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), table.stride(0),
         mask.stride(0) if mode == "tree" else 0, mask.stride(1) if mode == "tree" else 0,
-        out.stride(0), out.stride(1), m_pad, scale_log2, MODE=0 if mode == "causal" else 1, SPLITS=splits,
-        BLOCK_M=block_m, BLOCK_N=block_n, D=d, PREC=prec, PAGED=pages is not None, PAGE=page,
+        out.stride(0), out.stride(1), m_pad, scale_log2, window or 0, MODE=_MODES[mode], SPLITS=splits,
+        BLOCK_M=block_m, BLOCK_N=block_n, D=d, PREC=prec, PAGED=pages is not None, PAGE=page, WINDOWED=window is not None,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if splits > 1:
         batch_merge_kernel[(n_max * rep, b * hkv)](po, pl, out, start, qo, hkv, rep, out.stride(0), out.stride(1),

@@ -2,7 +2,9 @@
 request axis. Program (split, request * kv_heads + kv head, row block) reads request r's live
 length ``start[r]``, its query rows ``[qo[r], qo[r + 1])`` and its slot's cache
 ``k[slot[r], head]``; key tiles and split boundaries are those of the one-request kernel for the
-same live length (``per_split``), so a request's rows are bitwise those it gets alone.
+same live length (``per_split``), so a request's rows are bitwise those it gets alone. ``MODE`` 2
+(a DFlash draft block: every row of the block visible) and ``WINDOWED`` (sliding-window layers)
+follow the one-request kernel's rules.
 
 ``PAGED``: the cache is a page pool ``[pages, kv_heads, PAGE, d]`` instead of a slot pool, and
 request r's row j lives in page ``pages[r, j // PAGE]`` at row ``j % PAGE``; tiles, splits and the
@@ -32,9 +34,9 @@ def row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, stride_vs, str
 def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr,
                        HKV, rep, stride_qn, stride_qh, stride_ks, stride_kh, stride_kr, stride_vs, stride_vh,
                        stride_vr, stride_pr, stride_mb, stride_mn, stride_on, stride_oh, m_pad, scale_log2,
-                       MODE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                       window, MODE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, PAGED: tl.constexpr,
-                       PAGE: tl.constexpr):
+                       PAGE: tl.constexpr, WINDOWED: tl.constexpr):
     pid_s, pid_hr, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r, h = pid_hr // HKV, pid_hr % HKV
     s = tl.load(start_ptr + r).to(tl.int32)
@@ -54,8 +56,16 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
     per = per_split(length, BLOCK_N, SPLITS)
     lo = pid_s * per * BLOCK_N
     last = tl.maximum(tl.minimum(N - 1, (pid_m * BLOCK_M + BLOCK_M - 1) // rep), 0)
-    hi = tl.minimum(tl.minimum(lo + per * BLOCK_N, length), s + last + 1)
-    pre = tl.maximum(lo, tl.minimum(hi, s // BLOCK_N * BLOCK_N))
+    hi = tl.minimum(lo + per * BLOCK_N, length)
+    free = s   # keys below `free` are visible to every row
+    if MODE != 2:   # nothing past the block row of the row block's last token is visible
+        hi = tl.minimum(hi, s + last + 1)
+    if WINDOWED:   # every tile masked; skip the tiles wholly outside the window of every row
+        free = 0
+        lo = tl.maximum(lo, (s + (pid_m * BLOCK_M) // rep - window + 1) // BLOCK_N * BLOCK_N)
+        if MODE == 2:
+            hi = tl.minimum(hi, s + last + window)
+    pre = tl.maximum(lo, tl.minimum(hi, free // BLOCK_N * BLOCK_N))
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -78,10 +88,17 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
         rel = j - s
         if MODE == 0:
             vis = rel[None, :] <= tok[:, None]
-        else:
+        elif MODE == 1:
             inb = (rel >= 0)[None, :] & kin[None, :] & row_ok[:, None]
             bm = tl.load(mask_ptr + r * stride_mb + tok[:, None] * stride_mn + rel[None, :], mask=inb, other=0)
             vis = (rel < 0)[None, :] | (bm != 0)
+        else:
+            vis = rel[None, :] < N
+        if WINDOWED:
+            dist = tok[:, None] - rel[None, :]   # query position minus key position
+            vis = vis & (dist < window)
+            if MODE == 2:
+                vis = vis & (-dist < window)
         m_i, l_i, acc = online_step(q, k, v, m_i, l_i, acc, vis & kin[None, :], scale_log2, True, PREC)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]

@@ -6,7 +6,10 @@ at positions ``s_r .. s_r + bs - 1`` of all requests run as one ``[b, bs]`` batc
 attending to its own slot's rows ``[0, s_r + bs)`` (rows past that are zeroed: a freed slot may
 hold anything). Draft outputs only shape the trees; exactness never depends on them.
 
-The block's attention gathers each request's key / value rows out of the pool (and repeats them
+On the kernel path (CUDA) the block's attention is the split-K Triton kernel with a request axis
+(``kernels/attention_batch.py``, ``block`` mode and the sliding windows): each slot read in place
+up to its request's live length, so a round's cost follows the requests' lengths, not the longest
+one's. Elsewhere it gathers each request's key / value rows out of the pool (and repeats them
 per query head beside a mask): at 150 requests of 4k context at the Qwen3.6-27B drafter's shape
 one layer's copies took several GiB at once. So the requests attend in passes whose copies keep
 to ``PASS_BYTES`` (``request_passes``); each request's attention is its own in any pass.
@@ -17,8 +20,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ddtree_server.kernels.attention_batch import batch_attention
 from ddtree_server.models.drafter.attention import visibility
 from ddtree_server.models.layers import attention_backends as sdpa_backends
+from ddtree_server.models.layers import kernels_usable
 
 PASS_BYTES = 512 << 20   # a pass's gathered (and per-head repeated) key / value rows, one layer
 
@@ -89,16 +94,13 @@ def draft_blocks(drafter, kpool: Tensor, vpool: Tensor, slot_t: Tensor, starts: 
     dev, bs = kpool.device, drafter.config.block_size
     b = slot_t.shape[0]
     qpos = starts[:, None] + torch.arange(bs, device=dev)[None]                            # [b, bs]
-    kpos = torch.arange(kv_max, device=dev)
-    valid = kpos[None, :] < (qpos[:, -1:] + 1)                                             # [b, kv_max]
-    masks = {}
-    for kind in set(drafter.kinds):
-        see = visibility(qpos, kpos.expand(b, kv_max), kind)
-        see = valid[:, None, :].expand(b, bs, kv_max) if see is None else see & valid[:, None, :]
-        masks[kind] = see[:, None]
     x = drafter.embed_tokens(drafter.block_ids(bonus)).to(drafter.dtype)
     cos, sin = drafter.rope(qpos, x.dtype)
-    hide = ~valid[:, None, :, None]
+    attn0 = drafter.layers[0].self_attn
+    if kernels_usable(attn0.head_dim, kpool):
+        attend = _kernel_attention(drafter, slot_t, starts, b, bs)
+    else:
+        attend = _gathered_attention(drafter, kpool, slot_t, qpos, kv_max)
     with sdpa_backends(dev):
         for i, layer in enumerate(drafter.layers):
             attn = layer.self_attn
@@ -107,12 +109,45 @@ def draft_blocks(drafter, kpool: Tensor, vpool: Tensor, slot_t: Tensor, starts: 
             kl, vl = kpool[:, i], vpool[:, i]
             kl[slot_t[:, None], :, qpos] = k.transpose(1, 2)
             vl[slot_t[:, None], :, qpos] = v.transpose(1, 2)
-            q, mask = attn.q(xn, cos, sin), masks[drafter.kinds[i]]
-            outs = [attn.attend(q[a:e], _rows(kl, slot_t[a:e], kv_max, hide[a:e]),
-                                _rows(vl, slot_t[a:e], kv_max, hide[a:e]), mask[a:e])
-                    for a, e in request_passes(b, kv_max, attn, kpool.element_size())]
-            x = layer.finish(x, outs[0] if len(outs) == 1 else torch.cat(outs))
+            x = layer.finish(x, attend(i, attn, attn.q(xn, cos, sin), kl, vl))
     return drafter.lm_head(drafter.norm(x[:, 1:]))
+
+
+def _kernel_attention(drafter, slot_t: Tensor, starts: Tensor, b: int, bs: int):
+    """Layer i's block attention through ``batch_attention``: ``block`` mode for non-causal layers,
+    ``causal`` for causal ones, the layer's window (``drafter/attention.py``: ``visibility``)."""
+    dev = slot_t.device
+    start32, slot32 = starts.to(torch.int32), slot_t.to(torch.int32)
+    qo = torch.arange(0, (b + 1) * bs, bs, dtype=torch.int32, device=dev)
+
+    def attend(i: int, attn, q: Tensor, kl: Tensor, vl: Tensor) -> Tensor:
+        causal, window = drafter.kinds[i]
+        flat = q.transpose(1, 2).reshape(b * bs, attn.n_heads, attn.head_dim)
+        out = batch_attention(flat, kl, vl, start32, qo, slot32, bs, "causal" if causal else "block",
+                              scale=attn.head_dim ** -0.5, window=window)
+        return attn.o_proj(out.reshape(b, bs, -1))
+    return attend
+
+
+def _gathered_attention(drafter, kpool: Tensor, slot_t: Tensor, qpos: Tensor, kv_max: int):
+    """Layer i's block attention as a masked SDPA over the slots' gathered rows ``[0, kv_max)``
+    (rows at or past a request's ``starts[r] + bs`` zeroed and hidden), in passes (``request_passes``)."""
+    b, dev = slot_t.shape[0], kpool.device
+    kpos = torch.arange(kv_max, device=dev)
+    valid = kpos[None, :] < (qpos[:, -1:] + 1)                                             # [b, kv_max]
+    masks = {}
+    for kind in set(drafter.kinds):
+        see = visibility(qpos, kpos.expand(b, kv_max), kind)
+        see = valid[:, None, :].expand(b, qpos.shape[1], kv_max) if see is None else see & valid[:, None, :]
+        masks[kind] = see[:, None]
+    hide = ~valid[:, None, :, None]
+
+    def attend(i: int, attn, q: Tensor, kl: Tensor, vl: Tensor) -> Tensor:
+        mask = masks[drafter.kinds[i]]
+        outs = [attn.attend(q[a:e], _rows(kl, slot_t[a:e], kv_max, hide[a:e]), _rows(vl, slot_t[a:e], kv_max, hide[a:e]),
+                            mask[a:e]) for a, e in request_passes(b, kv_max, attn, kpool.element_size())]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+    return attend
 
 
 def blank_context(target, drafter, device) -> Tensor:

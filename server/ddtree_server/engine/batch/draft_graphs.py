@@ -11,7 +11,8 @@ captured for it is replayed:
 * the batch is padded to a bucket of B requests on the drafter pool's scratch slot (its last);
 * the block attends to key rows ``[0, W)`` of its slot with rows at or past ``s_r + block_size``
   hidden, W = the power of two >= max(s_r) + block_size (at least 256; at most the slot's rows), so a graph serves every
-  length below W.
+  length below W; on the kernel path (``draft.py``: lengths read on the device) W is the slot's rows,
+  one graph per batch bucket.
 
 A round takes a graph when every request brings 1 .. block_size context rows (the first proposal
 after a prefill brings the whole prompt and runs eagerly). The first replay of each graph is
@@ -31,6 +32,7 @@ from ddtree_server.engine.batch.graph_out import SharedOut
 from ddtree_server.engine.batch.graph_pool import GraphPool
 from ddtree_server.engine.batch.graphs import BATCH_BUCKETS, bucket
 from ddtree_server.models.drafter.graphs import replay_differs
+from ddtree_server.models.layers import kernels_usable
 
 log = logging.getLogger(__name__)
 MIN_KV = 256
@@ -59,6 +61,7 @@ class DraftGraphs:
         self.bs = int(drafter.config.block_size)
         self.scratch = kpool.shape[0] - 1
         self.rows = kpool.shape[3]
+        self.kernel = kernels_usable(drafter.layers[0].self_attn.head_dim, kpool)
         self.enabled = True
         self.rounds = 0
         self._static: dict[tuple, _Static] = {}
@@ -71,7 +74,7 @@ class DraftGraphs:
         b, bs = len(slots), self.bs
         b_pad = bucket(b, BATCH_BUCKETS)
         need = max(starts) + bs
-        width = min(1 << max(MIN_KV - 1, need - 1).bit_length(), self.rows)
+        width = self.rows if self.kernel else min(1 << max(MIN_KV - 1, need - 1).bit_length(), self.rows)
         if (not self.enabled or b_pad is None or need > self.rows or self.scratch < 0
                 or any(not 0 < c.shape[0] <= bs for c in ctxs)
                 or any(c.length + x.shape[0] != s for c, x, s in zip(caches, ctxs, starts))):
