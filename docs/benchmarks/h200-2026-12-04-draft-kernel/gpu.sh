@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One GPU run (part a | b): the batched drafter on the split-K kernel, slot vs paged KV at the Qwen3-8B
+# shape, batch 1 / 8 at 4k and 32k (a), batch 64 at 4k (b); the GPU tests of the drafter kernel and
+# the paged layout. Usage: bash gpu.sh OUT_DIR COMMIT PART
+set -uo pipefail
+OUT=$1 COMMIT=$2 PART=$3
+REPO=$(pwd)
+export PYTHONPATH="$REPO/server:$REPO" DDTREE_CACHE=/tmp/ddc HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+LOG="$OUT/gpu-$PART.log"
+step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$LOG"; timeout "$limit" "$@" >>"$LOG" 2>&1; echo "=== $name exit $? $(date -u +%T)" | tee -a "$LOG"; }
+echo "commit $COMMIT" >>"$LOG"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
+python3 -c "import torch, transformers, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
+B="python3 -m ddtree_server.bench --device cuda --random-shape qwen3-8b --iters 5"
+if [[ $PART == a ]]; then
+  step gpu-tests 150 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_draft_kernel_gpu.py tests/server/test_paged_gpu.py
+  step b1-8-4k 170 $B --batch 1,8 --context-len 4096 --kv-layout slot,paged --out "$OUT/4k"
+  step b1-8-32k 230 $B --batch 1,8 --context-len 32768 --kv-layout slot,paged --out "$OUT/32k"
+fi
+if [[ $PART == b ]]; then
+  step b64-4k 540 $B --batch 64 --context-len 4096 --kv-layout slot,paged --out "$OUT/4k-b64"
+fi
+cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
