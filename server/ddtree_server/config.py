@@ -132,10 +132,11 @@ class ServerConfig(BaseModel):
         0.5, gt=0, le=1, allow_inf_nan=False,
         description="Share of the free GPU memory after loading that the request slots may take when "
                     "max_running is not given (cuda): max_running = this x free / bytes per slot, at most 64.")
-    kv_layout: Literal["slot", "paged"] = Field("slot", description=(
-        "Where the target's K/V lives: slot (every request slot at max_model_len from start-up) or paged "
+    kv_layout: Literal["auto", "slot", "paged"] = Field("auto", description=(
+        "Where the target's K/V lives: slot (every request slot at max_model_len from start-up), paged "
         "(dense targets: pages of 16 tokens, admission and look-ahead by free pages, preemption of the "
-        "newest request by recompute when pages run out)."))
+        "newest request by recompute when pages run out) or auto (paged for a dense target on cuda when "
+        "the slots at max_model_len would not hold max_running (default 64) requests, else slot)."))
     kv_pages: int | None = Field(None, ge=0, description=(
         "Pages of 16 tokens of the paged layout (pages; default: cpu the slots' capacity at max_model_len, "
         "cuda what kv_memory_fraction of the free memory holds after the drafter's slots)."))

@@ -26,8 +26,8 @@ def _drafter(dtype) -> DFlashDrafter:
            "hidden_size": HIDDEN, "intermediate_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
            "head_dim": 128, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 1e6}
     torch.manual_seed(0)
-    embed = torch.nn.Embedding(VOCAB, HIDDEN)
-    head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
+    embed = torch.nn.Embedding(VOCAB, HIDDEN).to("cuda", dtype)   # the target's: not the drafter's to move
+    head = torch.nn.Linear(HIDDEN, VOCAB, bias=False).to("cuda", dtype)
     return DFlashDrafter(DrafterConfig.from_dict(raw), embed, head).to("cuda", dtype).eval()
 
 

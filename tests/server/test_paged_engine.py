@@ -110,6 +110,15 @@ def test_paged_layout_refuses_a_hybrid_and_too_few_pages(dense, hybrid):
     assert torch.get_num_threads() == 1
 
 
+def test_auto_layout_is_the_slot_one_off_cuda_and_for_hybrids(dense, hybrid):
+    """``auto`` (the default) takes pages only for a dense target on CUDA whose slots would not
+    hold the batch (test_paged_gpu.py); here slots, and an explicit ``paged`` is kept."""
+    for target in (dense, hybrid):
+        assert Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN).kv_layout == "slot"
+    eng = Engine(dense, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, kv_layout="paged")
+    assert eng.kv_layout == "paged" and eng.batch.runner.paged
+
+
 def test_paged_rounds_through_the_padded_graph_layout(dense, monkeypatch):
     """The CUDA graphs' padded layout (engine/batch/graphs.py) over page tables, run eagerly on the
     CPU: padding blocks on a slot without pages write the dummy page only; every request's tokens

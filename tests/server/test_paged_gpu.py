@@ -37,3 +37,16 @@ def test_cuda_paged_graph_rounds_equal_the_slot_layout_alone(pages):
         assert max(sizes) == 4
     else:
         assert max(sizes) == 6
+
+
+def test_cuda_auto_layout_takes_pages_when_the_slots_would_not_hold_the_batch():
+    """``auto``: a batch of 64 at max_model_len does not fit a millionth of the free memory (pages);
+    one request does fit half of it (slots: the lone request's faster graphs)."""
+    slot, _, _ = _engine_and_jobs()
+    target = getattr(slot.target, "model", slot.target)
+
+    def build(**kw):
+        return Engine(target, slot.tokenizer, None, eos_token_ids=slot.eos_token_ids, max_model_len=96, **kw)
+    assert build(kv_memory_fraction=1e-6).kv_layout == "paged"
+    assert build(max_running=1).kv_layout == "slot"
+    assert build(max_running=2, kv_layout="slot", kv_memory_fraction=1e-6).kv_layout == "slot"

@@ -271,10 +271,11 @@ def register(app: typer.Typer) -> None:
             help="Without --max-running on cuda: the request slots may take this share of the free GPU "
                  "memory after loading (max running = share x free / bytes per slot, at most 64)."),
         kv_layout: str = typer.Option(
-            "slot", "--kv-layout",
+            "auto", "--kv-layout",
             help="slot: every request slot holds max-model-len tokens of K/V from start-up; paged (dense "
                  "targets): K/V in pages of 16 tokens, admission by free pages, the newest request preempted "
-                 "and recomputed when pages run out."),
+                 "and recomputed when pages run out; auto: paged for a dense target on cuda when slots at "
+                 "max-model-len would not hold --max-running (default 64) requests, else slot."),
         kv_pages: Optional[int] = typer.Option(
             None, "--kv-pages",
             help="Paged layout: pages of 16 tokens (default: cpu the slots' capacity, cuda what "

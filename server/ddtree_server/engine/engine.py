@@ -33,7 +33,7 @@ MODES = ("ar", "dflash", "ddtree")
 CUDA_TREE_BUDGET = 16  # default DDTree budget on CUDA (nodes; docs/benchmarks/h200-2026-12-02-gate-http/)
 CUDA_PREFILL_CHUNK = 512  # prompt tokens per engine step on CUDA (docs/architecture.md)
 CPU_PREFILL_CHUNK = 128   # ... on the CPU (a 128-token forward of SmolLM2 takes ~0.1-0.3 s there)
-KV_LAYOUTS = ("slot", "paged")
+KV_LAYOUTS = ("auto", "slot", "paged")
 POISON_ENV = "DDTREE_POISON_FREED_SLOTS"  # debug: fill freed slots with NaN
 
 
@@ -74,9 +74,10 @@ class Engine:
             directly, off (rounds then run every request's mode as given).
         round_rows: rows of a hybrid target's round verify scratch (``chunk`` method: one per
             engine; a round's trees are cut to fit it); None: ``hybrid_rounds.round_rows``.
-        kv_layout: ``slot`` (every slot's K/V at max_model_len from start-up) or ``paged`` (dense
+        kv_layout: ``slot`` (every slot's K/V at max_model_len from start-up), ``paged`` (dense
             targets: the target's K/V in pages of 16 rows, admission and look-ahead by pages,
-            preemption by recompute; engine/batch/paged.py, admission.py).
+            preemption by recompute; engine/batch/paged.py, admission.py) or ``auto`` (the
+            default: ``memory.choose_layout``); ``self.kv_layout`` is the one taken.
         kv_pages: pages of the paged layout; None / 0: on the CPU as many as the slots hold at
             max_model_len, on CUDA what ``kv_memory_fraction`` of the free memory holds after the
             drafter's slots (``memory.default_pages``).
@@ -91,7 +92,7 @@ class Engine:
                  max_running: int | None = None, poison_freed_slots: bool | None = None,
                  kv_memory_fraction: float | None = None, prefill_chunk: int | None = None,
                  spec_policy: str = "fixed", profile: Profile | None = None, spec_gate: bool = False,
-                 round_rows: int | None = None, kv_layout: str = "slot", kv_pages: int | None = None):
+                 round_rows: int | None = None, kv_layout: str = "auto", kv_pages: int | None = None):
         device = target.embed_tokens.weight.device
         graphed = families.graphed(target) if cuda_graphs and device.type == "cuda" else None
         if graphed is not None:  # a family of ours: its CUDA-graph wrapper (models/families.py)
@@ -128,7 +129,8 @@ class Engine:
         self.round_rows = round_rows
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"unknown KV layout {kv_layout!r}; use one of {', '.join(KV_LAYOUTS)}")
-        paged = kv_layout == "paged"
+        self.kv_layout = memory.choose_layout(self, kv_layout, max_running, fraction)
+        paged = self.kv_layout == "paged"
         if paged and not isinstance(getattr(target, "model", target), TargetModel):
             raise ValueError("the paged KV layout is built for dense targets (Llama, Qwen3); use --kv-layout slot")
         slots = memory.default_running(self, max_running, fraction, paged)

@@ -25,7 +25,7 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
                 max_model_len: int | None = None, model_id: str | None = None,
                 max_running: int | None = None, kv_memory_fraction: float | None = None,
                 prefill_chunk: int | None = None, spec_policy: str = "fixed", spec_gate: bool = False,
-                round_rows: int | None = None, kv_layout: str = "slot", kv_pages: int | None = None) -> Engine:
+                round_rows: int | None = None, kv_layout: str = "auto", kv_pages: int | None = None) -> Engine:
     """Load models and return a ready Engine; ``engine.messages`` holds the start-up lines.
 
     Raises:
@@ -76,7 +76,7 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
                     kv_pages=kv_pages)
     chunk = engine.batch.prefill_chunk
     mem = engine.batch.memory
-    messages.append(f"batching: up to {engine.max_concurrency} running requests per step, "
+    messages.append(f"batching ({engine.kv_layout} KV layout): up to {engine.max_concurrency} running requests per step, "
                     + (f"{mem.kv_pages_free} KV pages of 16 tokens ({mem.page_bytes / 2**20:.2f} MiB each, "
                        f"{mem.kv_rows_capacity} tokens), {engine.batch.slot_bytes / 2**20:.1f} MiB per slot (drafter)"
                        if mem.page_bytes else f"{engine.batch.slot_bytes / 2**20:.1f} MiB per slot")

@@ -5,7 +5,9 @@ max_model_len; without ``--max-running`` on CUDA the engine takes as many slots 
 ``kv_memory_fraction`` of the free memory after loading holds (``slots_for``; at most
 ``CUDA_MAX_RUNNING``). Paged layout (dense targets): the drafter's context stays in slots, whose
 share is at most half of that budget; the target's K/V takes the rest in pages of 16 tokens
-(``default_pages``). Off CUDA the defaults are fixed (``CPU_MAX_RUNNING``; pages for every slot at
+(``default_pages``). The default layout (``choose_layout``) is paged where the slots would not
+hold the batch at max_model_len (a dense target on CUDA), else slot, whose lone request runs the
+per-request CUDA graphs and the one-graph DDTree round (faster at batch 1). Off CUDA the defaults are fixed (``CPU_MAX_RUNNING``; pages for every slot at
 max_model_len). The sizes are measured on one cache built and freed here (``pools.cache_bytes``).
 """
 
@@ -66,6 +68,20 @@ def default_running(engine, asked: int | None, fraction: float, paged: bool = Fa
     per_slot, once = slot_bytes(engine, paged)
     free, _ = torch.cuda.mem_get_info(engine.device)
     return slots_for(free, per_slot, fraction, once=once)
+
+
+def choose_layout(engine, asked: str, running: int | None, fraction: float) -> str:
+    """The KV layout of ``asked`` (``auto``, ``slot``, ``paged``): ``auto`` is ``paged`` for a
+    dense target on CUDA when ``fraction`` of the free memory holds fewer slots at max_model_len
+    than ``running`` requests (default ``CUDA_MAX_RUNNING``), else ``slot`` (hybrids, the CPU)."""
+    if asked != "auto":
+        return asked
+    if engine.device.type != "cuda" or not isinstance(_model(engine), TargetModel):
+        return "slot"
+    want = int(running) if running is not None else CUDA_MAX_RUNNING
+    per_slot, once = slot_bytes(engine)
+    free, _ = torch.cuda.mem_get_info(engine.device)
+    return "slot" if slots_for(free, per_slot, fraction, cap=want, once=once) >= want else "paged"
 
 
 def page_bytes(model) -> int:
