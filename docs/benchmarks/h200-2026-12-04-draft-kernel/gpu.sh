@@ -18,6 +18,7 @@ if [[ $PART == a ]]; then
   step b1-8-32k 230 $B --batch 1,8 --context-len 32768 --kv-layout slot,paged --out "$OUT/32k"
 fi
 if [[ $PART == b ]]; then
-  step b64-4k 540 $B --batch 64 --context-len 4096 --kv-layout slot,paged --out "$OUT/4k-b64"
+  step gpu-tests 120 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_draft_kernel_gpu.py tests/server/test_paged_gpu.py
+  step b64-4k 420 $B --batch 64 --context-len 4096 --kv-layout slot,paged --out "$OUT/4k-b64"
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
