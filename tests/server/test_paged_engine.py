@@ -54,7 +54,7 @@ def test_32_random_requests_paged_equal_alone_and_ar(dense, pages):
     dense.capture_layers = []
 
 
-def test_preempted_requests_resume_with_the_same_tokens(dense):
+def test_preempted_requests_resume_with_the_same_tokens(dense, caplog):
     """Six long generations (greedy and seeded sampling, every mode) on pages for about two:
     requests are preempted several times each and resumed by recompute; every request's tokens
     are those it gets alone on the slot layout (and greedy ones plain decoding's)."""
@@ -70,8 +70,11 @@ def test_preempted_requests_resume_with_the_same_tokens(dense):
                               seed=seeds[i])
 
     order = iter(range(6))
-    got, sizes = run_together(engine, list(zip(prompts, modes)), lambda: params(next(order)))
+    with caplog.at_level("INFO", logger="ddtree_server.engine.batch.engine"):
+        got, sizes = run_together(engine, list(zip(prompts, modes)), lambda: params(next(order)))
     assert engine.batch.preemptions >= 6 and max(sizes) > 1
+    said = [r.getMessage() for r in caplog.records if "preempted" in r.getMessage()]
+    assert len(said) == engine.batch.preemptions and "tokens to recompute" in said[0]   # each one logged
     all_free(engine)
     for i, (ids, mode) in enumerate(zip(prompts, modes)):
         alone = [t for ev in slot.generate(ids, params(i), mode=mode) for t in ev.token_ids]

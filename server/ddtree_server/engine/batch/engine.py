@@ -14,6 +14,7 @@ request ends at the next step boundary, a finished one frees its slot for the ne
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,8 @@ from ddtree_server.engine.batch.prefill import prefill_many
 from ddtree_server.engine.batch.request import GenerationEvent, Request
 from ddtree_server.engine.batch.runner import StepRunner
 from ddtree_server.engine.batch.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -147,6 +150,10 @@ class BatchEngine:
         self.runner.free(slot)
         req.preempt()
         self.preemptions += 1
+        pages = self.runner.caches.pages
+        log.info("KV pages ran out: request %s preempted, %d tokens to recompute on re-admission "
+                 "(%d preemptions so far; %d of %d pages free)", req.rid, len(req.prefill_ids), self.preemptions,
+                 pages.free_pages, pages.num_pages - 1)
 
     def _emit(self, req: Request, out: list, ids: list[int], text: str, finish: str | None) -> None:
         logprobs = req.take_logprobs(len(ids), finish is not None)
