@@ -15,6 +15,7 @@ and after every step no page is held by a slot without a running request.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 
@@ -28,8 +29,11 @@ from tests.server.tiny import EOS, ByteTokenizer, tiny_target
 
 # 0-18 arrivals a step and a 96-token prefill budget: half the steps of 0-9 and 48 (each step's
 # forwards cost about the same however full); the queue still backs up (cancellations while queued)
-REQUESTS, SLOTS, CHUNK, ARRIVALS, PICKS = 4_000, 32, 96, 18, 4
+REQUESTS, SLOTS, CHUNK, ARRIVALS, PICKS = 10_000, 32, 96, 18, 4
 PAGES = 48   # 47 pages of 16 rows for 32 slots of up to 97 rows (7 pages each): about a fifth
+# the suite's sizes (the paged soak verifies its pages after every change: 10,000 requests take
+# ~150 s there), or DDTREE_SOAK_REQUESTS for both layouts (docs/architecture.md, "Tests")
+LONG = int(os.environ.get("DDTREE_SOAK_REQUESTS", "0") or 0)
 
 
 def _check(batch, live: dict) -> None:
@@ -49,7 +53,7 @@ def _check(batch, live: dict) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout,requests", [("slot", REQUESTS), ("paged", 3_000)])
+@pytest.mark.parametrize("layout,requests", [("slot", LONG or REQUESTS), ("paged", LONG or 3_000)])
 def test_thousands_of_requests_leave_every_slot_and_page_free(layout, requests):
     torch.set_num_threads(1)
     target = tiny_target()
