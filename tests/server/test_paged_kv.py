@@ -63,3 +63,16 @@ def test_a_row_past_the_table_is_refused():
     table = torch.tensor([2], dtype=torch.int32)
     with pytest.raises(IndexError, match="past the 1 pages"):
         kv.write(0, table, 10, torch.zeros(7, HKV, D), torch.zeros(7, HKV, D))
+
+
+def test_changed_tables_are_reported_once():
+    """The device copy of the page tables (``PagedSlots.table``) is refreshed from
+    ``take_changed``: a new table, a grown one and a released one are reported, once; a reserve
+    within the pages already held is not."""
+    pool = PagePool(9)
+    assert pool.reserve(0, 20) and pool.reserve(1, 5)
+    assert sorted(pool.take_changed()) == [0, 1] and pool.take_changed() == []
+    assert pool.reserve(0, 32) and pool.reserve(1, 16)   # within the pages held
+    assert pool.take_changed() == []
+    assert pool.reserve(1, 17) and pool.release(0) == 2
+    assert sorted(pool.take_changed()) == [0, 1]

@@ -54,6 +54,7 @@ class PagedSlots:
         dtype = model.embed_tokens.weight.dtype
         self.kv = PagedKV(len(model.layers), num_pages, attn.n_kv, attn.head_dim, dtype, device)
         self.caches = [PagedSlot(self, s, max_len) for s in range(slots)]
+        self._dev: Tensor | None = None   # the device copy of every slot's table (``table``)
         self.pooled = True
 
     def __getitem__(self, slot: int) -> PagedSlot:
@@ -78,8 +79,16 @@ class PagedSlots:
         return torch.tensor(self.pages.tables.get(slot, []), dtype=torch.long)
 
     def table(self, slots: list[int], device) -> Tensor:
-        """int32 ``[len(slots), width]`` device page tables of the slots (padded with page 0)."""
-        return self.pages.table(slots, self.width, device)
+        """int32 ``[len(slots), width]`` device page tables of the slots (padded with page 0; slot
+        ``len(self.caches)``: no pages, the padding blocks of the graphs). Rows of the device copy
+        of every slot's table are sent only when they changed (``PagePool.take_changed``)."""
+        if self._dev is None:
+            self._dev = torch.zeros((len(self.caches) + 1, self.width), dtype=torch.int32, device=device)
+            self.pages.changed.update(range(len(self.caches)))
+        changed = [s for s in self.pages.take_changed() if isinstance(s, int) and 0 <= s < len(self.caches)]
+        if changed:
+            self._dev[torch.tensor(changed, device=device)] = self.pages.table(changed, self.width, device)
+        return self._dev[torch.tensor(slots, device=device)]
 
     def reserve(self, slot: int, rows: int) -> bool:
         """Pages for ``rows`` rows of ``slot`` (all or nothing)."""

@@ -37,6 +37,7 @@ class PagePool:
         self.num_pages, self.page_size, self.check = num_pages, page_size, check
         self._free = list(range(num_pages - 1, 0, -1))   # a stack: the lowest page ids go first
         self.tables: dict[object, list[int]] = {}
+        self.changed: set = set()   # requests whose table changed since ``take_changed``
 
     def pages_for(self, rows: int) -> int:
         """Pages that hold ``rows`` rows."""
@@ -69,6 +70,8 @@ class PagePool:
         need = self.growth(rid, rows)
         if need > len(self._free):
             return False
+        if need or rid not in self.tables:
+            self.changed.add(rid)
         table = self.tables.setdefault(rid, [])
         for _ in range(need):
             table.append(self._free.pop())
@@ -79,9 +82,15 @@ class PagePool:
         """Return every page of ``rid`` to the free list (finished, cancelled or preempted); the
         number of pages freed (0 for an unknown request)."""
         table = self.tables.pop(rid, [])
+        self.changed.add(rid)
         self._free.extend(reversed(table))
         self._verify()
         return len(table)
+
+    def take_changed(self) -> list:
+        """The requests whose table changed (grown, created or released) since the last call."""
+        out, self.changed = list(self.changed), set()
+        return out
 
     def table(self, rids: list, width: int | None = None, device=None):
         """int32 tensor ``[len(rids), width]`` of the requests' page tables, padded with the dummy
