@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One GPU run (part a | b | c): the batched drafter on the split-K kernel, slot vs paged KV at the Qwen3-8B
+# One GPU run (part a | b | c | d): the batched drafter on the split-K kernel, slot vs paged KV at the Qwen3-8B
 # shape, batch 1 / 8 at 4k and 32k (a), batch 64 at 4k (b); the GPU tests of the drafter kernel and
-# the paged layout; (c) the paged layout with its page tables kept on the device. Usage: bash gpu.sh OUT_DIR COMMIT PART
+# the paged layout; (c) the paged layout with its page tables kept on the device; (d) the 27B hybrid shape at 1k. Usage: bash gpu.sh OUT_DIR COMMIT PART
 set -uo pipefail
 OUT=$1 COMMIT=$2 PART=$3
 REPO=$(pwd)
@@ -24,5 +24,8 @@ fi
 if [[ $PART == c ]]; then   # the page tables kept on the device
   step paged-gpu-tests 150 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_paged_gpu.py
   step paged-b1-64-4k 240 $B --batch 1,64 --context-len 4096 --kv-layout paged --out "$OUT/4k-paged-tables"
+fi
+if [[ $PART == d ]]; then   # the hybrid 27B shape (its drafter: 4 sliding-window layers + 1 full)
+  step 27b-b8-32-1k 290 python3 -m ddtree_server.bench --device cuda --random-shape qwen3.6-27b --iters 5 --batch 8,32 --context-len 1024 --out "$OUT/27b-1k"
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
