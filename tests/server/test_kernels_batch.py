@@ -139,8 +139,15 @@ def drafter():
     slots = [2, 0, 3, 1]
     got = propose_batch(d, pool.pool("k"), pool.pool("v"), [pool[s] for s in slots], slots, ctxs,
                         [7 + i for i in range(4)], lens)
+    # the same through page tables (the target's page ids, shuffled): pages 1 .. 28, 7 per slot
+    from ddtree_server.engine.batch.paged_draft import DraftPages
+    tables = torch.zeros((5, 7), dtype=torch.int32)
+    tables[:4] = (torch.randperm(28, generator=torch.Generator().manual_seed(4)) + 1).view(4, 7).to(torch.int32)
+    pages = DraftPages(d.config, 29, 4, 96, tables, d.dtype, "cpu")
+    paged = propose_batch(d, pages.pool("k"), pages.pool("v"), [pages[s] for s in slots], slots, ctxs,
+                          [7 + i for i in range(4)], lens, tables)
     return {"kernels": kernels_usable(16, pool.pool("k")), "err": float((got - torch.stack(refs)).abs().max()),
-            "scale": float(torch.stack(refs).abs().max())}
+            "scale": float(torch.stack(refs).abs().max()), "paged": float((paged - got).abs().max())}
 
 
 PARTS = {"kernels": kernels, "engine": engine, "windows": windows, "drafter": drafter}
@@ -187,10 +194,12 @@ def test_block_mode_and_windows_match_reference(child):
 @pytest.mark.kernels   # the Triton interpreter: not in `make test-fast`
 def test_batched_drafter_on_the_kernel_path_equals_its_solo_proposals(child):
     """Four requests' draft blocks in one forward through the batched kernel (slots out of order,
-    lengths below, at and past the window) give each request's own proposal."""
+    lengths below, at and past the window) give each request's own proposal; on pages (the
+    paged layout's drafter) the slot pool's bits."""
     doc = child("drafter")
     assert doc["kernels"], doc
     assert doc["err"] < 1e-4 * max(1.0, doc["scale"]), doc
+    assert doc["paged"] == 0.0, doc   # through page tables: the kernel's tiles and splits, the same bits
 
 
 @pytest.mark.slow

@@ -3,9 +3,9 @@
 Slot layout: every slot holds the target's KV (and GDN state) and the drafter's context K/V at
 max_model_len; without ``--max-running`` on CUDA the engine takes as many slots as
 ``kv_memory_fraction`` of the free memory after loading holds (``slots_for``; at most
-``CUDA_MAX_RUNNING``). Paged layout (dense targets): the drafter's context stays in slots, whose
-share is at most half of that budget; the target's K/V takes the rest in pages of 16 tokens
-(``default_pages``). The default layout (``choose_layout``) is paged where the slots would not
+``CUDA_MAX_RUNNING``). Paged layout (dense targets): the target's K/V and the DFlash drafter's
+context K/V in pages of 16 tokens on the same page ids (``paged_draft.py``; a page costs both), as
+many as ``kv_memory_fraction`` of the free memory holds (``default_pages``). The default layout (``choose_layout``) is paged where the slots would not
 hold the batch at max_model_len (a dense target on CUDA), else slot, whose lone request runs the
 per-request CUDA graphs and the one-graph DDTree round (faster at batch 1). Off CUDA the defaults are fixed (``CPU_MAX_RUNNING``; pages for every slot at
 max_model_len). The sizes are measured on one cache built and freed here (``pools.cache_bytes``).
@@ -17,8 +17,10 @@ import torch
 
 from ddtree_server.engine.batch.hybrid_rounds import round_rows
 from ddtree_server.engine.batch.pages import PAGE_SIZE
+from ddtree_server.engine.batch.paged_draft import DraftPages
 from ddtree_server.engine.batch.pools import cache_bytes, slot_cache_bytes
 from ddtree_server.models.dense.target import TargetModel
+from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.model import HybridTarget
 
 CPU_MAX_RUNNING = 4    # default requests in one batch on the CPU
@@ -43,13 +45,19 @@ def drafter_slot_bytes(engine) -> int:
     return cache_bytes(engine.drafter.new_cache(engine.max_model_len + 1 + engine.block_size))
 
 
+def _dflash(engine):
+    """The engine's DFlash drafter module (its K/V can be paged), else None."""
+    raw = getattr(engine.drafter, "drafter", engine.drafter)
+    return raw if isinstance(raw, DFlashDrafter) else None
+
+
 def slot_bytes(engine, paged: bool = False) -> tuple[int, int]:
     """Bytes of one slot's caches (the target's KV / GDN state and the drafter's context K/V at
     max_model_len), and the bytes allocated once whatever the slots (a hybrid's round scratch, at
-    its most rows). ``paged``: the drafter's alone, counted twice (its slots take at most half
-    the budget; the target's K/V is in pages)."""
+    its most rows). ``paged``: nothing per slot for a DFlash drafter (its K/V is in the pages
+    too), else the drafter's, counted twice (its slots take at most half the budget)."""
     if paged:
-        return 2 * drafter_slot_bytes(engine), 0
+        return (0 if _dflash(engine) is not None else 2 * drafter_slot_bytes(engine)), 0
     per_slot = slot_cache_bytes(engine.target.new_cache(engine.max_model_len + 1)) + drafter_slot_bytes(engine)
     model = _model(engine)
     once = model.new_scratch(round_rows(engine.round_rows, CUDA_MAX_RUNNING), "meta").nbytes \
@@ -66,6 +74,8 @@ def default_running(engine, asked: int | None, fraction: float, paged: bool = Fa
     if engine.device.type != "cuda":
         return CPU_MAX_RUNNING
     per_slot, once = slot_bytes(engine, paged)
+    if per_slot == 0:
+        return CUDA_MAX_RUNNING
     free, _ = torch.cuda.mem_get_info(engine.device)
     return slots_for(free, per_slot, fraction, once=once)
 
@@ -84,10 +94,12 @@ def choose_layout(engine, asked: str, running: int | None, fraction: float) -> s
     return "slot" if slots_for(free, per_slot, fraction, cap=want, once=once) >= want else "paged"
 
 
-def page_bytes(model) -> int:
-    """Bytes of one page of a dense target's K/V (K and V, every layer), without building it."""
+def page_bytes(model, drafter=None) -> int:
+    """Bytes of one page of a dense target's K/V (K and V, every layer) and of a DFlash
+    ``drafter``'s on the same page ids, without building them."""
     attn = model.layers[0].self_attn
-    return 2 * len(model.layers) * attn.n_kv * PAGE_SIZE * attn.head_dim * model.embed_tokens.weight.element_size()
+    own = 2 * len(model.layers) * attn.n_kv * PAGE_SIZE * attn.head_dim * model.embed_tokens.weight.element_size()
+    return own + (DraftPages.page_bytes(drafter.config, drafter.dtype) if drafter is not None else 0)
 
 
 def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int:
@@ -101,5 +113,6 @@ def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int
     if engine.device.type != "cuda":
         return slots * (least - 1) + 1
     free, _ = torch.cuda.mem_get_info(engine.device)
-    budget = int(fraction * free) - slots * drafter_slot_bytes(engine)
-    return max(least, budget // page_bytes(_model(engine)))
+    drafter = _dflash(engine)
+    budget = int(fraction * free) - (slots * drafter_slot_bytes(engine) if engine.drafter is not None and drafter is None else 0)
+    return max(least, budget // page_bytes(_model(engine), drafter))

@@ -13,6 +13,10 @@ one's. Elsewhere it gathers each request's key / value rows out of the pool (and
 per query head beside a mask): at 150 requests of 4k context at the Qwen3.6-27B drafter's shape
 one layer's copies took several GiB at once. So the requests attend in passes whose copies keep
 to ``PASS_BYTES`` (``request_passes``); each request's attention is its own in any pass.
+
+``tables`` (the paged layout, ``paged_draft.py``): the pools are page pools ``[pages, layers,
+kv_heads, 16, d]`` on the target's page ids and ``tables`` the device page tables of every slot
+``[slots + 1, width]``; position p of slot r is row ``p % 16`` of page ``tables[r, p // 16]``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ddtree_server.engine.batch.pages import PAGE_SIZE
 from ddtree_server.kernels.attention_batch import batch_attention
 from ddtree_server.models.drafter.attention import visibility
 from ddtree_server.models.layers import attention_backends as sdpa_backends
@@ -30,25 +35,25 @@ PASS_BYTES = 512 << 20   # a pass's gathered (and per-head repeated) key / value
 
 @torch.no_grad()
 def propose_batch(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: list[int], ctxs: list[Tensor],
-                  bonus: list[int], starts: list[int]) -> Tensor:
+                  bonus: list[int], starts: list[int], tables: Tensor | None = None) -> Tensor:
     """Draft logits ``[b, block_size - 1, vocab]``; afterwards ``caches[r].length == starts[r]``."""
     dev, bs = kpool.device, drafter.config.block_size
     for c, ctx, s in zip(caches, ctxs, starts):
         if c.length + ctx.shape[0] != s:
             raise ValueError(f"context of {ctx.shape[0]} rows does not fill positions [{c.length}, {s})")
-    append_rows(drafter, kpool, vpool, caches, slots, ctxs)
+    append_rows(drafter, kpool, vpool, caches, slots, ctxs, tables)
     return draft_blocks(drafter, kpool, vpool, torch.tensor(slots, device=dev), torch.tensor(starts, device=dev),
-                        torch.tensor(bonus, device=dev), max(starts) + bs)
+                        torch.tensor(bonus, device=dev), max(starts) + bs, tables)
 
 
-def fold_context(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: list[int], ctxs: list[Tensor]
-                 ) -> list[Tensor]:
+def fold_context(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: list[int], ctxs: list[Tensor],
+                 tables: Tensor | None = None) -> list[Tensor]:
     """Requests that skipped the drafter for some rounds (plain rounds) gathered context rows; all
     but the newest of each go into its slot's draft cache now, in one batched append (the K/V
     ``propose_batch`` would write with them). Returns the kept rows: the newest of each request,
     so its next proposal brings 1 .. block_size rows (the drafter's graphs take it) and pending
     rows never grow with the length of a stretch of plain rounds."""
-    append_rows(drafter, kpool, vpool, caches, slots, [ctx[:-1] for ctx in ctxs])
+    append_rows(drafter, kpool, vpool, caches, slots, [ctx[:-1] for ctx in ctxs], tables)
     return [ctx[-1:].clone() for ctx in ctxs]
 
 
@@ -58,12 +63,13 @@ def fold_skipped(drafter, dcaches, reqs: list) -> None:
     due = [r for r in reqs if r.mode != "ar" and r.ctx is not None and r.ctx.shape[0] >= drafter.config.block_size]
     if due:
         kept = fold_context(drafter, dcaches.pool("k"), dcaches.pool("v"), [dcaches[r.slot] for r in due],
-                            [r.slot for r in due], [r.ctx for r in due])
+                            [r.slot for r in due], [r.ctx for r in due], getattr(dcaches, "tables", None))
         for r, ctx in zip(due, kept):
             r.ctx = ctx
 
 
-def append_rows(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: list[int], ctxs: list[Tensor]) -> None:
+def append_rows(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: list[int], ctxs: list[Tensor],
+                tables: Tensor | None = None) -> None:
     """Each request's context rows ``ctxs[r]`` at the positions after its draft cache's length
     in slot ``slots[r]`` (one batched ``append_context``); the lengths advance past them."""
     dev = kpool.device
@@ -71,23 +77,33 @@ def append_rows(drafter, kpool: Tensor, vpool: Tensor, caches: list, slots: list
         pos = torch.tensor([p for c, x in zip(caches, ctxs) for p in range(c.length, c.length + x.shape[0])],
                            device=dev)
         slot_c = torch.tensor([sl for sl, x in zip(slots, ctxs) for _ in range(x.shape[0])], device=dev)
-        append_context(drafter, kpool, vpool, torch.cat([x for x in ctxs if x.shape[0]]), pos, slot_c)
+        append_context(drafter, kpool, vpool, torch.cat([x for x in ctxs if x.shape[0]]), pos, slot_c, tables)
     for c, x in zip(caches, ctxs):
         c.length += x.shape[0]
 
 
-def append_context(drafter, kpool: Tensor, vpool: Tensor, ctx: Tensor, pos: Tensor, slot_c: Tensor) -> None:
+def address(slot: Tensor, pos: Tensor, tables: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Pool indices (first axis, row axis) of positions ``pos`` of slots ``slot``: the slot and
+    the position, or through the page tables the page and the row in it."""
+    if tables is None:
+        return slot, pos
+    return tables[slot, pos // PAGE_SIZE].long(), pos % PAGE_SIZE
+
+
+def append_context(drafter, kpool: Tensor, vpool: Tensor, ctx: Tensor, pos: Tensor, slot_c: Tensor,
+                   tables: Tensor | None = None) -> None:
     """Project context features ``[C, F]`` and write their K/V at positions ``pos`` of slots ``slot_c``."""
     h = drafter.project_context(ctx)[None]
     cos, sin = drafter.rope(pos[None], h.dtype)
+    at, row = address(slot_c, pos, tables)
     for i, layer in enumerate(drafter.layers):
         k, v = layer.self_attn.kv(h, cos, sin)                       # [1, hkv, C, d]
-        kpool[:, i][slot_c, :, pos] = k[0].transpose(0, 1)
-        vpool[:, i][slot_c, :, pos] = v[0].transpose(0, 1)
+        kpool[:, i][at, :, row] = k[0].transpose(0, 1)
+        vpool[:, i][at, :, row] = v[0].transpose(0, 1)
 
 
 def draft_blocks(drafter, kpool: Tensor, vpool: Tensor, slot_t: Tensor, starts: Tensor, bonus: Tensor,
-                 kv_max: int) -> Tensor:
+                 kv_max: int, tables: Tensor | None = None) -> Tensor:
     """The blocks ``[bonus_r, MASK ...]`` at positions ``starts[r] ..`` of every request in one
     ``[b, bs]`` forward over key rows ``[0, kv_max)`` of their slots (rows at or past a request's
     ``starts[r] + bs`` are zeroed and hidden); shapes depend on ``b`` and ``kv_max`` only (graph-safe)."""
@@ -97,23 +113,25 @@ def draft_blocks(drafter, kpool: Tensor, vpool: Tensor, slot_t: Tensor, starts: 
     x = drafter.embed_tokens(drafter.block_ids(bonus)).to(drafter.dtype)
     cos, sin = drafter.rope(qpos, x.dtype)
     attn0 = drafter.layers[0].self_attn
+    pages = None if tables is None else tables.index_select(0, slot_t)                 # [b, width]
     if kernels_usable(attn0.head_dim, kpool):
-        attend = _kernel_attention(drafter, slot_t, starts, b, bs)
+        attend = _kernel_attention(drafter, slot_t, starts, b, bs, pages)
     else:
-        attend = _gathered_attention(drafter, kpool, slot_t, qpos, kv_max)
+        attend = _gathered_attention(drafter, kpool, slot_t, qpos, kv_max, pages)
+    at, row = address(slot_t[:, None].expand(b, bs), qpos, tables)
     with sdpa_backends(dev):
         for i, layer in enumerate(drafter.layers):
             attn = layer.self_attn
             xn = layer.input_layernorm(x)
             k, v = attn.kv(xn, cos, sin)                                  # [b, hkv, bs, d]
             kl, vl = kpool[:, i], vpool[:, i]
-            kl[slot_t[:, None], :, qpos] = k.transpose(1, 2)
-            vl[slot_t[:, None], :, qpos] = v.transpose(1, 2)
+            kl[at, :, row] = k.transpose(1, 2)
+            vl[at, :, row] = v.transpose(1, 2)
             x = layer.finish(x, attend(i, attn, attn.q(xn, cos, sin), kl, vl))
     return drafter.lm_head(drafter.norm(x[:, 1:]))
 
 
-def _kernel_attention(drafter, slot_t: Tensor, starts: Tensor, b: int, bs: int):
+def _kernel_attention(drafter, slot_t: Tensor, starts: Tensor, b: int, bs: int, pages: Tensor | None):
     """Layer i's block attention through ``batch_attention``: ``block`` mode for non-causal layers,
     ``causal`` for causal ones, the layer's window (``drafter/attention.py``: ``visibility``)."""
     dev = slot_t.device
@@ -124,12 +142,12 @@ def _kernel_attention(drafter, slot_t: Tensor, starts: Tensor, b: int, bs: int):
         causal, window = drafter.kinds[i]
         flat = q.transpose(1, 2).reshape(b * bs, attn.n_heads, attn.head_dim)
         out = batch_attention(flat, kl, vl, start32, qo, slot32, bs, "causal" if causal else "block",
-                              scale=attn.head_dim ** -0.5, window=window)
+                              scale=attn.head_dim ** -0.5, window=window, pages=pages)
         return attn.o_proj(out.reshape(b, bs, -1))
     return attend
 
 
-def _gathered_attention(drafter, kpool: Tensor, slot_t: Tensor, qpos: Tensor, kv_max: int):
+def _gathered_attention(drafter, kpool: Tensor, slot_t: Tensor, qpos: Tensor, kv_max: int, pages: Tensor | None):
     """Layer i's block attention as a masked SDPA over the slots' gathered rows ``[0, kv_max)``
     (rows at or past a request's ``starts[r] + bs`` zeroed and hidden), in passes (``request_passes``)."""
     b, dev = slot_t.shape[0], kpool.device
@@ -144,7 +162,8 @@ def _gathered_attention(drafter, kpool: Tensor, slot_t: Tensor, qpos: Tensor, kv
 
     def attend(i: int, attn, q: Tensor, kl: Tensor, vl: Tensor) -> Tensor:
         mask = masks[drafter.kinds[i]]
-        outs = [attn.attend(q[a:e], _rows(kl, slot_t[a:e], kv_max, hide[a:e]), _rows(vl, slot_t[a:e], kv_max, hide[a:e]),
+        at = slot_t if pages is None else pages
+        outs = [attn.attend(q[a:e], _rows(kl, at[a:e], kv_max, hide[a:e]), _rows(vl, at[a:e], kv_max, hide[a:e]),
                             mask[a:e]) for a, e in request_passes(b, kv_max, attn, kpool.element_size())]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
     return attend
@@ -156,9 +175,16 @@ def blank_context(target, drafter, device) -> Tensor:
     return torch.zeros(1, width, dtype=target.embed_tokens.weight.dtype, device=device)
 
 
-def _rows(pool: Tensor, slots: Tensor, kv_max: int, hide: Tensor) -> Tensor:
-    """Rows ``[0, kv_max)`` of the slots' caches of one layer (a copy), hidden rows zeroed."""
-    return pool[slots, :, :kv_max].masked_fill_(hide, 0.0)
+def _rows(pool: Tensor, at: Tensor, kv_max: int, hide: Tensor) -> Tensor:
+    """Rows ``[0, kv_max)`` of one layer's caches (a copy), hidden rows zeroed: ``at`` the slots
+    ``[b]`` of a slot pool, or the page-table rows ``[b, width]`` of a page pool."""
+    if at.dim() == 1:
+        return pool[at, :, :kv_max].masked_fill_(hide, 0.0)
+    n = -(-kv_max // PAGE_SIZE)
+    got = pool[at[:, :n].long()]                                   # [b, n, hkv, 16, d]
+    b, _, hkv, size, d = got.shape
+    rows = got.permute(0, 2, 1, 3, 4).reshape(b, hkv, n * size, d)[:, :, :kv_max]
+    return rows.masked_fill_(hide, 0.0)   # a copy already (the permuted reshape)
 
 
 def request_passes(b: int, kv_max: int, attn, elem: int, limit: int | None = None) -> list[tuple[int, int]]:

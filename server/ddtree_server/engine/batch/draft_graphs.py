@@ -31,6 +31,7 @@ from ddtree_server.engine.batch.draft import append_context, draft_blocks, propo
 from ddtree_server.engine.batch.graph_out import SharedOut
 from ddtree_server.engine.batch.graph_pool import GraphPool
 from ddtree_server.engine.batch.graphs import BATCH_BUCKETS, bucket
+from ddtree_server.engine.batch.pages import PAGE_SIZE
 from ddtree_server.models.drafter.graphs import replay_differs
 from ddtree_server.models.layers import kernels_usable
 
@@ -55,12 +56,15 @@ class _Static:
 class DraftGraphs:
     """Padded, graph-replayed ``propose_batch`` over a drafter slot pool whose last slot is scratch."""
 
-    def __init__(self, drafter, kpool: Tensor, vpool: Tensor, *, capture: bool = True, pool: GraphPool | None = None):
-        """``pool``: the graph pool shared with the runner's target graphs (``graph_pool.py``)."""
-        self.drafter, self.kpool, self.vpool, self.capture = drafter, kpool, vpool, capture
+    def __init__(self, drafter, kpool: Tensor, vpool: Tensor, *, capture: bool = True, pool: GraphPool | None = None,
+                 tables: Tensor | None = None):
+        """``pool``: the graph pool shared with the runner's target graphs (``graph_pool.py``).
+        ``tables``: page pools on the target's pages (``paged_draft.py``) and the persistent device
+        page tables, a static input of the graphs; padding requests take its last row (no pages)."""
+        self.drafter, self.kpool, self.vpool, self.capture, self.tables = drafter, kpool, vpool, capture, tables
         self.bs = int(drafter.config.block_size)
-        self.scratch = kpool.shape[0] - 1
-        self.rows = kpool.shape[3]
+        self.scratch = kpool.shape[0] - 1 if tables is None else tables.shape[0] - 1
+        self.rows = kpool.shape[3] if tables is None else tables.shape[1] * PAGE_SIZE
         self.kernel = kernels_usable(drafter.layers[0].self_attn.head_dim, kpool)
         self.enabled = True
         self.rounds = 0
@@ -78,7 +82,7 @@ class DraftGraphs:
         if (not self.enabled or b_pad is None or need > self.rows or self.scratch < 0
                 or any(not 0 < c.shape[0] <= bs for c in ctxs)
                 or any(c.length + x.shape[0] != s for c, x, s in zip(caches, ctxs, starts))):
-            return propose_batch(self.drafter, self.kpool, self.vpool, caches, slots, ctxs, bonus, starts)
+            return propose_batch(self.drafter, self.kpool, self.vpool, caches, slots, ctxs, bonus, starts, self.tables)
         st = self._static.get((b_pad, width))
         if st is None:
             st = self._static[(b_pad, width)] = _Static(b_pad, bs, ctxs[0].shape[1], ctxs[0].dtype,
@@ -98,7 +102,7 @@ class DraftGraphs:
         except RuntimeError as exc:   # capture problems: eager from now on
             log.warning("batched drafter CUDA graphs disabled: %s", exc)
             self.enabled = False
-            return propose_batch(self.drafter, self.kpool, self.vpool, caches, slots, ctxs, bonus, starts)
+            return propose_batch(self.drafter, self.kpool, self.vpool, caches, slots, ctxs, bonus, starts, self.tables)
         for c, s in zip(caches, starts):
             c.length = s
         if not eager and not st.checked:
@@ -127,8 +131,8 @@ class DraftGraphs:
         st.bonus.copy_(per[2], non_blocking=True)
 
     def _run(self, st: _Static, width: int) -> Tensor:
-        append_context(self.drafter, self.kpool, self.vpool, st.ctx, st.pos, st.slot_c)
-        return draft_blocks(self.drafter, self.kpool, self.vpool, st.slots, st.starts, st.bonus, width)
+        append_context(self.drafter, self.kpool, self.vpool, st.ctx, st.pos, st.slot_c, self.tables)
+        return draft_blocks(self.drafter, self.kpool, self.vpool, st.slots, st.starts, st.bonus, width, self.tables)
 
     def _capture(self, st: _Static, width: int) -> bool:
         """Capture ``st``'s graph; False when its warm-up shows memory is short (nothing captured)."""
@@ -152,7 +156,7 @@ class DraftGraphs:
         st.checked = True
         for c, x, s in zip(caches, ctxs, starts):
             c.length = s - x.shape[0]
-        ref = propose_batch(self.drafter, self.kpool, self.vpool, caches, slots, ctxs, bonus, starts)
+        ref = propose_batch(self.drafter, self.kpool, self.vpool, caches, slots, ctxs, bonus, starts, self.tables)
         differs = replay_differs(logits[: len(slots)], ref)
         if differs:
             log.warning("batched drafter CUDA graphs disabled: graph differs from eager (%s)", differs)

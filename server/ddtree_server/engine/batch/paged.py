@@ -54,7 +54,8 @@ class PagedSlots:
         dtype = model.embed_tokens.weight.dtype
         self.kv = PagedKV(len(model.layers), num_pages, attn.n_kv, attn.head_dim, dtype, device)
         self.caches = [PagedSlot(self, s, max_len) for s in range(slots)]
-        self._dev: Tensor | None = None   # the device copy of every slot's table (``table``)
+        self._dev: Tensor | None = None   # the device copy of every slot's table (``device_tables``)
+        self.shared: list[Tensor] = []    # pools ``[pages, ...]`` on the same page ids (the drafter's)
         self.pooled = True
 
     def __getitem__(self, slot: int) -> PagedSlot:
@@ -62,9 +63,9 @@ class PagedSlots:
 
     @property
     def page_bytes(self) -> int:
-        """Bytes of one page (K and V of every layer)."""
+        """Bytes of one page (K and V of every layer; the drafter's on the same page too)."""
         k = self.kv.k
-        return 2 * k[:, 0].numel() * k.element_size()
+        return 2 * k[:, 0].numel() * k.element_size() + sum(p[0].numel() * p.element_size() for p in self.shared)
 
     @property
     def slot_bytes(self) -> int:
@@ -80,15 +81,19 @@ class PagedSlots:
 
     def table(self, slots: list[int], device) -> Tensor:
         """int32 ``[len(slots), width]`` device page tables of the slots (padded with page 0; slot
-        ``len(self.caches)``: no pages, the padding blocks of the graphs). Rows of the device copy
-        of every slot's table are sent only when they changed (``PagePool.take_changed``)."""
+        ``len(self.caches)``: no pages, the padding blocks of the graphs)."""
+        return self.device_tables(device)[torch.tensor(slots, device=device)]
+
+    def device_tables(self, device) -> Tensor:
+        """The device copy of every slot's table ``[slots + 1, width]`` (row ``slots``: no pages),
+        one tensor updated in place: rows are sent only when they changed (``PagePool.take_changed``)."""
         if self._dev is None:
             self._dev = torch.zeros((len(self.caches) + 1, self.width), dtype=torch.int32, device=device)
             self.pages.changed.update(range(len(self.caches)))
         changed = [s for s in self.pages.take_changed() if isinstance(s, int) and 0 <= s < len(self.caches)]
         if changed:
             self._dev[torch.tensor(changed, device=device)] = self.pages.table(changed, self.width, device)
-        return self._dev[torch.tensor(slots, device=device)]
+        return self._dev
 
     def reserve(self, slot: int, rows: int) -> bool:
         """Pages for ``rows`` rows of ``slot`` (all or nothing)."""
@@ -101,6 +106,8 @@ class PagedSlots:
             idx = torch.tensor(held, device=self.kv.k.device)
             self.kv.k[:, idx] = float("nan")
             self.kv.v[:, idx] = float("nan")
+            for pool in self.shared:
+                pool[idx] = float("nan")
         self.caches[slot].length = 0
         return self.pages.release(slot)
 

@@ -79,7 +79,8 @@ def measure(runner, rows=None) -> Profile:
     if runner.drafter is not None:
         block = runner.block_size
         ctx = blank_context(runner.model, runner.raw_drafter, dev)
-        dcache = runner.dcaches[0]
+        # slot 0's draft cache; on pages a small cache of its own (the drafter's time alone)
+        dcache = runner.drafter.new_cache(block + 1) if runner.paged else runner.dcaches[0]
 
         def propose() -> None:
             dcache.crop(0)

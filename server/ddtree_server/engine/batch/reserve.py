@@ -20,6 +20,7 @@ import torch
 from ddtree_server.engine.batch.draft import blank_context, propose_batch
 from ddtree_server.engine.batch.forward import Block, Layout
 from ddtree_server.engine.batch.graphs import MAX_ROWS, ROW_BUCKETS
+from ddtree_server.engine.batch.pages import PAGE_SIZE
 
 
 def round_sizes(slots: int, per_block: int | None, most: int | None) -> list[int]:
@@ -49,13 +50,15 @@ def largest_round(runner) -> int:
         draft = None
         if runner.dcaches is not None and runner.dcaches.pooled:
             dk, dv = runner.dcaches.pool("k"), runner.dcaches.pool("v")
-            start = min(top, dk.shape[3] - runner.block_size)
+            tables = getattr(runner.dcaches, "tables", None)   # pages: every row to the dummy page
+            tables = None if tables is None else torch.zeros_like(tables)
+            start = min(top, (dk.shape[3] if tables is None else tables.shape[1] * PAGE_SIZE) - runner.block_size)
             dcaches = [runner.dcaches[i] for i in range(slots)]
             for c in dcaches:
                 c.length = start - 1
             ctx = blank_context(runner.model, runner.raw_drafter, runner.device)
             draft = propose_batch(runner.raw_drafter, dk, dv, dcaches, list(range(slots)), [ctx] * slots,
-                                  [0] * slots, [start] * slots)
+                                  [0] * slots, [start] * slots, tables)
         out = runner.eager_forward(caches, Layout(blocks, runner.device, pages=runner.tables(blocks, True)))
         del draft, out
     for i in range(slots):

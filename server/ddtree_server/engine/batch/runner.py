@@ -35,6 +35,7 @@ from ddtree_server.engine.batch.graphs import BatchGraphs
 from ddtree_server.engine.batch.hybrid_rounds import commit_pending, round_rows
 from ddtree_server.engine.batch.policy import SpecPolicy
 from ddtree_server.engine.batch.paged import PagedSlots
+from ddtree_server.engine.batch.paged_draft import draft_caches
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk, prefill_many
 from ddtree_server.engine.batch.profile import measure
@@ -110,10 +111,11 @@ class StepRunner:
             self.raw_drafter = _raw(drafter, "drafter")
             pooled = isinstance(self.raw_drafter, DFlashDrafter)
             dgraphs = pooled and (want if want is not None else cuda)   # + a scratch slot (draft_graphs.py)
-            self.dcaches = SlotPool(lambda: drafter.new_cache(max_len + 1 + self.block_size), slots + dgraphs,
-                                    pooled=pooled)
+            self.dcaches = draft_caches(drafter, self.raw_drafter, slots, slots + dgraphs, max_len + 1 + self.block_size,
+                                        pooled, self.caches if self.paged else None, device)
             self.draft_graphs = DraftGraphs(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"),
-                                            capture=cuda, pool=self.graph_pool) if dgraphs else None
+                                            capture=cuda, pool=self.graph_pool,
+                                            tables=getattr(self.dcaches, "tables", None)) if dgraphs else None
         self.batched = self.kind is not None
         # what the largest eager round needs stays free of graph captures (reserve.py; CUDA only)
         if cuda and (self.graphs is not None or self.draft_graphs is not None):
@@ -217,6 +219,8 @@ class StepRunner:
     def _fold(self, reqs: list[Request]) -> None:
         """Requests that skipped the drafter keep their context rows (``draft.fold_skipped``)."""
         if self.dcaches is not None and self.dcaches.pooled:
+            if self.paged:
+                self.caches.device_tables(self.device)
             fold_skipped(self.raw_drafter, self.dcaches, reqs)
 
     def governed(self, req: Request) -> bool:
@@ -254,10 +258,13 @@ class StepRunner:
         if spec:
             args = ([self.dcaches[r.slot] for r in spec], [r.slot for r in spec], [r.ctx for r in spec],
                     [r.bonus for r in spec], [r.s for r in spec])
+            if self.paged:
+                self.caches.device_tables(self.device)   # the tables' rows changed since the last round
             if self.draft_graphs is not None:
                 logits = self.draft_graphs.propose(*args)
             elif self.dcaches.pooled:
-                logits = propose_batch(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"), *args)
+                logits = propose_batch(self.raw_drafter, self.dcaches.pool("k"), self.dcaches.pool("v"), *args,
+                                       tables=getattr(self.dcaches, "tables", None))
             else:
                 logits = torch.stack([self.drafter.propose(self.dcaches[r.slot], r.ctx, r.bonus, r.s) for r in spec])
             chains = logits.argmax(dim=-1).tolist() if any(r.mode == "dflash" for r in spec) else None

@@ -1,0 +1,73 @@
+"""The DFlash drafter's context K/V on pages (engine/batch/paged_draft.py, draft.py ``tables=``):
+the batched drafter through page tables (pages in a shuffled order, the target's page ids) gives
+the proposals of the slot pool bitwise, over several rounds that carry the K/V over (context
+appends of 1 .. block rows, a fold of skipped rounds), for a sliding-window and a full layer (CPU
+fp32: the gathered SDPA path; the kernel path: tests/server/test_kernels_batch.py)."""
+
+from __future__ import annotations
+
+import torch
+from ddtree_server.engine.batch.draft import fold_context, propose_batch
+from ddtree_server.engine.batch.draft_graphs import DraftGraphs
+from ddtree_server.engine.batch.paged_draft import DraftPages
+from ddtree_server.engine.batch.pages import PAGE_SIZE
+from ddtree_server.engine.batch.pools import SlotPool
+from ddtree_server.models.drafter.config import DrafterConfig
+from ddtree_server.models.drafter.model import DFlashDrafter
+
+from tests.server.tiny import VOCAB, tiny_target
+
+CAP, SLOTS = 112, 4
+
+
+def _drafter() -> DFlashDrafter:
+    t = tiny_target(layers=3)
+    raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
+           "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 2,
+           "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6,
+           "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
+    torch.manual_seed(3)
+    return DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval()
+
+
+def _tables(width: int) -> tuple[int, torch.Tensor]:
+    """Pages 1 .. SLOTS * width in a shuffled order, slot i's table row i; row SLOTS: no pages."""
+    perm = torch.randperm(SLOTS * width, generator=torch.Generator().manual_seed(5)) + 1
+    tables = torch.zeros((SLOTS + 1, width), dtype=torch.int32)
+    tables[:SLOTS] = perm.view(SLOTS, width).to(torch.int32)
+    return SLOTS * width + 1, tables
+
+
+@torch.no_grad()
+def test_paged_drafter_proposals_equal_the_slot_pool_bitwise():
+    torch.set_num_threads(1)
+    d = _drafter()
+    width = -(-CAP // PAGE_SIZE)
+    num_pages, tables = _tables(width)
+    slot = SlotPool(lambda: d.new_cache(CAP), SLOTS, pooled=True)
+    paged = DraftPages(d.config, num_pages, SLOTS, CAP, tables, d.dtype, "cpu")
+    padded = DraftPages(d.config, num_pages, SLOTS, CAP, tables, d.dtype, "cpu")   # the graphs' layout, eager
+    graphs = DraftGraphs(d, padded.k, padded.v, capture=False, tables=tables)
+    slots, lens = [2, 0, 3, 1], [3, 9, 20, 41]
+    gen = torch.Generator().manual_seed(1)
+    ctxs = [torch.randn(n, 128, generator=gen) for n in lens]
+    for rnd in range(5):
+        bonus = [(7 * i + rnd) % VOCAB for i in range(SLOTS)]
+        starts = [slot[s].length + x.shape[0] for s, x in zip(slots, ctxs)]
+        if rnd == 3:   # a stretch of plain rounds: all but the newest row folded in first
+            kept = [fold_context(d, pool.pool("k"), pool.pool("v"), [pool[s] for s in slots], slots, ctxs, tab)
+                    for pool, tab in ((slot, None), (paged, tables), (padded, tables))]
+            assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(*kept))
+            ctxs = kept[0]
+        a = propose_batch(d, slot.pool("k"), slot.pool("v"), [slot[s] for s in slots], slots, ctxs, bonus, starts)
+        b = propose_batch(d, paged.pool("k"), paged.pool("v"), [paged[s] for s in slots], slots, ctxs, bonus, starts,
+                          tables)
+        assert torch.equal(a, b), (rnd, float((a - b).abs().max()))
+        c = graphs.propose([padded[s] for s in slots], slots, ctxs, bonus, starts)   # padded to a bucket
+        assert torch.allclose(a, c, atol=1e-5, rtol=1e-5), (rnd, float((a - c).abs().max()))
+        assert [paged[s].length for s in slots] == [slot[s].length for s in slots] == starts
+        ctxs = [torch.randn(1 + (3 * i + rnd) % 4, 128, generator=gen) for i in range(SLOTS)]
+    # nothing was written outside the slots' pages: the dummy page 0 is untouched
+    assert not paged.k[0].any() and not paged.v[0].any() and not padded.k[0].any()
+    assert graphs.rounds == 4
