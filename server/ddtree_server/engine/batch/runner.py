@@ -1,11 +1,10 @@
 """Step runner: the model I/O of the batch engine (a prompt chunk of one request, a decode round of many).
 
 A decode round over requests R: drafts for the speculative ones (one batched drafter forward),
-their trees (``trees.py``; DDTree: every request's at once on the device with one copy back;
-governed requests: the policy's plan), ONE target
-forward over every request's rows (``forward.py``), each request's choice over its rows
-(``Request.choose``), the acceptance walk and the commit (KV compaction / GDN fold; for all
-slots at once: dense greedy rounds ``commit.py``, hybrid rounds ``hybrid_rounds.commit_pending``).
+their trees (``trees.py``; DDTree: all at once on the device, one copy back; governed requests:
+the policy's plan), ONE target forward over every request's rows (``forward.py``), each request's
+choice (``Request.choose``), the walk and the commit (KV compaction / GDN fold; for all slots at
+once: dense greedy rounds ``commit.py``, hybrid rounds ``hybrid_rounds.commit_pending``).
 A round of one request in slot 0 (and every round of a target without a batched forward) runs
 the per-request forward on the slot's cache, which on CUDA is the Triton-kernel + CUDA-graph path
 (its graphs are bound to slot 0's storage; a lone request in another slot runs batched); a greedy
@@ -60,10 +59,6 @@ from ddtree_server.speculative.walk_gpu import walk_all
 GRAPHS_ENV = "DDTREE_BATCH_GRAPHS"
 
 
-def _raw(module, attr: str):
-    return getattr(module, attr, module)
-
-
 class StepRunner:
     """Slot pools of the target (and drafter) caches and the forwards over them."""
 
@@ -71,10 +66,10 @@ class StepRunner:
                  graphs: bool | None = None, policy: SpecPolicy | None = None, rows: int | None = None,
                  pages: int | None = None):
         """``rows``: rows of a hybrid target's round scratch (``chunk`` method; ``round_rows``).
-        ``pages``: the target's K/V in this many pages (the paged layout, ``paged.py``; dense
-        targets; every round batched and eager) instead of slots at ``max_len``."""
+        ``pages``: the target's (and a DFlash drafter's) K/V in this many pages (the paged layout,
+        ``paged.py``, ``paged_draft.py``; dense targets; every round batched) instead of slots."""
         self.target, self.drafter, self.device, self.poison_freed = target, drafter, device, poison
-        self.model = _raw(target, "model")
+        self.model = getattr(target, "model", target)
         self.kind = "hybrid" if isinstance(self.model, HybridTarget) else \
             "dense" if isinstance(self.model, TargetModel) else None
         self.paged, self.slots = pages is not None, slots
@@ -108,7 +103,7 @@ class StepRunner:
         self.block_size = int(drafter.config.block_size) if drafter is not None else None
         self.dcaches = self.draft_graphs = None
         if drafter is not None:
-            self.raw_drafter = _raw(drafter, "drafter")
+            self.raw_drafter = getattr(drafter, "drafter", drafter)
             pooled = isinstance(self.raw_drafter, DFlashDrafter)
             dgraphs = pooled and (want if want is not None else cuda)   # + a scratch slot (draft_graphs.py)
             self.dcaches = draft_caches(drafter, self.raw_drafter, slots, slots + dgraphs, max_len + 1 + self.block_size,
@@ -161,8 +156,7 @@ class StepRunner:
         return gdn_tensors(self.caches, self.model.method, self.scratch) if self.kind == "hybrid" else None
 
     def _kv(self):
-        pool = self.caches
-        return pool.pool("k"), pool.pool("v")
+        return self.caches.pool("k"), self.caches.pool("v")
 
     def eager_forward(self, caches: list, lay: Layout) -> tuple[Tensor, Tensor | None]:
         """The batched target forward of ``lay`` without graphs (``caches``: its blocks' slot caches)."""
@@ -219,9 +213,13 @@ class StepRunner:
     def _fold(self, reqs: list[Request]) -> None:
         """Requests that skipped the drafter keep their context rows (``draft.fold_skipped``)."""
         if self.dcaches is not None and self.dcaches.pooled:
-            if self.paged:
-                self.caches.device_tables(self.device)
+            self._sync()
             fold_skipped(self.raw_drafter, self.dcaches, reqs)
+
+    def _sync(self) -> None:
+        """The paged layout's device tables (the drafter's too) get the rows changed since the last use."""
+        if self.paged:
+            self.caches.device_tables(self.device)
 
     def governed(self, req: Request) -> bool:
         return self.policy is not None and req.governed
@@ -258,8 +256,7 @@ class StepRunner:
         if spec:
             args = ([self.dcaches[r.slot] for r in spec], [r.slot for r in spec], [r.ctx for r in spec],
                     [r.bonus for r in spec], [r.s for r in spec])
-            if self.paged:
-                self.caches.device_tables(self.device)   # the tables' rows changed since the last round
+            self._sync()
             if self.draft_graphs is not None:
                 logits = self.draft_graphs.propose(*args)
             elif self.dcaches.pooled:
