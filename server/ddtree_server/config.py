@@ -139,7 +139,7 @@ class ServerConfig(BaseModel):
         "the slots at max_model_len would not hold max_running (default 64) requests, else slot)."))
     kv_pages: int | None = Field(None, ge=0, description=(
         "Pages of 16 tokens of the paged layout (pages; default: cpu the slots' capacity at max_model_len, "
-        "cuda what kv_memory_fraction of the free memory holds after the drafter's slots)."))
+        "cuda what kv_memory_fraction of the free memory holds, a page holding the target's and the drafter's K/V)."))
     prefill_chunk: int | None = Field(None, ge=0, description=(
         "Prompt tokens per engine step (chunked prefill, interleaved with decode rounds; tokens; "
         "default 512 on cuda, 128 on cpu; 0: every prompt whole in one step)."))

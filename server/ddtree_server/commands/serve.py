@@ -279,7 +279,7 @@ def register(app: typer.Typer) -> None:
         kv_pages: Optional[int] = typer.Option(
             None, "--kv-pages",
             help="Paged layout: pages of 16 tokens (default: cpu the slots' capacity, cuda what "
-                 "--kv-memory-fraction of the free memory holds after the drafter's slots)."),
+                 "--kv-memory-fraction of the free memory holds, a page holding the target's and the drafter's K/V)."),
         prefill_chunk: Optional[int] = typer.Option(
             None, "--prefill-chunk",
             help="Prompt tokens per engine step, interleaved with decode rounds so that a long prompt "

@@ -79,8 +79,8 @@ class Engine:
             preemption by recompute; engine/batch/paged.py, admission.py) or ``auto`` (the
             default: ``memory.choose_layout``); ``self.kv_layout`` is the one taken.
         kv_pages: pages of the paged layout; None / 0: on the CPU as many as the slots hold at
-            max_model_len, on CUDA what ``kv_memory_fraction`` of the free memory holds after the
-            drafter's slots (``memory.default_pages``).
+            max_model_len, on CUDA what ``kv_memory_fraction`` of the free memory holds (a page: the
+            target's and a DFlash drafter's K/V; ``memory.default_pages``).
     Raises:
         ValueError: an unknown/unavailable default mode or drafter/target mismatch.
     """

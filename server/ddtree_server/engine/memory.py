@@ -4,11 +4,13 @@ Slot layout: every slot holds the target's KV (and GDN state) and the drafter's 
 max_model_len; without ``--max-running`` on CUDA the engine takes as many slots as
 ``kv_memory_fraction`` of the free memory after loading holds (``slots_for``; at most
 ``CUDA_MAX_RUNNING``). Paged layout (dense targets): the target's K/V and the DFlash drafter's
-context K/V in pages of 16 tokens on the same page ids (``paged_draft.py``; a page costs both), as
-many as ``kv_memory_fraction`` of the free memory holds (``default_pages``). The default layout (``choose_layout``) is paged where the slots would not
-hold the batch at max_model_len (a dense target on CUDA), else slot, whose lone request runs the
-per-request CUDA graphs and the one-graph DDTree round (faster at batch 1). Off CUDA the defaults are fixed (``CPU_MAX_RUNNING``; pages for every slot at
-max_model_len). The sizes are measured on one cache built and freed here (``pools.cache_bytes``).
+context K/V in pages of 16 tokens on the same page ids (``paged_draft.py``; a page costs both),
+as many as ``kv_memory_fraction`` of the free memory holds (``default_pages``). The default
+layout (``choose_layout``) is paged where the slots would not hold the batch at max_model_len (a
+dense target on CUDA), else slot, whose lone request runs the per-request CUDA graphs and the
+one-graph DDTree round (faster at batch 1). Off CUDA the defaults are fixed (``CPU_MAX_RUNNING``;
+pages for every slot at max_model_len). The sizes are measured on one cache built and freed here
+(``pools.cache_bytes``).
 """
 
 from __future__ import annotations
@@ -105,8 +107,8 @@ def page_bytes(model, drafter=None) -> int:
 def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int:
     """Pages of the paged layout: ``asked`` when given (not 0); on the CPU as many as ``slots``
     requests at max_model_len take (the slot layout's capacity); on CUDA what ``fraction`` of the
-    free memory holds after the drafter's slots; at least one request at max_model_len and the
-    dummy page."""
+    free memory holds (a page: the target's and a DFlash drafter's K/V; another drafter's slots
+    first); at least one request at max_model_len and the dummy page."""
     least = -(-(engine.max_model_len + 1) // PAGE_SIZE) + 1
     if asked:
         return int(asked)
