@@ -221,7 +221,7 @@ def _server_class() -> type:
         def _drain(self) -> None:
             if not self._worker.wait_idle(self._drain_timeout):
                 cancelled = self._worker.cancel_all()   # they end at their next round, answers complete
-                log.warning("drain timeout: %d requests cancelled (finish_reason \"cancelled\")", cancelled)
+                log.warning("drain timeout: %d request(s) cancelled (finish_reason \"cancelled\")", cancelled)
                 self._worker.wait_idle(10.0)
             self.should_exit = True
 

@@ -76,7 +76,10 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
                     kv_pages=kv_pages)
     chunk = engine.batch.prefill_chunk
     mem = engine.batch.memory
-    messages.append(f"batching ({engine.kv_layout} KV layout): up to {engine.max_concurrency} running requests per step, "
+    if kv_pages and engine.kv_layout != "paged":
+        messages.append(f"--kv-pages {kv_pages} ignored: the {engine.kv_layout} KV layout has no pages")
+    chosen = f"{engine.kv_layout} KV layout" + (", chosen by --kv-layout auto" if kv_layout == "auto" else "")
+    messages.append(f"batching ({chosen}): up to {engine.max_concurrency} running requests per step, "
                     + (f"{mem.kv_pages_free} KV pages of 16 tokens ({mem.page_bytes / 2**20:.2f} MiB each, "
                        f"{mem.kv_rows_capacity} tokens), {engine.batch.slot_bytes / 2**20:.1f} MiB per slot (drafter)"
                        if mem.page_bytes else f"{engine.batch.slot_bytes / 2**20:.1f} MiB per slot")
