@@ -137,3 +137,22 @@ def test_paged_rounds_through_the_padded_graph_layout(dense, monkeypatch):
     assert graphs.rounds > 15
     all_free(engine)
     dense.capture_layers = []
+
+
+def test_a_draft_block_past_the_last_page_of_the_context(dense):
+    """The drafter's block writes ``block_size`` rows after the committed length, up to
+    ``block_size - 1`` past the model's maximum: the page tables are wide enough for them (rows
+    past the reserved pages go to the dummy page), in every mode, up to the context's end."""
+    drafter = real_drafter(dense)
+    bs = drafter.config.block_size
+    top = 16 * 7 - 1   # the last page's last row is the context's last: a block there runs past it
+    eng = Engine(dense, ByteTokenizer(), drafter, eos_token_ids=[EOS], max_model_len=top, max_running=2,
+                 poison_freed_slots=True, kv_layout="paged")
+    slot = Engine(dense, ByteTokenizer(), drafter, eos_token_ids=[EOS], max_model_len=top, max_running=1)
+    ids = list(b"the cat sat on the mat")
+    for mode in ("ddtree", "dflash"):
+        p = SamplingParams(max_tokens=top, ignore_eos=True)
+        got = [t for ev in eng.generate(ids, p, mode=mode) for t in ev.token_ids]
+        assert got == [t for ev in slot.generate(ids, p, mode=mode) for t in ev.token_ids]
+        assert len(ids) + len(got) >= top - bs   # ran to the end of the context
+    all_free(eng)

@@ -44,13 +44,17 @@ class PagedSlots:
     target ``model``'s K/V, each slot at most ``max_len`` rows. ``check``: verify the page
     bookkeeping after every change (the debug mode of freed-slot poisoning)."""
 
-    def __init__(self, model, num_pages: int, slots: int, max_len: int, device, check: bool = False):
+    def __init__(self, model, num_pages: int, slots: int, max_len: int, device, check: bool = False,
+                 spare: int = 0):
+        """``spare``: rows the tables address past ``max_len`` (a draft block after the last
+        committed row, ``paged_draft.py``; past the reserved pages they map to the dummy page)."""
         attn = model.layers[0].self_attn
         self.pages = PagePool(num_pages, check=check)
-        self.width = self.pages.pages_for(max_len)
-        if num_pages - 1 < self.width:
+        self.width = self.pages.pages_for(max_len + spare)
+        need = self.pages.pages_for(max_len)
+        if num_pages - 1 < need:
             raise ValueError(f"{num_pages} KV pages cannot hold one request of {max_len} rows "
-                             f"({self.width} pages of {PAGE_SIZE} rows and the dummy page are needed)")
+                             f"({need} pages of {PAGE_SIZE} rows and the dummy page are needed)")
         dtype = model.embed_tokens.weight.dtype
         self.kv = PagedKV(len(model.layers), num_pages, attn.n_kv, attn.head_dim, dtype, device)
         self.caches = [PagedSlot(self, s, max_len) for s in range(slots)]

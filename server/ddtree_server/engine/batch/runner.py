@@ -89,7 +89,8 @@ class StepRunner:
         make = (lambda: target.new_cache(max_len + 1, scratch=self.scratch)) if self.scratch is not None else \
             (lambda: target.new_cache(max_len + 1))
         # with graphs the pool's last slot is the scratch slot of padding blocks (engine/batch/graphs.py)
-        self.caches = PagedSlots(self.model, pages, slots, max_len + 1, device, check=poison) if self.paged else \
+        self.caches = PagedSlots(self.model, pages, slots, max_len + 1, device, check=poison,
+                                 spare=drafter.config.block_size if drafter is not None else 0) if self.paged else \
             SlotPool(make, slots + graphs, pooled=self.kind is not None)
         # rows a round may verify: per tree (a hybrid slot's scratch), all trees (the round scratch)
         self.rows = (self.caches[0].cap if self.kind == "hybrid" else None,
