@@ -129,11 +129,11 @@ class Engine:
         self.round_rows = round_rows
         if kv_layout not in KV_LAYOUTS:
             raise ValueError(f"unknown KV layout {kv_layout!r}; use one of {', '.join(KV_LAYOUTS)}")
-        self.kv_layout = memory.choose_layout(self, kv_layout, max_running, fraction)
+        self.kv_layout, measured = memory.choose_layout(self, kv_layout, max_running, fraction)
         paged = self.kv_layout == "paged"
         if paged and not isinstance(getattr(target, "model", target), TargetModel):
             raise ValueError("the paged KV layout is built for dense targets (Llama, Qwen3); use --kv-layout slot")
-        slots = memory.default_running(self, max_running, fraction, paged)
+        slots = measured or memory.default_running(self, max_running, fraction, paged)
         pages = memory.default_pages(self, slots, fraction, kv_pages) if paged else None
         poison = bool(int(os.environ.get(POISON_ENV, "0") or 0)) if poison_freed_slots is None else poison_freed_slots
         if spec_policy not in POLICIES:

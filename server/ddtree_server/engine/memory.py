@@ -82,18 +82,21 @@ def default_running(engine, asked: int | None, fraction: float, paged: bool = Fa
     return slots_for(free, per_slot, fraction, once=once)
 
 
-def choose_layout(engine, asked: str, running: int | None, fraction: float) -> str:
+def choose_layout(engine, asked: str, running: int | None, fraction: float) -> tuple[str, int | None]:
     """The KV layout of ``asked`` (``auto``, ``slot``, ``paged``): ``auto`` is ``paged`` for a
     dense target on CUDA when ``fraction`` of the free memory holds fewer slots at max_model_len
-    than ``running`` requests (default ``CUDA_MAX_RUNNING``), else ``slot`` (hybrids, the CPU)."""
+    than ``running`` requests (default ``CUDA_MAX_RUNNING``), else ``slot`` (hybrids, the CPU).
+    Second: the requests decoded together when that measure chose slots (all of them fit: what
+    ``default_running`` would measure again), else None."""
     if asked != "auto":
-        return asked
+        return asked, None
     if engine.device.type != "cuda" or not isinstance(_model(engine), TargetModel):
-        return "slot"
+        return "slot", None
     want = int(running) if running is not None else CUDA_MAX_RUNNING
     per_slot, once = slot_bytes(engine)
     free, _ = torch.cuda.mem_get_info(engine.device)
-    return "slot" if slots_for(free, per_slot, fraction, cap=want, once=once) >= want else "paged"
+    fits = slots_for(free, per_slot, fraction, cap=want, once=once) >= want
+    return ("slot", want) if fits else ("paged", None)
 
 
 def page_bytes(model, drafter=None) -> int:
