@@ -13,7 +13,7 @@ arithmetic are the same, only the addresses differ (so paged rows are bitwise th
 import triton
 import triton.language as tl
 
-from ddtree_server.kernels.attention_kernels import online_step, per_split
+from ddtree_server.kernels.attention_kernels import online_step, per_split, tile_visible, window_span
 
 
 @triton.jit
@@ -62,9 +62,7 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
         hi = tl.minimum(hi, s + last + 1)
     if WINDOWED:   # every tile masked; skip the tiles wholly outside the window of every row
         free = 0
-        lo = tl.maximum(lo, (s + (pid_m * BLOCK_M) // rep - window + 1) // BLOCK_N * BLOCK_N)
-        if MODE == 2:
-            hi = tl.minimum(hi, s + last + window)
+        lo, hi = window_span(lo, hi, s, (pid_m * BLOCK_M) // rep, last, window, BLOCK_N, MODE)
     pre = tl.maximum(lo, tl.minimum(hi, free // BLOCK_N * BLOCK_N))
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -85,20 +83,7 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
                              PAGED, PAGE)
         k = tl.load(kb + jk[:, None] + dd[None, :], mask=kin[:, None], other=0.0)
         v = tl.load(vb + jv[:, None] + dd[None, :], mask=kin[:, None], other=0.0)
-        rel = j - s
-        if MODE == 0:
-            vis = rel[None, :] <= tok[:, None]
-        elif MODE == 1:
-            inb = (rel >= 0)[None, :] & kin[None, :] & row_ok[:, None]
-            bm = tl.load(mask_ptr + r * stride_mb + tok[:, None] * stride_mn + rel[None, :], mask=inb, other=0)
-            vis = (rel < 0)[None, :] | (bm != 0)
-        else:
-            vis = rel[None, :] < N
-        if WINDOWED:
-            dist = tok[:, None] - rel[None, :]   # query position minus key position
-            vis = vis & (dist < window)
-            if MODE == 2:
-                vis = vis & (-dist < window)
+        vis = tile_visible(j - s, tok, kin, row_ok, N, mask_ptr + r * stride_mb, stride_mn, window, MODE, WINDOWED)
         m_i, l_i, acc = online_step(q, k, v, m_i, l_i, acc, vis & kin[None, :], scale_log2, True, PREC)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]

@@ -1,5 +1,7 @@
 """The Triton programs of kernels/attention.py (split-K decode / tree-verify attention): the online
-softmax step, the split program, the merge program and the fused "last split merges" path. See
+softmax step, a tile's visibility and a window's key span (shared with the request-axis programs
+of attention_batch_kernels.py), the split program, the merge program and the fused "last split
+merges" path. See
 kernels/attention.py for what they compute; ``decode_attention`` there launches them."""
 
 import triton
@@ -34,6 +36,37 @@ def per_split(length, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
     v = v | (v >> 8)
     v = v | (v >> 16)
     return v + 1
+
+
+@triton.jit
+def window_span(lo, hi, s, first, last, window, BLOCK_N: tl.constexpr, MODE: tl.constexpr):
+    """A sliding window's key tiles ``[lo, hi)`` of a split for the row block of tokens
+    ``first .. last`` after ``s`` committed keys: tiles wholly outside every row's window skipped."""
+    lo = tl.maximum(lo, (s + first - window + 1) // BLOCK_N * BLOCK_N)
+    if MODE == 2:
+        hi = tl.minimum(hi, s + last + window)
+    return lo, hi
+
+
+@triton.jit
+def tile_visible(rel, tok, kin, row_ok, N, mask_ptr, stride_mn, window, MODE: tl.constexpr, WINDOWED: tl.constexpr):
+    """Bool ``[rows, keys]``: which keys of a masked tile (``rel``: key position - s) each query
+    token sees. MODE 0 causal, 1 tree (the block's mask rows at ``mask_ptr``), 2 block (every new
+    row); ``WINDOWED``: keys ``window`` or more before the query hidden (and after it in block mode)."""
+    if MODE == 0:
+        vis = rel[None, :] <= tok[:, None]
+    elif MODE == 1:
+        inb = (rel >= 0)[None, :] & kin[None, :] & row_ok[:, None]
+        bm = tl.load(mask_ptr + tok[:, None] * stride_mn + rel[None, :], mask=inb, other=0)
+        vis = (rel < 0)[None, :] | (bm != 0)
+    else:
+        vis = rel[None, :] < N
+    if WINDOWED:
+        dist = tok[:, None] - rel[None, :]  # query position minus key position
+        vis = vis & (dist < window)
+        if MODE == 2:
+            vis = vis & (-dist < window)
+    return vis
 
 
 @triton.jit
@@ -89,9 +122,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr
         hi = tl.minimum(hi, s + last + 1)
     if WINDOWED:  # every tile masked; skip the tiles wholly outside the window of every row
         free = 0
-        lo = tl.maximum(lo, (s + (pid_m * BLOCK_M) // rep - window + 1) // BLOCK_N * BLOCK_N)
-        if MODE == 2:
-            hi = tl.minimum(hi, s + last + window)
+        lo, hi = window_span(lo, hi, s, (pid_m * BLOCK_M) // rep, last, window, BLOCK_N, MODE)
     pre = tl.maximum(lo, tl.minimum(hi, free // BLOCK_N * BLOCK_N))
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -107,20 +138,7 @@ def split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, mask_ptr, o_ptr, po_ptr, pl_ptr
         kin = j < hi
         k = tl.load(kb + j[:, None] * stride_kr + dd[None, :], mask=kin[:, None], other=0.0)
         v = tl.load(vb + j[:, None] * stride_vr + dd[None, :], mask=kin[:, None], other=0.0)
-        rel = j - s
-        if MODE == 0:
-            vis = rel[None, :] <= tok[:, None]
-        elif MODE == 1:
-            inb = (rel >= 0)[None, :] & kin[None, :] & row_ok[:, None]
-            bm = tl.load(mask_ptr + tok[:, None] * stride_mn + rel[None, :], mask=inb, other=0)
-            vis = (rel < 0)[None, :] | (bm != 0)
-        else:
-            vis = rel[None, :] < N
-        if WINDOWED:
-            dist = tok[:, None] - rel[None, :]  # query position minus key position
-            vis = vis & (dist < window)
-            if MODE == 2:
-                vis = vis & (-dist < window)
+        vis = tile_visible(j - s, tok, kin, row_ok, N, mask_ptr, stride_mn, window, MODE, WINDOWED)
         m_i, l_i, acc = online_step(q, k, v, m_i, l_i, acc, vis & kin[None, :], scale_log2, True, PREC)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
