@@ -136,7 +136,9 @@ def oracle_drafter(target, specs):
     return ManyOracle(table, vocab=VOCAB, hidden=HIDDEN, layer_ids=LAYERS, block_size=8), ar
 
 
-def real_drafter(target, block=6):
+def real_drafter(target, block=6, window=None):
+    """The DFlash drafter with random weights on ``target`` (2 layers; ``window``: the first a
+    sliding-window layer of that window, as the Qwen3.6 drafters' layouts)."""
     from ddtree_server.models.drafter.config import DrafterConfig
     from ddtree_server.models.drafter.model import DFlashDrafter
 
@@ -144,6 +146,8 @@ def real_drafter(target, block=6):
            "dflash_config": {"mask_token_id": 257, "target_layer_ids": LAYERS}, "num_hidden_layers": 2,
            "hidden_size": HIDDEN, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
            "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
+    if window is not None:
+        raw.update(layer_types=["sliding_attention", "full_attention"], sliding_window=window)
     torch.manual_seed(1)
     return DFlashDrafter(DrafterConfig.from_dict(raw), target.embed_tokens, target.lm_head).eval()
 

@@ -124,14 +124,9 @@ def drafter():
     # (masked SDPA over its cache): a sliding layer (window 6) and a full layer
     from ddtree_server.engine.batch.draft import propose_batch
     from ddtree_server.engine.batch.pools import SlotPool
+    from tests.server.batch_fixtures import real_drafter
     torch.manual_seed(3)
-    t = tiny_target(layers=3)
-    raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
-           "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 2,
-           "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6,
-           "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
-    d = DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval()
+    d = real_drafter(tiny_target(layers=3), block=4, window=6)
     pool = SlotPool(lambda: d.new_cache(96), 4, pooled=True)
     lens, width = [3, 9, 20, 41], 2 * 64
     ctxs = [torch.randn(n, width) for n in lens]

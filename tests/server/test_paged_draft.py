@@ -12,23 +12,17 @@ from ddtree_server.engine.batch.draft_graphs import DraftGraphs
 from ddtree_server.engine.batch.paged_draft import DraftPages
 from ddtree_server.engine.batch.pages import PAGE_SIZE
 from ddtree_server.engine.batch.pools import SlotPool
-from ddtree_server.models.drafter.config import DrafterConfig
 from ddtree_server.models.drafter.model import DFlashDrafter
 
+from tests.server.batch_fixtures import real_drafter
 from tests.server.tiny import VOCAB, tiny_target
 
 CAP, SLOTS = 112, 4
 
 
 def _drafter() -> DFlashDrafter:
-    t = tiny_target(layers=3)
-    raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 4,
-           "dflash_config": {"mask_token_id": 257, "target_layer_ids": [1, 2]}, "num_hidden_layers": 2,
-           "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6,
-           "hidden_size": 64, "intermediate_size": 96, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 16, "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "rope_theta": 10000.0}
     torch.manual_seed(3)
-    return DFlashDrafter(DrafterConfig.from_dict(raw), t.embed_tokens, t.lm_head).eval()
+    return real_drafter(tiny_target(layers=3), block=4, window=6)
 
 
 def _tables(width: int) -> tuple[int, torch.Tensor]:
