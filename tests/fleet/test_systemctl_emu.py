@@ -314,3 +314,20 @@ def test_automatic_restart_uses_the_unit_as_reloaded(emu):
         time.sleep(0.1)
     props = emu.show("a")
     assert props["ActiveState"] == "active" and int(props["NRestarts"]) >= 1
+
+
+def test_a_reused_session_number_is_not_the_units(monkeypatch):
+    """The stop of a unit whose main process exited signals its control group: processes the
+    supervisor adopted and their descendants, and its session. A new session that got the old
+    main pid's number (pid_max 32768: a long suite wraps it), e.g. the sshd session of the very
+    ``systemctl restart`` asking, is not the unit's; it failed a fleet deploy with exit -1."""
+    from tests.fleet.emu import proc
+
+    me = proc.os.getpid()
+    leftovers = {400: (me, 300), 401: (400, 300)}   # adopted by the supervisor (a subreaper) + its child
+    ours = {300: (me, 300), 301: (300, 300), **leftovers}   # the main process alive: its session counts
+    monkeypatch.setattr(proc, "_procs", lambda: dict(ours))
+    assert proc.cgroup_pids(300) == [300, 301, 400, 401]
+    reused = {300: (77, 300), 301: (300, 300), 302: (1, 300), **leftovers}   # someone else's session 300
+    monkeypatch.setattr(proc, "_procs", lambda: dict(reused))
+    assert proc.cgroup_pids(300) == [400, 401]

@@ -152,9 +152,15 @@ def _procs() -> dict[int, tuple[int, int]]:
 
 
 def cgroup_pids(session: int) -> list[int]:
-    """Processes of the unit: its session, processes adopted by this supervisor, and descendants."""
+    """Processes of the unit: its session, processes adopted by this supervisor, and descendants.
+    A leader of ``session`` that is not this supervisor's child holds a reused number (the unit's
+    main process, our child, has exited; pid_max is 32768 here): that session is somebody else's,
+    e.g. the sshd session of the ``systemctl restart`` asking for the stop, and only adoption and
+    descent count (the supervisor is a subreaper: the unit's leftovers are its children)."""
     me = os.getpid()
     procs = _procs()
+    if session and session in procs and procs[session][0] != me:
+        session = 0
     members = {pid for pid, (ppid, sid) in procs.items() if (session and sid == session) or ppid == me}
     changed = True
     while changed:
