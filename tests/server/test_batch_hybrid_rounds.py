@@ -15,7 +15,8 @@ import random
 import numpy as np
 import pytest
 import torch
-from ddtree_server.engine.batch.forward import Block, Layout, hybrid_forward
+from ddtree_server.engine.batch.forward import Block, Layout
+from ddtree_server.engine.batch.forward_hybrid import hybrid_forward
 from ddtree_server.engine.batch.graphs import BatchGraphs, padded_shape
 from ddtree_server.engine.batch.hybrid_rounds import commit_pending
 from ddtree_server.engine.batch.pools import SlotPool

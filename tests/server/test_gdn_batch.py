@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from ddtree_server.engine.batch.forward import Block, Layout, hybrid_forward
+from ddtree_server.engine.batch.forward import Block, Layout
+from ddtree_server.engine.batch.forward_hybrid import hybrid_forward
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.models.hybrid.gdn_batch import gdn_tensors
 from ddtree_server.models.hybrid.gdn_groups import windows

@@ -1,6 +1,7 @@
-"""The paged KV layout in the batch engine (fp32, CPU; dense targets): the same tokens as the
-slot layout, alone, in any batch and as plain decoding, over many rounds, page reuse and
-preemptions by recompute; every page free at the end.
+"""The paged KV layout in the batch engine (fp32, CPU; dense and hybrid targets): the same tokens
+as the slot layout, alone, in any batch and as plain decoding, over many rounds, page reuse and
+preemptions by recompute; every page free at the end. A hybrid's attention K/V is in pages, its
+GDN states per slot (engine/batch/paged_hybrid.py), its prompt chunks batched through the pages.
 
 The target's K/V lives in pages of 16 rows (engine/batch/paged.py); admission and each round's
 look-ahead reserve pages (engine/batch/admission.py), and with few pages the newest requests are
@@ -39,25 +40,30 @@ def all_free(engine: Engine) -> None:
     assert engine.batch.memory.kv_pages_used == 0
 
 
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
 @pytest.mark.parametrize("pages", [0, LEAST])
-def test_32_random_requests_paged_equal_alone_and_ar(dense, pages):
+def test_32_random_requests_paged_equal_alone_and_ar(request, kind, pages):
     """Random arrivals, modes, stops, seeds and cancellations; ``0``: pages for every slot at the
     maximum (no shortage), ``LEAST``: so few that the rounds' trees shrink to chains and plain rounds."""
-    dense.capture_layers = LAYERS
-    specs = random_specs(seed=17)
-    drafter, ar = oracle_drafter(dense, specs)
-    engine = paged(dense, drafter, pages)
+    target = request.getfixturevalue(kind)
+    target.capture_layers = LAYERS
+    specs = random_specs(seed=17 if kind == "dense" else 5)
+    drafter, ar = oracle_drafter(target, specs)
+    engine = paged(target, drafter, pages)
     check_alone_batched_ar(engine, specs, ar)
     all_free(engine)
     if pages:
         assert engine.batch.admission.shrunk > 0
-    dense.capture_layers = []
+    target.capture_layers = []
 
 
-def test_preempted_requests_resume_with_the_same_tokens(dense, caplog):
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_preempted_requests_resume_with_the_same_tokens(request, kind, caplog):
     """Six long generations (greedy and seeded sampling, every mode) on pages for about two:
-    requests are preempted several times each and resumed by recompute; every request's tokens
-    are those it gets alone on the slot layout (and greedy ones plain decoding's)."""
+    requests are preempted several times each and resumed by recompute (a hybrid's GDN state
+    from the prompt and its tokens in chunks); every request's tokens are those it gets alone on
+    the slot layout (and greedy ones plain decoding's)."""
+    dense = request.getfixturevalue(kind)
     drafter = real_drafter(dense)
     slot = Engine(dense, ByteTokenizer(), drafter, eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=1)
     engine = paged(dense, drafter, LEAST + 4, running=6)
@@ -103,9 +109,7 @@ def test_admission_waits_for_pages_and_memory_shows_them(dense):
     all_free(engine)
 
 
-def test_paged_layout_refuses_a_hybrid_and_too_few_pages(dense, hybrid):
-    with pytest.raises(ValueError, match="dense targets"):
-        Engine(hybrid, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, kv_layout="paged")
+def test_paged_layout_refuses_too_few_pages_and_unknown_layouts(dense):
     with pytest.raises(ValueError, match="cannot hold one request"):
         paged(dense, None, LEAST - 1)
     with pytest.raises(ValueError, match="unknown KV layout"):
@@ -113,20 +117,23 @@ def test_paged_layout_refuses_a_hybrid_and_too_few_pages(dense, hybrid):
     assert torch.get_num_threads() == 1
 
 
-def test_auto_layout_is_the_slot_one_off_cuda_and_for_hybrids(dense, hybrid):
-    """``auto`` (the default) takes pages only for a dense target on CUDA whose slots would not
-    hold the batch (test_paged_gpu.py); here slots, and an explicit ``paged`` is kept."""
+def test_auto_layout_is_the_slot_one_off_cuda(dense, hybrid):
+    """``auto`` (the default) takes pages only on CUDA, where the slots would not hold the batch
+    (test_paged_gpu.py); here slots, and an explicit ``paged`` is kept."""
     for target in (dense, hybrid):
         assert Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN).kv_layout == "slot"
-    eng = Engine(dense, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, kv_layout="paged")
-    assert eng.kv_layout == "paged" and eng.batch.runner.paged
+        eng = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, kv_layout="paged")
+        assert eng.kv_layout == "paged" and eng.batch.runner.paged
 
 
-def test_paged_rounds_through_the_padded_graph_layout(dense, monkeypatch):
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_paged_rounds_through_the_padded_graph_layout(request, kind, monkeypatch):
     """The CUDA graphs' padded layout (engine/batch/graphs.py) over page tables, run eagerly on the
-    CPU: padding blocks on a slot without pages write the dummy page only; every request's tokens
-    are still its own alone and plain decoding's, with rounds shrunk for pages."""
+    CPU: padding blocks on a slot without pages write the dummy page only (a hybrid's: the GDN
+    state of the scratch slot); every request's tokens are still its own alone and plain
+    decoding's, with rounds shrunk for pages."""
     monkeypatch.setenv("DDTREE_BATCH_GRAPHS", "1")
+    dense = request.getfixturevalue(kind)
     dense.capture_layers = LAYERS
     specs = random_specs(seed=29, count=12)
     drafter, ar = oracle_drafter(dense, specs)
@@ -135,14 +142,18 @@ def test_paged_rounds_through_the_padded_graph_layout(dense, monkeypatch):
     assert graphs is not None and graphs.scratch == 6
     check_alone_batched_ar(engine, specs, ar)
     assert graphs.rounds > 15
+    if kind == "hybrid":
+        assert graphs.pending_rounds > 5   # rounds of chains and trees through the pages
     all_free(engine)
     dense.capture_layers = []
 
 
-def test_a_draft_block_past_the_last_page_of_the_context(dense):
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_a_draft_block_past_the_last_page_of_the_context(request, kind):
     """The drafter's block writes ``block_size`` rows after the committed length, up to
     ``block_size - 1`` past the model's maximum: the page tables are wide enough for them (rows
     past the reserved pages go to the dummy page), in every mode, up to the context's end."""
+    dense = request.getfixturevalue(kind)
     drafter = real_drafter(dense)
     bs = drafter.config.block_size
     top = 16 * 7 - 1   # the last page's last row is the context's last: a block there runs past it

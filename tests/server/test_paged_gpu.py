@@ -1,7 +1,8 @@
 """The paged KV layout on CUDA (skipped without one): the batched rounds replay CUDA graphs whose
 page tables are static inputs (engine/batch/graphs.py), the attention kernel reads K/V through
-them (kernels/attention_batch.py), and with few pages admission holds requests back. Every request's tokens equal the slot layout's for the same request alone (a tiny
-fp32 target with a random-weight DFlash drafter: chains and trees every round)."""
+them (kernels/attention_batch.py), and with few pages admission holds requests back. Every
+request's tokens equal the slot layout's for the same request alone (a tiny fp32 target, dense or
+hybrid, with a random-weight DFlash drafter: chains and trees every round)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,12 @@ from tests.server.batch_fixtures import run_together
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
 @pytest.mark.parametrize("pages", [0, 9])
-def test_cuda_paged_graph_rounds_equal_the_slot_layout_alone(pages):
-    slot, jobs, params = _engine_and_jobs()
+def test_cuda_paged_graph_rounds_equal_the_slot_layout_alone(pages, kind):
+    from tests.server.hybrid_fixtures import tiny_hybrid_ours
+
+    slot, jobs, params = _engine_and_jobs(target=tiny_hybrid_ours(device="cuda") if kind == "hybrid" else None)
     target, drafter = slot.target, slot.drafter
     paged = Engine(getattr(target, "model", target), slot.tokenizer, drafter.drafter if hasattr(drafter, "drafter")
                    else drafter, eos_token_ids=slot.eos_token_ids, max_model_len=96, max_running=6,
@@ -30,6 +34,8 @@ def test_cuda_paged_graph_rounds_equal_the_slot_layout_alone(pages):
     assert batched == alone and max(sizes) > 1
     graphs = paged.batch.runner.graphs
     assert graphs is not None and graphs._static, "the paged rounds were captured"
+    if kind == "hybrid":
+        assert graphs.pending_rounds > 0, "rounds of chains and trees through the pages"
     pool = paged.batch.runner.caches.pages
     pool.verify()
     assert pool.free_pages == pool.num_pages - 1

@@ -28,6 +28,7 @@ from ddtree_server.models import families
 from ddtree_server.models.drafter.graphs import GraphedDrafter
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
+from ddtree_server.models.hybrid.model import HybridTarget
 
 MODES = ("ar", "dflash", "ddtree")
 CUDA_TREE_BUDGET = 16  # default DDTree budget on CUDA (nodes; docs/benchmarks/h200-2026-12-02-gate-http/)
@@ -74,9 +75,10 @@ class Engine:
             directly, off (rounds then run every request's mode as given).
         round_rows: rows of a hybrid target's round verify scratch (``chunk`` method: one per
             engine; a round's trees are cut to fit it); None: ``hybrid_rounds.round_rows``.
-        kv_layout: ``slot`` (every slot's K/V at max_model_len from start-up), ``paged`` (dense
-            targets: the target's K/V in pages of 16 rows, admission and look-ahead by pages,
-            preemption by recompute; engine/batch/paged.py, admission.py) or ``auto`` (the
+        kv_layout: ``slot`` (every slot's K/V at max_model_len from start-up), ``paged`` (the
+            target's K/V in pages of 16 rows, a hybrid's GDN states per slot; admission and
+            look-ahead by pages, preemption by recompute; engine/batch/paged.py, paged_hybrid.py,
+            admission.py) or ``auto`` (the
             default: ``memory.choose_layout``); ``self.kv_layout`` is the one taken.
         kv_pages: pages of the paged layout; None / 0: on the CPU as many as the slots hold at
             max_model_len, on CUDA what ``kv_memory_fraction`` of the free memory holds (a page: the
@@ -131,8 +133,9 @@ class Engine:
             raise ValueError(f"unknown KV layout {kv_layout!r}; use one of {', '.join(KV_LAYOUTS)}")
         self.kv_layout, measured = memory.choose_layout(self, kv_layout, max_running, fraction)
         paged = self.kv_layout == "paged"
-        if paged and not isinstance(getattr(target, "model", target), TargetModel):
-            raise ValueError("the paged KV layout is built for dense targets (Llama, Qwen3); use --kv-layout slot")
+        if paged and not isinstance(getattr(target, "model", target), (TargetModel, HybridTarget)):
+            raise ValueError("the paged KV layout needs a batched target forward (Llama, Qwen3, Qwen3.5); "
+                             "use --kv-layout slot")
         slots = measured or memory.default_running(self, max_running, fraction, paged)
         pages = memory.default_pages(self, slots, fraction, kv_pages) if paged else None
         poison = bool(int(os.environ.get(POISON_ENV, "0") or 0)) if poison_freed_slots is None else poison_freed_slots

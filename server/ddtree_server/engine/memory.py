@@ -3,12 +3,13 @@
 Slot layout: every slot holds the target's KV (and GDN state) and the drafter's context K/V at
 max_model_len; without ``--max-running`` on CUDA the engine takes as many slots as
 ``kv_memory_fraction`` of the free memory after loading holds (``slots_for``; at most
-``CUDA_MAX_RUNNING``). Paged layout (dense targets): the target's K/V and the DFlash drafter's
-context K/V in pages of 16 tokens on the same page ids (``paged_draft.py``; a page costs both),
-as many as ``kv_memory_fraction`` of the free memory holds (``default_pages``). The default
-layout (``choose_layout``) is paged where the slots would not hold the batch at max_model_len (a
-dense target on CUDA), else slot, whose lone request runs the per-request CUDA graphs and the
-one-graph DDTree round (faster at batch 1). Off CUDA the defaults are fixed (``CPU_MAX_RUNNING``;
+``CUDA_MAX_RUNNING``). Paged layout: the target's K/V (a hybrid's attention layers') and the
+DFlash drafter's context K/V in pages of 16 tokens on the same page ids (``paged_draft.py``; a
+page costs both), as many as ``kv_memory_fraction`` of the free memory holds after what stays
+per slot (a hybrid's GDN states, ``paged_hybrid.py``) and the round scratch (``default_pages``).
+The default layout (``choose_layout``) is paged where the slots would not hold the batch at
+max_model_len (on CUDA), else slot, whose lone request runs the per-request CUDA graphs (and on a
+dense target the one-graph DDTree round: faster at batch 1). Off CUDA the defaults are fixed (``CPU_MAX_RUNNING``;
 pages for every slot at max_model_len). The sizes are measured on one cache built and freed here
 (``pools.cache_bytes``).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ddtree_server.engine.batch.hybrid_rounds import round_rows
+from ddtree_server.engine.batch.paged import kv_geometry
 from ddtree_server.engine.batch.pages import PAGE_SIZE
 from ddtree_server.engine.batch.paged_draft import DraftPages
 from ddtree_server.engine.batch.pools import cache_bytes, slot_cache_bytes
@@ -53,17 +55,31 @@ def _dflash(engine):
     return raw if isinstance(raw, DFlashDrafter) else None
 
 
+def _scratch_bytes(engine) -> int:
+    """Bytes of a hybrid's round verify scratch at its most rows (``chunk`` method), else 0."""
+    model = _model(engine)
+    if isinstance(model, HybridTarget) and model.method == "chunk":
+        return model.new_scratch(round_rows(engine.round_rows, CUDA_MAX_RUNNING), "meta").nbytes
+    return 0
+
+
+def state_bytes(engine) -> int:
+    """Bytes a hybrid's slot keeps on the paged layout: its GDN recurrent and conv states (a
+    cache without attention rows), else 0."""
+    model = _model(engine)
+    return slot_cache_bytes(model.new_cache(1)) if isinstance(model, HybridTarget) else 0
+
+
 def slot_bytes(engine, paged: bool = False) -> tuple[int, int]:
     """Bytes of one slot's caches (the target's KV / GDN state and the drafter's context K/V at
     max_model_len), and the bytes allocated once whatever the slots (a hybrid's round scratch, at
-    its most rows). ``paged``: nothing per slot for a DFlash drafter (its K/V is in the pages
-    too), else the drafter's, counted twice (its slots take at most half the budget)."""
+    its most rows). ``paged``: what stays per slot (a hybrid's GDN states; nothing for a DFlash
+    drafter, whose K/V is in the pages too, else the drafter's), counted twice: the slots take at
+    most half the budget, the pages the rest."""
+    once = _scratch_bytes(engine)
     if paged:
-        return (0 if _dflash(engine) is not None else 2 * drafter_slot_bytes(engine)), 0
+        return 2 * (state_bytes(engine) + (0 if _dflash(engine) is not None else drafter_slot_bytes(engine))), once
     per_slot = slot_cache_bytes(engine.target.new_cache(engine.max_model_len + 1)) + drafter_slot_bytes(engine)
-    model = _model(engine)
-    once = model.new_scratch(round_rows(engine.round_rows, CUDA_MAX_RUNNING), "meta").nbytes \
-        if isinstance(model, HybridTarget) and model.method == "chunk" else 0
     return per_slot, once
 
 
@@ -84,13 +100,13 @@ def default_running(engine, asked: int | None, fraction: float, paged: bool = Fa
 
 def choose_layout(engine, asked: str, running: int | None, fraction: float) -> tuple[str, int | None]:
     """The KV layout of ``asked`` (``auto``, ``slot``, ``paged``): ``auto`` is ``paged`` for a
-    dense target on CUDA when ``fraction`` of the free memory holds fewer slots at max_model_len
-    than ``running`` requests (default ``CUDA_MAX_RUNNING``), else ``slot`` (hybrids, the CPU).
+    target with a batched forward on CUDA when ``fraction`` of the free memory holds fewer slots
+    at max_model_len than ``running`` requests (default ``CUDA_MAX_RUNNING``), else ``slot`` (the CPU).
     Second: the requests decoded together when that measure chose slots (all of them fit: what
     ``default_running`` would measure again), else None."""
     if asked != "auto":
         return asked, None
-    if engine.device.type != "cuda" or not isinstance(_model(engine), TargetModel):
+    if engine.device.type != "cuda" or not isinstance(_model(engine), (TargetModel, HybridTarget)):
         return "slot", None
     want = int(running) if running is not None else CUDA_MAX_RUNNING
     per_slot, once = slot_bytes(engine)
@@ -100,18 +116,19 @@ def choose_layout(engine, asked: str, running: int | None, fraction: float) -> t
 
 
 def page_bytes(model, drafter=None) -> int:
-    """Bytes of one page of a dense target's K/V (K and V, every layer) and of a DFlash
-    ``drafter``'s on the same page ids, without building them."""
-    attn = model.layers[0].self_attn
-    own = 2 * len(model.layers) * attn.n_kv * PAGE_SIZE * attn.head_dim * model.embed_tokens.weight.element_size()
+    """Bytes of one page of the target's K/V (K and V, every layer with K/V: ``kv_geometry``) and
+    of a DFlash ``drafter``'s on the same page ids, without building them."""
+    layers, kv_heads, head_dim, dtype = kv_geometry(model)
+    own = 2 * layers * kv_heads * PAGE_SIZE * head_dim * torch.empty((), dtype=dtype).element_size()
     return own + (DraftPages.page_bytes(drafter.config, drafter.dtype) if drafter is not None else 0)
 
 
 def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int:
     """Pages of the paged layout: ``asked`` when given (not 0); on the CPU as many as ``slots``
     requests at max_model_len take (the slot layout's capacity); on CUDA what ``fraction`` of the
-    free memory holds (a page: the target's and a DFlash drafter's K/V; another drafter's slots
-    first); at least one request at max_model_len and the dummy page."""
+    free memory holds (a page: the target's and a DFlash drafter's K/V) after the ``slots``' own
+    bytes (a hybrid's GDN states, another drafter's slots) and the round scratch; at least one
+    request at max_model_len and the dummy page."""
     least = -(-(engine.max_model_len + 1) // PAGE_SIZE) + 1
     if asked:
         return int(asked)
@@ -119,5 +136,6 @@ def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int
         return slots * (least - 1) + 1
     free, _ = torch.cuda.mem_get_info(engine.device)
     drafter = _dflash(engine)
-    budget = int(fraction * free) - (slots * drafter_slot_bytes(engine) if engine.drafter is not None and drafter is None else 0)
+    own = state_bytes(engine) + (drafter_slot_bytes(engine) if engine.drafter is not None and drafter is None else 0)
+    budget = int(fraction * free) - slots * own - _scratch_bytes(engine)
     return max(least, budget // page_bytes(_model(engine), drafter))

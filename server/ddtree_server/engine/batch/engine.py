@@ -1,8 +1,8 @@
 """BatchEngine: one ``step()`` advances every running request by one round.
 
 A step runs (1) at most ``prefill_chunk`` prompt tokens of the requests still prefilling (oldest
-first; the chunks of several requests in one batched forward on dense targets, ``prefill.py``,
-else each request's chunk in one forward on its slot; a request's first token comes with its
+first; the chunks of several requests in one batched forward on dense targets and on the paged
+layout, ``prefill.py``, else each request's chunk in one forward on its slot; a request's first token comes with its
 last chunk) and then (2) one decode round over every request that was decoding when the step
 began (plain, DFlash and DDTree requests in the same target forward: ``runner.py``). So a long
 prompt arriving never holds running streams for more than one chunk: the time between two
@@ -191,7 +191,7 @@ class BatchEngine:
         decoding = self.scheduler.decoding()   # before this step's chunks: new requests join next step
         made = ptoks = 0
         chunks = self.scheduler.chunks(self.prefill_chunk)
-        if self.runner.kind == "dense" and (len(chunks) > 1 or (chunks and self.runner.paged)):   # one forward (prefill.py)
+        if (self.runner.kind == "dense" and len(chunks) > 1) or (chunks and self.runner.paged):   # one forward (prefill.py)
             t = time.perf_counter()
             done = prefill_many(self.runner, chunks)
             times = [(t, time.perf_counter())] * len(chunks)

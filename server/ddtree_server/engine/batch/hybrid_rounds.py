@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ddtree_server.engine.batch.commit import commit_paths
-from ddtree_server.engine.batch.forward import hybrid_layers
+from ddtree_server.engine.batch.forward_hybrid import hybrid_layers
 from ddtree_server.models.hybrid import delta, gdn_batch, gdn_fast
 from ddtree_server.models.hybrid.gdn_groups import Chunks, block_windows
 from ddtree_server.models.hybrid.model import TREE_ROWS
@@ -80,15 +80,16 @@ def pending_forward(model, kpool: Tensor, vpool: Tensor, lay, gdn: dict) -> tupl
 
 
 def commit_pending(kpool: Tensor, vpool: Tensor, gdn: dict, caches: list, feats: Tensor | None, slots: list[int],
-                   starts: list[int], offsets: list[int], paths: list[list[int]], staging=None
+                   starts: list[int], offsets: list[int], paths: list[list[int]], staging=None, paged=None
                    ) -> list[Tensor | None]:
     """``cache.keep(starts[i], paths[i])`` for every request's cache at once (``chunk`` method);
     ``offsets[i]``: block i's first row in the round (its rows of the round's verify scratch).
 
     Blocks committed by the forward itself (no pending block: one row of an eager round) keep
-    their one row. Returns per request its path's feature rows (``commit_paths``)."""
+    their one row. ``paged``: the ``PagedSlots`` of page pools ``kpool`` / ``vpool``. Returns per
+    request its path's feature rows (``commit_paths``)."""
     device = kpool.device
-    ctxs = commit_paths(kpool, vpool, feats, slots, starts, offsets, paths, device, staging)
+    ctxs = commit_paths(kpool, vpool, feats, slots, starts, offsets, paths, device, staging, paged)
     fold = [i for i, c in enumerate(caches) if c.pending is not None and paths[i]]
     if fold:
         _fold(gdn, [caches[i] for i in fold], [slots[i] for i in fold], [offsets[i] for i in fold],

@@ -1,4 +1,4 @@
-"""PagedSlots: the target's K/V of the batch engine in pages (``--kv-layout paged``, dense targets).
+"""PagedSlots: the target's K/V of the batch engine in pages (``--kv-layout paged``).
 
 In the slot layout every slot holds K/V rows for ``max_model_len`` tokens from start-up
 (``pools.SlotPool``); here the target's K/V is one page pool (``paged_kv.PagedKV``, pages of 16
@@ -12,16 +12,30 @@ returns them when the request finishes, is cancelled or is preempted.
 through the slot's page table). The batched forwards read and write through the device page
 tables (``table``; ``forward.Layout(pages=...)``). The table width is fixed (the pages of
 ``max_len`` rows), so the attention kernel's plan, which depends on a request's capacity, is the
-same every round.
+same every round. A hybrid target's attention layers take pages the same way; its GDN states
+stay per slot (``paged_hybrid.py``).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ddtree_server.engine.batch.paged_kv import PagedKV
 from ddtree_server.engine.batch.pages import PAGE_SIZE, PagePool
+from ddtree_server.models.hybrid.model import HybridTarget
+
+
+def kv_geometry(model) -> tuple[int, int, int, torch.dtype]:
+    """(layers with K/V, kv heads, head dim, dtype) of a dense target, or of a hybrid's
+    full-attention layers (its GDN layers keep no K/V)."""
+    dtype = model.embed_tokens.weight.dtype
+    if isinstance(model, HybridTarget):
+        cfg = model.config
+        return len(cfg.attn_layers), cfg.num_key_value_heads, cfg.head_dim, dtype
+    attn = model.layers[0].self_attn
+    return len(model.layers), attn.n_kv, attn.head_dim, dtype
 
 
 class PagedSlot:
@@ -40,23 +54,22 @@ class PagedSlot:
 
 
 class PagedSlots:
-    """``slots`` slot views over ``num_pages`` pages (the dummy page 0 included) of the dense
-    target ``model``'s K/V, each slot at most ``max_len`` rows. ``check``: verify the page
+    """``slots`` slot views over ``num_pages`` pages (the dummy page 0 included) of the target
+    ``model``'s K/V (``kv_geometry``), each slot at most ``max_len`` rows. ``check``: verify the page
     bookkeeping after every change (the debug mode of freed-slot poisoning)."""
 
     def __init__(self, model, num_pages: int, slots: int, max_len: int, device, check: bool = False,
                  spare: int = 0):
         """``spare``: rows the tables address past ``max_len`` (a draft block after the last
         committed row, ``paged_draft.py``; past the reserved pages they map to the dummy page)."""
-        attn = model.layers[0].self_attn
         self.pages = PagePool(num_pages, check=check)
         self.width = self.pages.pages_for(max_len + spare)
         need = self.pages.pages_for(max_len)
         if num_pages - 1 < need:
             raise ValueError(f"{num_pages} KV pages cannot hold one request of {max_len} rows "
                              f"({need} pages of {PAGE_SIZE} rows and the dummy page are needed)")
-        dtype = model.embed_tokens.weight.dtype
-        self.kv = PagedKV(len(model.layers), num_pages, attn.n_kv, attn.head_dim, dtype, device)
+        layers, kv_heads, head_dim, dtype = kv_geometry(model)
+        self.kv = PagedKV(layers, num_pages, kv_heads, head_dim, dtype, device)
         self.caches = [PagedSlot(self, s, max_len) for s in range(slots)]
         self._dev: Tensor | None = None   # the device copy of every slot's table (``device_tables``)
         self.shared: list[Tensor] = []    # pools ``[pages, ...]`` on the same page ids (the drafter's)
@@ -79,6 +92,16 @@ class PagedSlots:
     def pool(self, name: str) -> Tensor:
         """The page pool ``[layers, pages, kv_heads, page_size, d]`` of ``k`` or ``v``."""
         return {"k": self.kv.k, "v": self.kv.v}[name]
+
+    def locate(self, slots: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(page ids, rows within the page) of row ``rows[i]`` of slot ``slots[i]`` (host tables;
+        rows past a slot's pages: the dummy page 0)."""
+        held = np.unique(slots)
+        grid = np.zeros((len(held), self.width), dtype=np.int64)
+        for i, s in enumerate(held.tolist()):
+            table = self.pages.tables.get(s, [])
+            grid[i, : len(table)] = table
+        return grid[np.searchsorted(held, slots), rows // PAGE_SIZE], rows % PAGE_SIZE
 
     def host_table(self, slot: int) -> Tensor:
         return torch.tensor(self.pages.tables.get(slot, []), dtype=torch.long)

@@ -1,4 +1,4 @@
-"""Prompt chunks of several requests in one batched target forward (dense targets).
+"""Prompt chunks of several requests in one batched target forward.
 
 A step's prompt chunks (``Scheduler.chunks``) are causal blocks: request r's tokens
 ``[p_r, p_r + n_r)`` at positions ``p_r ..`` of its slot, after the ``p_r`` rows already there. One
@@ -7,8 +7,9 @@ own slot) writes every chunk's K/V and returns its features; the LM head runs on
 each chunk only. It does what each chunk's own forward on its slot (``StepRunner.prefill``) does,
 for the price of one forward instead of one per request: under a burst of arrivals the first
 tokens come sooner and the decode rounds between the chunks wait less. ``finish_chunk`` is the
-bookkeeping both paths share. Hybrid targets keep the per-request forward (their GDN state of a
-multi-row block is committed through the slot cache's own path).
+bookkeeping both paths share. Hybrid targets take it on the paged layout (``forward_hybrid``'s
+``prefill``: attention batched through the page tables, each chunk's GDN rows committed by its
+request's mixer on its slot's state); on slots they keep the per-request forward.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ddtree_server.engine.batch.forward import Block, Layout, dense_forward
+from ddtree_server.engine.batch.forward_hybrid import hybrid_forward
 from ddtree_server.engine.batch.request import Request
 
 
@@ -61,8 +63,12 @@ def prefill_many(runner, chunks: list[tuple[Request, int]]) -> list[list[int] | 
         blocks.append(Block(req.slot, p, req.prefill_ids[p:p + n], list(range(n)), None))
     lay = Layout(blocks, runner.device, pages=runner.tables(blocks))
     last = torch.tensor([o - 1 for o in lay.offsets[1:]], device=runner.device)
-    logits, feats = dense_forward(runner.model, runner.caches.pool("k"), runner.caches.pool("v"), lay,
-                                  logit_rows=last)
+    k, v = runner.caches.pool("k"), runner.caches.pool("v")
+    if runner.kind == "hybrid":
+        caches = [runner.caches[req.slot] for req, _ in chunks]
+        logits, feats = hybrid_forward(runner.model, caches, k, v, lay, prefill=True, logit_rows=last)
+    else:
+        logits, feats = dense_forward(runner.model, k, v, lay, logit_rows=last)
     out = []
     for i, ((req, n), a) in enumerate(zip(chunks, lay.offsets)):
         runner.caches[req.slot].length = req.prefilled + n

@@ -22,19 +22,15 @@ from torch import Tensor
 from ddtree_server.engine import decode
 from ddtree_server.engine.batch.commit import commit_greedy
 from ddtree_server.engine.batch.draft import fold_skipped, propose_batch
-from ddtree_server.engine.batch.forward import (
-    Block,
-    Layout,
-    dense_forward,
-    hybrid_forward,
-)
+from ddtree_server.engine.batch.forward import Block, Layout, dense_forward
+from ddtree_server.engine.batch.forward_hybrid import hybrid_forward
 from ddtree_server.engine.batch.draft_graphs import DraftGraphs
 from ddtree_server.engine.batch.graph_pool import GraphPool
 from ddtree_server.engine.batch.graphs import BatchGraphs
 from ddtree_server.engine.batch.hybrid_rounds import commit_pending, round_rows
 from ddtree_server.engine.batch.policy import SpecPolicy
-from ddtree_server.engine.batch.paged import PagedSlots
 from ddtree_server.engine.batch.paged_draft import draft_caches
+from ddtree_server.engine.batch.paged_hybrid import paged_caches
 from ddtree_server.engine.batch.pools import SlotPool
 from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk, prefill_many
 from ddtree_server.engine.batch.profile import measure
@@ -67,14 +63,14 @@ class StepRunner:
                  pages: int | None = None):
         """``rows``: rows of a hybrid target's round scratch (``chunk`` method; ``round_rows``).
         ``pages``: the target's (and a DFlash drafter's) K/V in this many pages (the paged layout,
-        ``paged.py``, ``paged_draft.py``; dense targets; every round batched) instead of slots."""
+        ``paged.py``, ``paged_draft.py``, ``paged_hybrid.py``; every round batched) instead of slots."""
         self.target, self.drafter, self.device, self.poison_freed = target, drafter, device, poison
         self.model = getattr(target, "model", target)
         self.kind = "hybrid" if isinstance(self.model, HybridTarget) else \
             "dense" if isinstance(self.model, TargetModel) else None
         self.paged, self.slots = pages is not None, slots
-        if self.paged and self.kind != "dense":
-            raise ValueError("the paged KV layout is built for dense targets (Llama, Qwen3); "
+        if self.paged and self.kind is None:
+            raise ValueError("the paged KV layout needs a batched target forward (Llama, Qwen3, Qwen3.5); "
                              "serve this target with --kv-layout slot")
         cuda = torch.device(device).type == "cuda"
         want = graphs if graphs is not None else {"0": False, "1": True}.get(os.environ.get(GRAPHS_ENV, "").strip())
@@ -89,8 +85,9 @@ class StepRunner:
         make = (lambda: target.new_cache(max_len + 1, scratch=self.scratch)) if self.scratch is not None else \
             (lambda: target.new_cache(max_len + 1))
         # with graphs the pool's last slot is the scratch slot of padding blocks (engine/batch/graphs.py)
-        self.caches = PagedSlots(self.model, pages, slots, max_len + 1, device, check=poison,
-                                 spare=drafter.config.block_size if drafter is not None else 0) if self.paged else \
+        self.caches = paged_caches(self.model, pages, slots, max_len + 1, device, check=poison, scratch=self.scratch,
+                                   spare=drafter.config.block_size if drafter is not None else 0,
+                                   pool_slots=slots + graphs) if self.paged else \
             SlotPool(make, slots + graphs, pooled=self.kind is not None)
         # rows a round may verify: per tree (a hybrid slot's scratch), all trees (the round scratch)
         self.rows = (self.caches[0].cap if self.kind == "hybrid" else None,
@@ -153,7 +150,7 @@ class StepRunner:
         return self.caches.table([b.slot for b in blocks], self.device)
 
     def _gdn(self) -> dict | None:
-        """The pooled GDN tensors of a hybrid target by name, the round scratch's too (``forward.hybrid_forward``)."""
+        """The pooled GDN tensors of a hybrid target by name, the round scratch's too (``forward_hybrid.hybrid_forward``)."""
         return gdn_tensors(self.caches, self.model.method, self.scratch) if self.kind == "hybrid" else None
 
     def _kv(self):
@@ -284,8 +281,9 @@ class StepRunner:
             for c, blk in zip(caches, blocks):
                 c.length = blk.s + len(blk.ids)
         plain = all(r.params.greedy and r.processor is None for r in reqs)
-        if plain and self.kind == "dense" and not self.paged and any(t.size > 1 for t in trees):   # one walk + commit
-            done = commit_greedy(k, v, caches, feats, reqs, trees, list(starts), logits.argmax(dim=-1), self._bufs)
+        paged = self.caches if self.paged else None
+        if plain and self.kind == "dense" and any(t.size > 1 for t in trees):   # one walk + commit
+            done = commit_greedy(k, v, caches, feats, reqs, trees, list(starts), logits.argmax(dim=-1), self._bufs, paged)
             return [settle.settle(self, r, t, *got) for r, t, got in zip(reqs, trees, done)]
         if plain and any(t.size > 1 for t in trees):   # a hybrid round: every tree walked on the device at once
             walks = walk_all(logits.argmax(dim=-1), trees, list(starts), self._bufs[0])
@@ -295,7 +293,7 @@ class StepRunner:
                      for r, t, a in zip(reqs, trees, starts)]
         if self.scratch is not None:   # hybrid, chunk method (trees within the scratch: round_trees)
             ctxs = commit_pending(k, v, self._gdn(), caches, feats, [r.slot for r in reqs], [r.s for r in reqs],
-                                  list(starts), [p for p, _ in walks], self._bufs[1])   # every slot's keep at once
+                                  list(starts), [p for p, _ in walks], self._bufs[1], paged)   # every slot's keep at once
             return [settle.settle(self, r, t, p, b, ctx) for r, t, (p, b), ctx in zip(reqs, trees, walks, ctxs)]
         return [settle.commit(self, r, t, w, None if feats is None else feats[a:a + t.size])
                 for r, t, w, a in zip(reqs, trees, walks, starts)]
