@@ -54,3 +54,16 @@ def test_admission_run_fills_every_slot_and_times_rounds_with_all_decoding(tmp_p
     per, once = doc["slot_bytes"], doc["round_scratch_bytes"]
     sized = admission_run.slots_for(int(1.0 * 2 ** 30), per, 0.5, cap=1 << 20, once=once)
     assert sized > 64   # the server's default cap does not apply here
+
+
+def test_admission_run_on_the_paged_layout(tmp_path):
+    """``--kv-layout paged`` on the CPU: a tiny hybrid at a max-model-len four times the context,
+    5 requests decoding together on pages (the GDN states per slot), rounds timed so."""
+    from ddtree_server.bench import admission_run
+
+    doc = admission_run.run("tiny-hybrid", 128, 0.5, new_tokens=48, rounds=3, prefill_chunk=64, device="cpu",
+                            dtype="fp32", free_gib=1.0, slots=5, kv_layout="paged", max_model_len=512,
+                            log=lambda s: None)
+    assert doc["ok"] and doc["most_decoding"] == 5 and doc["rounds_timed"] == 3, doc
+    assert doc["kv_layout"] == "paged" and doc["max_model_len"] == 512
+    assert doc["kv_pages"] >= 5 * 512 // 16 and doc["page_bytes"] > 0 and doc["slot_bytes"] > 0

@@ -13,6 +13,13 @@ prefill phase's seconds (from before the start-up), the median round with all of
 out-of-memory error and the step it came at. An operator gets the same engine with
 ``serve --max-model-len C --max-running N``.
 
+``--kv-layout paged`` runs the paged layout instead: ``--slots`` requests (default 150) on an
+engine of ``--max-model-len`` (default: the context; e.g. the model's maximum, which the slot
+layout cannot give many requests) whose pages take ``--fraction`` of the free memory after the
+slots' own bytes (a hybrid's GDN states); admission holds back what the pages do not hold, so
+``most_decoding`` is the concurrency the pages admit (``serve --kv-layout paged --max-running N
+--kv-memory-fraction F``). Rounds are timed with every running request decoding.
+
 Usage: python -m ddtree_server.bench.admission_run --shape qwen3.6-27b --context 4096 --fraction 0.9
 """
 
@@ -34,11 +41,13 @@ from ddtree_server.bench.shapes import get_shape
 from ddtree_server.engine.engine import Engine, slots_for
 
 GIB = 2 ** 30
+PAGED_REQUESTS = 150   # requests of a paged run without --slots
 
 
 def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rounds: int = 8,
         mode: str = "ddtree", budget: int = 16, prefill_chunk: int = 4096, device: str = "cuda",
-        dtype: str = "bf16", free_gib: float = 0.0, slots: int | None = None, log=print) -> dict:
+        dtype: str = "bf16", free_gib: float = 0.0, slots: int | None = None, kv_layout: str = "slot",
+        max_model_len: int | None = None, log=print) -> dict:
     """The report document: what was allocated, how far the requests got, memory and times.
     ``slots``: that many instead of what ``fraction`` holds. ``new_tokens`` must outlast the
     prefill phase (steps of ``prefill_chunk`` over all prompts), or the first requests finish before
@@ -46,13 +55,15 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
     target, drafter = random_models(get_shape(shape), device=device, dtype=dtype)
     cuda = device.startswith("cuda")
     free = free_after_load(device, free_gib)
-    per, once = slot_bytes(target, drafter, context), round_scratch_bytes(target)
+    paged = kv_layout == "paged"
+    per, once = (0 if paged else slot_bytes(target, drafter, context)), round_scratch_bytes(target)
     if cuda:
         torch.cuda.empty_cache()   # the slot measured above: its blocks back to the device
-    slots = slots or slots_for(free, per, fraction, cap=1 << 20, once=once)
+    slots = slots or (PAGED_REQUESTS if paged else slots_for(free, per, fraction, cap=1 << 20, once=once))
     doc = {"shape": shape, "context": context, "fraction": fraction, "free_bytes_after_load": free,
            "slot_bytes": per, "round_scratch_bytes": once, "slots": slots, "mode": mode, "budget": budget,
            "new_tokens": new_tokens, "prefill_chunk": prefill_chunk, "dtype": dtype, "torch": torch.__version__,
+           "kv_layout": kv_layout, "max_model_len": max_model_len or context,
            "device": torch.cuda.get_device_name(device) if cuda else device}
     log(f"{shape}: free {free / GIB:.1f} GiB, slot {per / 2 ** 20:.1f} MiB, scratch {once / 2 ** 20:.0f} MiB "
         f"-> {slots} slots at fraction {fraction}")
@@ -61,9 +72,16 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
         torch.cuda.reset_peak_memory_stats(device)
     step, most, times, t0, prefill_s, engine = 0, 0, [], time.perf_counter(), None, None
     try:
-        engine = Engine(target, NoText(), drafter, model_id=shape, max_model_len=context, eos_token_ids=[],
-                        tree_budget=budget, max_running=slots, prefill_chunk=prefill_chunk)
+        engine = Engine(target, NoText(), drafter, model_id=shape, max_model_len=max_model_len or context,
+                        eos_token_ids=[], tree_budget=budget, max_running=slots, prefill_chunk=prefill_chunk,
+                        kv_layout=kv_layout, kv_memory_fraction=fraction)
         doc["engine_start_s"] = round(time.perf_counter() - t0, 2)   # profile, reserve, captures
+        mem = engine.batch.memory
+        doc.update(kv_pages=mem.kv_pages_free, page_bytes=mem.page_bytes)
+        if paged:
+            doc["slot_bytes"] = engine.batch.slot_bytes
+            log(f"paged: {mem.kv_pages_free} pages of {mem.page_bytes / 2 ** 20:.2f} MiB "
+                f"({mem.kv_rows_capacity} tokens), {engine.batch.slot_bytes / 2 ** 20:.1f} MiB per slot")
         reqs = random_requests(engine, slots, mode, context - new_tokens, new_tokens, seed=7)
         for r in reqs:
             engine.batch.add(r)
@@ -74,13 +92,14 @@ def run(shape: str, context: int, fraction: float, *, new_tokens: int = 512, rou
             sync()
             step += 1
             decoding = sum(1 for r in reqs if not r.prefilling and not r.finished)
+            settled = decoding == engine.batch.running   # every running request decodes
             most = max(most, decoding)
             if step % 100 == 0:
                 mem = f", {torch.cuda.memory_allocated(device) / GIB:.1f} GiB allocated" if cuda else ""
                 log(f"step {step}: {decoding} decoding, {time.perf_counter() - t0:.0f} s{mem}")
-            if prefill_s is None and not any(r.prefilling for r in reqs):
+            if prefill_s is None and settled and (paged or decoding == slots):
                 prefill_s = time.perf_counter() - t0
-            elif prefill_s is not None and decoding == slots:
+            elif prefill_s is not None and settled and decoding == most:
                 times.append(time.perf_counter() - t)
         doc.update(ok=True, error=None)
     except torch.OutOfMemoryError as exc:
@@ -152,13 +171,17 @@ def main(shape: str = typer.Option("qwen3.6-27b", help="bench.shapes name"),
          prefill_chunk: int = typer.Option(4096, help="prompt tokens per engine step"),
          device: str = typer.Option("cuda"), dtype: str = typer.Option("bf16"),
          free_gib: float = typer.Option(0.0, help="free memory to assume (GiB; 0: the device's, after loading)"),
-         slots: int = typer.Option(0, help="run this many requests instead of what --fraction holds (0: those)"),
+         slots: int = typer.Option(0, help="run this many requests instead of what --fraction holds (0: those; "
+                                   "paged: 150)"),
+         kv_layout: str = typer.Option("slot", help="slot | paged (see the module docstring)"),
+         max_model_len: int = typer.Option(0, help="the engine's max-model-len (0: --context)"),
          out: Path = typer.Option(Path("admission"), help="report folder")) -> None:
     from ddtree_server.commands.serve import ALLOC_CONF_DEFAULT, ALLOC_CONF_ENV
 
     os.environ.setdefault(ALLOC_CONF_ENV, ALLOC_CONF_DEFAULT)   # as the server (before CUDA starts)
     doc = run(shape, context, fraction, new_tokens=new_tokens, rounds=rounds, mode=mode, budget=budget,
-              prefill_chunk=prefill_chunk, device=device, dtype=dtype, free_gib=free_gib, slots=slots or None)
+              prefill_chunk=prefill_chunk, device=device, dtype=dtype, free_gib=free_gib, slots=slots or None,
+              kv_layout=kv_layout, max_model_len=max_model_len or None)
     doc["alloc_conf"] = os.environ[ALLOC_CONF_ENV]
     write(doc, out)
     if not doc["ok"]:

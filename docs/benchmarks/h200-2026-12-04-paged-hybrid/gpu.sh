@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One GPU run (part a | b | c): the paged layout for hybrid targets (attention K/V in pages, GDN
+# states per slot). (a) the GPU tests of the paged layouts and the hybrid batch, the Qwen3.6-27B
+# shape at 4k, batch 8 / 32, slot vs paged; (b) the 27B shape's admitted concurrency on pages at the
+# model's maximum context (262,144) with 4k requests; (c) the Qwen3-8B shape's paged drafter at 4k,
+# batch 1 / 8 / 64, and the 27B shape's 32k requests on pages. Usage: bash gpu.sh OUT_DIR COMMIT PART
+set -uo pipefail
+OUT=$1 COMMIT=$2 PART=$3
+REPO=$(pwd)
+export PYTHONPATH="$REPO/server:$REPO" DDTREE_CACHE=/tmp/ddc HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+LOG="$OUT/gpu-$PART.log"
+step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$LOG"; timeout "$limit" "$@" >>"$LOG" 2>&1; echo "=== $name exit $? $(date -u +%T)" | tee -a "$LOG"; }
+echo "commit $COMMIT" >>"$LOG"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
+python3 -c "import torch, transformers, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
+B="python3 -m ddtree_server.bench --device cuda --iters 5"
+A="python3 -m ddtree_server.bench.admission_run --shape qwen3.6-27b --kv-layout paged --max-model-len 262144 --prefill-chunk 4096"
+if [[ $PART == a ]]; then
+  step gpu-tests 200 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_paged_gpu.py tests/server/test_batch_hybrid_rounds.py tests/server/test_gdn_batch.py
+  step 27b-b8-32-4k 330 $B --random-shape qwen3.6-27b --batch 8,32 --context-len 4096 --kv-layout slot,paged --out "$OUT/27b-4k"
+fi
+if [[ $PART == b ]]; then
+  step 27b-paged-150x4k 540 $A --context 4096 --slots 150 --fraction 0.9 --new-tokens 1024 --out "$OUT/admission-4k"
+fi
+if [[ $PART == c ]]; then
+  step 8b-paged-4k 260 $B --random-shape qwen3-8b --batch 1,8,64 --context-len 4096 --kv-layout paged --out "$OUT/8b-4k-paged"
+  step 27b-paged-32k 280 $A --context 32768 --slots 40 --fraction 0.9 --new-tokens 512 --rounds 4 --out "$OUT/admission-32k"
+fi
+cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
