@@ -2,8 +2,8 @@
 # One GPU run (part a | b | c): the paged layout for hybrid targets (attention K/V in pages, GDN
 # states per slot). (a) the GPU tests of the paged layouts and the hybrid batch, the Qwen3.6-27B
 # shape at 4k, batch 8 / 32, slot vs paged; (b) the 27B shape's admitted concurrency on pages at the
-# model's maximum context (262,144) with 4k requests; (c) the Qwen3-8B shape's paged drafter at 4k,
-# batch 1 / 8 / 64, and the 27B shape's 32k requests on pages. Usage: bash gpu.sh OUT_DIR COMMIT PART
+# model's maximum context (262,144) with 4k requests; (c) the paged GPU tests, the 27B shape on
+# pages at 4k, batch 8 / 32. Usage: bash gpu.sh OUT_DIR COMMIT PART
 set -uo pipefail
 OUT=$1 COMMIT=$2 PART=$3
 REPO=$(pwd)
@@ -23,8 +23,8 @@ if [[ $PART == b ]]; then   # part a's tests ran out of time: the paged hybrid o
   step paged-hybrid-test 150 python3 -m pytest -q -x -p no:xdist -p no:cacheprovider --durations=5 tests/server/test_paged_gpu.py -k hybrid
   step 27b-paged-150x4k 360 $A --context 4096 --slots 150 --fraction 0.9 --new-tokens 1024 --rounds 4 --out "$OUT/admission-4k"
 fi
-if [[ $PART == c ]]; then
-  step 8b-paged-4k 260 $B --random-shape qwen3-8b --batch 1,8,64 --context-len 4096 --kv-layout paged --out "$OUT/8b-4k-paged"
-  step 27b-paged-32k 280 $A --context 32768 --slots 40 --fraction 0.9 --new-tokens 512 --rounds 4 --out "$OUT/admission-32k"
+if [[ $PART == c ]]; then   # the paged GPU tests with a bounded page count; the 27B shape on pages (slot: part a)
+  step paged-gpu-tests 200 python3 -m pytest -q -p no:xdist -p no:cacheprovider -o faulthandler_timeout=150 --durations=6 tests/server/test_paged_gpu.py
+  step 27b-paged-b8-32-4k 300 $B --random-shape qwen3.6-27b --batch 8,32 --context-len 4096 --kv-layout paged --out "$OUT/27b-4k-paged"
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
