@@ -47,7 +47,7 @@ def test_32_random_requests_paged_equal_alone_and_ar(request, kind, pages):
     maximum (no shortage), ``LEAST``: so few that the rounds' trees shrink to chains and plain rounds."""
     target = request.getfixturevalue(kind)
     target.capture_layers = LAYERS
-    specs = random_specs(seed=17 if kind == "dense" else 5)
+    specs = random_specs(seed=23 if kind == "dense" else 5)   # seeds whose arrivals shrink rounds on LEAST pages
     drafter, ar = oracle_drafter(target, specs)
     engine = paged(target, drafter, pages)
     check_alone_batched_ar(engine, specs, ar)

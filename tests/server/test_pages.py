@@ -67,6 +67,17 @@ def test_a_round_shrinks_the_newest_first_then_preempts_the_newest():
     assert plan_round(_pool(2, "a"), asks[:1]) == ({"a": 1}, [])               # the oldest is never preempted
 
 
+def test_a_drafting_request_reserves_its_draft_block_unless_plain():
+    """A tree of 3 rows after 30 rows (2 pages held) with a draft block of 16: its reservation is
+    the block's 46 rows (3 pages, 1 more), a plain round's 1 row (no draft, nothing more)."""
+    ask = Ask("a", 30, tree=3, chain=3, order=0, draft=16)
+    assert (ask.rows(3), ask.rows(1), Ask("a", 30, 3, 3, 0).rows(3)) == (16, 1, 3)
+    assert plan_round(_pool(3, "a"), [ask]) == ({"a": 3}, [])      # 1 page free: the block's page
+    assert plan_round(_pool(2, "a"), [ask]) == ({"a": 1}, [])      # none free: plain, no draft
+    ddtree = [Ask(rid, 30, tree=3, chain=3, order=i, draft=16) for i, rid in enumerate("ab")]
+    assert plan_round(_pool(5, "ab"), ddtree) == ({"a": 3, "b": 1}, [])   # 1 free page: the oldest drafts
+
+
 def test_ten_thousand_requests_leave_every_page_free():
     rng = random.Random(7)
     pool = PagePool(200, page_size=16)

@@ -8,7 +8,9 @@
   grants them while the free pages last, else shrinks the newest requests' trees to chains and
   then to plain rounds, and only then preempts the newest requests (prefilling ones too: they
   hold their prompt's pages). The granted rows are reserved here and bound the request's tree
-  (``Request.grant``; ``StepRunner.room``).
+  (``Request.grant``; ``StepRunner.room``); a drafting request's reservation covers the
+  drafter's block too (its K/V rows after the committed length, ``paged_draft.py``), and a
+  request granted a plain round does not draft.
 
 vLLM and nano-vllm do the same with blocks: admit while the free blocks hold the prompt,
 preempt the newest running request by recompute when a decode step's blocks run out.
@@ -41,9 +43,10 @@ class PageAdmission:
     def _ask(self, req, order: int, speculate: bool, room: int) -> Ask:
         if req.prefilling:   # its prompt's pages are held already; it writes nothing this round
             return Ask(req.slot, len(req.prefill_ids), 0, 0, order, plain=0)
-        nodes = min(req.budget, room) if speculate and req.mode != "ar" else 0
+        drafts = speculate and req.mode != "ar"
+        nodes = min(req.budget, room) if drafts else 0
         chain = min(nodes, self.block_size - 1) if self.block_size else 0
-        return Ask(req.slot, req.s, nodes + 1, chain + 1, order)
+        return Ask(req.slot, req.s, nodes + 1, chain + 1, order, draft=(self.block_size or 0) if drafts else 0)
 
     def plan(self, running: list, decoding: list, speculate: bool, room, preempt) -> None:
         """Grant and reserve every decoding request's rows of the next round (``room(req)``: the
@@ -53,6 +56,7 @@ class PageAdmission:
             req.grant = None
         asks = [self._ask(r, i, speculate, room(r)) for i, r in enumerate(running)]
         grant, preempted = plan_round(self.pages, asks)
+        ask = {a.rid: a for a in asks}
         self.shrunk += sum(1 for a in asks if a.rid in grant and grant[a.rid] < a.tree)
         by_slot = {r.slot: r for r in running}
         for slot in preempted:
@@ -61,5 +65,5 @@ class PageAdmission:
             if req.slot is None:   # preempted
                 continue
             req.grant = grant[req.slot]
-            if not self.slots.reserve(req.slot, req.s + req.grant):
+            if not self.slots.reserve(req.slot, req.s + ask[req.slot].rows(req.grant)):
                 raise PageError(f"slot {req.slot}: {req.grant} granted rows do not fit the free pages")

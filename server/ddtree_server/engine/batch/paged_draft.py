@@ -9,10 +9,10 @@ batched drafter (``draft.py``, ``tables=``) reads and writes through the persist
 the tables (``PagedSlots.device_tables``: updated in place, so the drafter's CUDA graphs take it
 as a static input). A slot keeps only its drafter length (``DraftLength``).
 
-The draft block of a request writes positions ``[s, s + block_size)``; the target's look-ahead
-reserves ``[s, s + grant)``. Where the grant is shorter (a ddtree budget below the block, a round
-shrunk to a chain or a plain round) the rows past the reserved pages land on the dummy page 0:
-that request's drafts of the round suffer, never its tokens nor anyone else's rows.
+The draft block of a request writes positions ``[s, s + block_size)``; the round's look-ahead
+reserves ``[s, s + max(grant, block_size))`` for a drafting request (``admission.py``; a ddtree
+budget below the block, a round shrunk to a chain), and a request granted a plain round does not
+draft. Rows past the table's reserved pages (none in the engine) would land on the dummy page 0.
 """
 
 from __future__ import annotations

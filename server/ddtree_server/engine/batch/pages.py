@@ -125,7 +125,9 @@ class PagePool:
 class Ask:
     """A running request's look-ahead for the next round: ``s`` committed rows and the rows its
     tree, its chain and plain decoding would write (plain: 1). ``order``: admission order (the
-    newest is shrunk and preempted first)."""
+    newest is shrunk and preempted first). ``draft``: the rows the drafter's block writes after
+    ``s`` (the block size; 0 without drafting), reserved with any grant above plain (a plain
+    round does not draft: ``StepRunner._drafting``)."""
 
     rid: object
     s: int
@@ -133,6 +135,11 @@ class Ask:
     chain: int
     order: int
     plain: int = 1
+    draft: int = 0
+
+    def rows(self, grant: int) -> int:
+        """Rows to reserve after ``s`` for ``grant`` rows of the tree (the draft block's at least)."""
+        return max(grant, self.draft) if grant > self.plain else grant
 
 
 def plan_round(pool: PagePool, asks: list[Ask]) -> tuple[dict, list]:
@@ -148,7 +155,7 @@ def plan_round(pool: PagePool, asks: list[Ask]) -> tuple[dict, list]:
     free = pool.free_pages
 
     def need() -> int:
-        return sum(pool.growth(a.rid, a.s + grant[a.rid]) for a in asks if a.rid in grant)
+        return sum(pool.growth(a.rid, a.s + a.rows(grant[a.rid])) for a in asks if a.rid in grant)
 
     for level in ("chain", "plain"):
         for a in by_age:

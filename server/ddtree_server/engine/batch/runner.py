@@ -184,8 +184,7 @@ class StepRunner:
 
     # ---- decode round -------------------------------------------------------------------------
     def room(self, req: Request) -> int:
-        """Draft nodes the request's next round may verify: its cache's rows left (and the
-        paged layout's granted rows, ``Request.grant``)."""
+        """Draft nodes the request's next round may verify: its rows left (and ``Request.grant``)."""
         room = self.caches[req.slot].max_len - req.s - 1
         return room if req.grant is None else min(room, req.grant - 1)
 
@@ -223,7 +222,9 @@ class StepRunner:
         return self.policy is not None and req.governed
 
     def _drafting(self, req: Request) -> bool:
-        return req.mode != "ar" and (not self.governed(req) or self.policy.drafts(req))
+        """A speculative mode, not granted a plain round (no pages for its block), the policy's say."""
+        return req.mode != "ar" and (req.grant is None or req.grant > 1) and (
+            not self.governed(req) or self.policy.drafts(req))
 
     def _trees(self, reqs: list[Request], drafted: list[Request], logits: Tensor | None,
                chains: list | None = None, device: bool = True) -> list[DraftTree]:
