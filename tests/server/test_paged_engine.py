@@ -167,3 +167,16 @@ def test_a_draft_block_past_the_last_page_of_the_context(request, kind):
         assert got == [t for ev in slot.generate(ids, p, mode=mode) for t in ev.token_ids]
         assert len(ids) + len(got) >= top - bs   # ran to the end of the context
     all_free(eng)
+
+
+def test_hybrid_node_method_on_pages():
+    """The hybrid's ``node`` GDN method (a verify scratch per slot, each request's commit through
+    its cache's ``keep``) on pages: the same tokens as alone and as plain decoding."""
+    from tests.server.hybrid_fixtures import tiny_hybrid
+
+    target = tiny_hybrid("3gdn+attn", seed=21, method="node")
+    engine = paged(target, real_drafter(target), LEAST + 6, running=4)
+    assert engine.batch.runner.scratch is None and engine.batch.runner.caches.slot_bytes > 0
+    ar = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=1)
+    check_alone_batched_ar(engine, random_specs(seed=3, count=10), ar)
+    all_free(engine)

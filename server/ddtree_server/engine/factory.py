@@ -81,7 +81,7 @@ def load_engine(*, target: str | Path | None = None, gguf: str | Path | None = N
     chosen = f"{engine.kv_layout} KV layout" + (", chosen by --kv-layout auto" if kv_layout == "auto" else "")
     messages.append(f"batching ({chosen}): up to {engine.max_concurrency} running requests per step, "
                     + (f"{mem.kv_pages_free} KV pages of 16 tokens ({mem.page_bytes / 2**20:.2f} MiB each, "
-                       f"{mem.kv_rows_capacity} tokens), {engine.batch.slot_bytes / 2**20:.1f} MiB per slot (drafter)"
+                       f"{mem.kv_rows_capacity} tokens), {engine.batch.slot_bytes / 2**20:.1f} MiB per slot outside the pages"
                        if mem.page_bytes else f"{engine.batch.slot_bytes / 2**20:.1f} MiB per slot")
                     + (f" + {engine.batch.scratch_bytes / 2**20:.1f} MiB round scratch" if engine.batch.scratch_bytes else "")
                     + "; prefill "
