@@ -3,7 +3,7 @@
 # states per slot). (a) the GPU tests of the paged layouts and the hybrid batch, the Qwen3.6-27B
 # shape at 4k, batch 8 / 32, slot vs paged; (b) the 27B shape's admitted concurrency on pages at the
 # model's maximum context (262,144) with 4k requests; (c) the paged GPU tests, the 27B shape on
-# pages at 4k, batch 8 / 32; (d) the Qwen3-8B shape on pages with the drafter paged. Usage: bash gpu.sh OUT_DIR COMMIT PART
+# pages at 4k, batch 8 / 32; (d) the Qwen3-8B shape on pages with the drafter paged; (e) the 27B shape at batch 1. Usage: bash gpu.sh OUT_DIR COMMIT PART
 set -uo pipefail
 OUT=$1 COMMIT=$2 PART=$3
 REPO=$(pwd)
@@ -29,5 +29,8 @@ if [[ $PART == c ]]; then   # the paged GPU tests with a bounded page count; the
 fi
 if [[ $PART == d ]]; then   # the Qwen3-8B shape with the drafter's K/V on pages (batch 1 / 64 at 4k, as h200-2026-12-04-draft-kernel part c)
   step 8b-paged-b1-64-4k 280 $B --random-shape qwen3-8b --batch 1,64 --context-len 4096 --kv-layout paged --out "$OUT/8b-4k-paged"
+fi
+if [[ $PART == e ]]; then   # the 27B shape at batch 1: slot (the per-request graphs) vs paged (the batched path)
+  step 27b-b1-4k 230 $B --random-shape qwen3.6-27b --batch 1 --context-len 4096 --kv-layout slot,paged --out "$OUT/27b-4k-b1"
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
