@@ -134,12 +134,13 @@ class ServerConfig(BaseModel):
                     "max_running is not given (cuda): max_running = this x free / bytes per slot, at most 64.")
     kv_layout: Literal["auto", "slot", "paged"] = Field("auto", description=(
         "Where the target's K/V lives: slot (every request slot at max_model_len from start-up), paged "
-        "(dense targets: pages of 16 tokens, admission and look-ahead by free pages, preemption of the "
-        "newest request by recompute when pages run out) or auto (paged for a dense target on cuda when "
+        "(pages of 16 tokens, a hybrid's GDN states per slot; admission and look-ahead by free pages, "
+        "preemption of the newest request by recompute when pages run out) or auto (paged on cuda when "
         "the slots at max_model_len would not hold max_running (default 64) requests, else slot)."))
     kv_pages: int | None = Field(None, ge=0, description=(
-        "Pages of 16 tokens of the paged layout (pages; default: cpu the slots' capacity at max_model_len, "
-        "cuda what kv_memory_fraction of the free memory holds, a page holding the target's and the drafter's K/V)."))
+        "Pages of 16 tokens of the paged layout, page 0 a dummy never handed out (pages; default and 0: "
+        "cpu the slots' capacity at max_model_len, cuda what kv_memory_fraction of the free memory holds, "
+        "a page holding the target's and the drafter's K/V)."))
     prefill_chunk: int | None = Field(None, ge=0, description=(
         "Prompt tokens per engine step (chunked prefill, interleaved with decode rounds; tokens; "
         "default 512 on cuda, 128 on cpu; 0: every prompt whole in one step)."))

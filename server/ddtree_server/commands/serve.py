@@ -272,14 +272,15 @@ def register(app: typer.Typer) -> None:
                  "memory after loading (max running = share x free / bytes per slot, at most 64)."),
         kv_layout: str = typer.Option(
             "auto", "--kv-layout",
-            help="slot: every request slot holds max-model-len tokens of K/V from start-up; paged (dense "
-                 "targets): K/V in pages of 16 tokens, admission by free pages, the newest request preempted "
-                 "and recomputed when pages run out; auto: paged for a dense target on cuda when slots at "
+            help="slot: every request slot holds max-model-len tokens of K/V from start-up; paged: K/V in "
+                 "pages of 16 tokens (a hybrid's GDN states per slot), admission by free pages, the newest "
+                 "request preempted and recomputed when pages run out; auto: paged on cuda when slots at "
                  "max-model-len would not hold --max-running (default 64) requests, else slot."),
         kv_pages: Optional[int] = typer.Option(
             None, "--kv-pages",
-            help="Paged layout: pages of 16 tokens (default: cpu the slots' capacity, cuda what "
-                 "--kv-memory-fraction of the free memory holds, a page holding the target's and the drafter's K/V)."),
+            help="Paged layout: pages of 16 tokens, page 0 a dummy never handed out, so N - 1 hold tokens "
+                 "(default and 0: cpu the slots' capacity, cuda what --kv-memory-fraction of the free memory "
+                 "holds, a page holding the target's and the drafter's K/V)."),
         prefill_chunk: Optional[int] = typer.Option(
             None, "--prefill-chunk",
             help="Prompt tokens per engine step, interleaved with decode rounds so that a long prompt "

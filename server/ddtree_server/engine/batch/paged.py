@@ -62,12 +62,12 @@ class PagedSlots:
                  spare: int = 0):
         """``spare``: rows the tables address past ``max_len`` (a draft block after the last
         committed row, ``paged_draft.py``; past the reserved pages they map to the dummy page)."""
-        self.pages = PagePool(num_pages, check=check)
-        self.width = self.pages.pages_for(max_len + spare)
-        need = self.pages.pages_for(max_len)
+        need = -(-max_len // PAGE_SIZE)
         if num_pages - 1 < need:
             raise ValueError(f"{num_pages} KV pages cannot hold one request of {max_len} rows "
                              f"({need} pages of {PAGE_SIZE} rows and the dummy page are needed)")
+        self.pages = PagePool(num_pages, check=check)
+        self.width = self.pages.pages_for(max_len + spare)
         layers, kv_heads, head_dim, dtype = kv_geometry(model)
         self.kv = PagedKV(layers, num_pages, kv_heads, head_dim, dtype, device)
         self.caches = [PagedSlot(self, s, max_len) for s in range(slots)]
