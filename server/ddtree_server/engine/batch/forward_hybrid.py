@@ -19,22 +19,14 @@ from ddtree_server.engine.batch.forward import Layout, attend, features
 from ddtree_server.models.hybrid import gdn_batch, gdn_fast, gdn_groups
 from ddtree_server.models.hybrid.config import GDN
 from ddtree_server.models.hybrid.tree import tree_meta
-from ddtree_server.models.layers import apply_rope as _apply_rope
 from ddtree_server.models.layers import attention_backends as _attention_backends
 from ddtree_server.models.layers import kernels_usable
 from ddtree_server.models.layers import linear_add as _linear_add
 
 
 def _gated_attention(attn, x: Tensor, lay: Layout, kpool, vpool, li: int, cos, sin, mask) -> Tensor:
-    n, hq, hkv, hd = x.shape[0], attn.n_heads, attn.n_kv, attn.head_dim
-    qg, k, v = attn.qkv_proj(x).split((2 * hq * hd, hkv * hd, hkv * hd), dim=-1)
-    qg = qg.view(n, hq, 2 * hd)
-    q, gate = qg[..., :hd], qg[..., hd:].reshape(n, hq * hd)
-    qk = torch.cat((attn.q_norm(q), attn.k_norm(k.view(n, hkv, hd))), dim=1)
-    if attn.rot:
-        qk = torch.cat((_apply_rope(qk[..., : attn.rot], cos, sin), qk[..., attn.rot:]), dim=-1)
-    out = attend(lay, qk[:, :hq], qk[:, hq:], v.view(n, hkv, hd), kpool, vpool, li, mask)
-    return out * torch.sigmoid(gate)
+    q, k, v, gate = attn.project(x, cos, sin)
+    return attend(lay, q, k, v, kpool, vpool, li, mask) * torch.sigmoid(gate)
 
 
 def hybrid_forward(model, caches: list, kpool: Tensor, vpool: Tensor, lay: Layout, gdn: dict | None = None,

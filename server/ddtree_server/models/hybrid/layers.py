@@ -49,18 +49,23 @@ class GatedAttention(nn.Module):
         self.q_norm = ZeroCenteredRMSNorm(hd, cfg.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(hd, cfg.rms_norm_eps)
 
-    def forward(self, x: Tensor, kv, li: int, ctx) -> Tensor:
-        """x ``[n, hidden]`` (normed) -> gated attention output ``[n, heads*head_dim]`` (before o_proj).
-        K/V of the n rows go to ``kv`` layer ``li`` (rows ``[kv.length, +n)`` or ``ctx.rows``)."""
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """x ``[n, hidden]`` (normed) -> q ``[n, heads, d]`` and k ``[n, kv_heads, d]`` (normed,
+        rotated), v ``[n, kv_heads, d]`` and the output gate ``[n, heads * d]`` (pre-sigmoid)."""
         n, hq, hkv, hd = x.shape[0], self.n_heads, self.n_kv, self.head_dim
         qg, k, v = self.qkv_proj(x).split((2 * hq * hd, hkv * hd, hkv * hd), dim=-1)
         qg = qg.view(n, hq, 2 * hd)
         q, gate = qg[..., :hd], qg[..., hd:].reshape(n, hq * hd)
         qk = torch.cat((self.q_norm(q), self.k_norm(k.view(n, hkv, hd))), dim=1)
         if self.rot:
-            qk = torch.cat((apply_rope(qk[..., : self.rot], ctx.cos, ctx.sin), qk[..., self.rot:]), dim=-1)
-        q, k = qk[:, :hq], qk[:, hq:]
-        v = v.view(n, hkv, hd)
+            qk = torch.cat((apply_rope(qk[..., : self.rot], cos, sin), qk[..., self.rot:]), dim=-1)
+        return qk[:, :hq], qk[:, hq:], v.view(n, hkv, hd), gate
+
+    def forward(self, x: Tensor, kv, li: int, ctx) -> Tensor:
+        """x ``[n, hidden]`` (normed) -> gated attention output ``[n, heads*head_dim]`` (before o_proj).
+        K/V of the n rows go to ``kv`` layer ``li`` (rows ``[kv.length, +n)`` or ``ctx.rows``)."""
+        n, hq, hkv, hd = x.shape[0], self.n_heads, self.n_kv, self.head_dim
+        q, k, v, gate = self.project(x, ctx.cos, ctx.sin)
         if ctx.rows is None:
             s = kv.length
             kv_len = s + n
