@@ -181,3 +181,18 @@ def test_hybrid_node_method_on_pages():
     ar = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=1)
     check_alone_batched_ar(engine, random_specs(seed=3, count=10), ar)
     all_free(engine)
+
+
+@pytest.mark.parametrize("kind", ["dense", "hybrid"])
+def test_memory_estimates_equal_what_the_paged_layout_builds(request, kind):
+    """``memory.page_bytes`` (sizing before anything is built) is the built pool's bytes per page,
+    the drafter's pages included; ``memory.state_bytes`` what a hybrid's slot keeps outside the
+    pages (0 for a dense target, whose slots keep nothing)."""
+    from ddtree_server.engine import memory
+
+    target = request.getfixturevalue(kind)
+    drafter = real_drafter(target)
+    engine = paged(target, drafter, LEAST + 8, running=3)
+    assert memory.page_bytes(target, drafter) == engine.batch.memory.page_bytes > 0
+    assert memory.state_bytes(engine) == engine.batch.slot_bytes
+    assert (engine.batch.slot_bytes > 0) == (kind == "hybrid")

@@ -67,7 +67,10 @@ def state_bytes(engine) -> int:
     """Bytes a hybrid's slot keeps on the paged layout: its GDN recurrent and conv states (a
     cache without attention rows), else 0."""
     model = _model(engine)
-    return slot_cache_bytes(model.new_cache(1)) if isinstance(model, HybridTarget) else 0
+    if not isinstance(model, HybridTarget):
+        return 0
+    cache = model.new_cache(1)
+    return slot_cache_bytes(cache) - cache_bytes(cache.kv)
 
 
 def slot_bytes(engine, paged: bool = False) -> tuple[int, int]:
