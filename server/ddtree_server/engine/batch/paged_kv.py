@@ -13,7 +13,9 @@ slot cache's (``models/kv_cache.py``):
   path, which needs contiguous keys).
 
 Rows are addressed with index tensors (one gather / scatter per call, no host loop over pages).
-Not yet used by the engine: see docs/architecture.md, "Slot memory and admission".
+The engine's paged layout holds one (``paged.PagedSlots``; docs/architecture.md, "Slot memory and
+admission"); its batched forwards and commits address the pools directly (``forward.attend``,
+``commit.commit_paths``), a single request's compaction goes through ``keep``.
 """
 
 from __future__ import annotations
