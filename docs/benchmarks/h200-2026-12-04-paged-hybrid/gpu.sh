@@ -3,7 +3,7 @@
 # states per slot). (a) the GPU tests of the paged layouts and the hybrid batch, the Qwen3.6-27B
 # shape at 4k, batch 8 / 32, slot vs paged; (b) the 27B shape's admitted concurrency on pages at the
 # model's maximum context (262,144) with 4k requests; (c) the paged GPU tests, the 27B shape on
-# pages at 4k, batch 8 / 32; (d) the Qwen3-8B shape on pages with the drafter paged; (e) the 27B shape at batch 1. Usage: bash gpu.sh OUT_DIR COMMIT PART
+# pages at 4k, batch 8 / 32; (d) the Qwen3-8B shape on pages with the drafter paged; (e) the 27B shape at batch 1; (f) its DDTree step profiled. Usage: bash gpu.sh OUT_DIR COMMIT PART
 set -uo pipefail
 OUT=$1 COMMIT=$2 PART=$3
 REPO=$(pwd)
@@ -32,5 +32,10 @@ if [[ $PART == d ]]; then   # the Qwen3-8B shape with the drafter's K/V on pages
 fi
 if [[ $PART == e ]]; then   # the 27B shape at batch 1: slot (the per-request graphs) vs paged (the batched path)
   step 27b-b1-4k 230 $B --random-shape qwen3.6-27b --batch 1 --context-len 4096 --kv-layout slot,paged --out "$OUT/27b-4k-b1"
+fi
+if [[ $PART == f ]]; then   # where the 27B shape's batch-1 DDTree step goes: slot (per-request graphs) vs paged (batched path)
+  P="python3 -m ddtree_server.bench.round_profile --shape qwen3.6-27b --batch 1 --mode ddtree --context 4096 --out $OUT/profile"
+  step profile-slot 100 $P --kv-layout slot
+  step profile-paged 100 $P --kv-layout paged
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
