@@ -67,9 +67,9 @@ def test_hybrid_slot_bytes_leave_out_the_round_scratch():
     assert not own.scratch.shared and own.cap == 80
     assert slot_cache_bytes(own) == slot
     # the CUDA sizing's figures (Engine._slot_bytes): a slot as the engine allocates it at the
-    # default rows (3 slots: 240 rows, cap 80), the scratch once at its most rows (1,024)
+    # default rows (3 slots: 240 rows padded to 256, cap 80), the scratch once at its most rows (1,024)
     default = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=3)
-    assert default.batch.runner.scratch.rows == 240
+    assert default.batch.runner.scratch.rows == 256
     assert default._slot_bytes() == (default.slot_bytes, 1024 * scratch // 40)
     # /metrics: the slot and the round scratch apart
     m = Metrics()
@@ -109,3 +109,28 @@ def test_rounds_past_the_scratch_are_cut_and_equal_alone_and_ar(padded, monkeypa
     graphs = engine.batch.runner.graphs
     if padded == "1":
         assert graphs.pending_rounds > 0, graphs.pending_rounds
+
+
+def test_the_default_scratch_holds_the_padded_layout_of_every_slots_largest_tree(monkeypatch):
+    """``round_rows``: the rows the graphs' padded layout takes for every slot's tree of 80 nodes
+    (a lone tree pads to 96 rows: a scratch of 80 sent a lone request's DDTree rounds to the eager
+    path); a lone request's 65-node trees then take the padded layout, exact."""
+    from ddtree_server.engine.batch.hybrid_rounds import ROUND_ROWS, round_rows
+    from ddtree_server.engine.sampling import SamplingParams
+
+    from tests.server.batch_fixtures import real_drafter
+
+    assert [round_rows(None, s) for s in (1, 2, 8, 12, 64)] == [96, 160, 640, 1024, ROUND_ROWS]
+    assert round_rows(40, 1) == 40
+    monkeypatch.setenv("DDTREE_BATCH_GRAPHS", "1")
+    target = tiny_hybrid("3gdn+attn", seed=21)
+    drafter = real_drafter(target, block=16)
+    ids, params = list(b"the cat sat"), SamplingParams(max_tokens=20, ignore_eos=True)
+    ar = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=1)
+    want = [t for ev in ar.generate(ids, params, mode="ar") for t in ev.token_ids]
+    # on pages a lone request takes the batched rounds (on slots, slot 0's per-request forward)
+    engine = Engine(target, ByteTokenizer(), drafter, eos_token_ids=[EOS], max_model_len=MAX_LEN,
+                    max_running=1, kv_layout="paged", tree_budget=64)
+    got = [t for ev in engine.generate(ids, params, mode="ddtree") for t in ev.token_ids]
+    graphs = engine.batch.runner.graphs
+    assert got == want and graphs.pending_rounds > 5 and engine.batch.runner.last.nodes == 64

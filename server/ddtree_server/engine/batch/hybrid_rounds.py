@@ -31,20 +31,23 @@ from torch import Tensor
 
 from ddtree_server.engine.batch.commit import commit_paths
 from ddtree_server.engine.batch.forward_hybrid import hybrid_layers
+from ddtree_server.engine.batch.padding import padded_shape
 from ddtree_server.models.hybrid import delta, gdn_batch, gdn_fast
 from ddtree_server.models.hybrid.gdn_groups import Chunks, block_windows
 from ddtree_server.models.hybrid.model import TREE_ROWS
 from ddtree_server.models.layers import kernels_usable
 
 # default rows of a hybrid round's verify scratch (chunk method; one per engine, docs/architecture.md
-# "Slot memory and admission"): 16 trees of 64 nodes; for a few slots what their trees can take
+# "Slot memory and admission"): 16 trees of 64 nodes; for a few slots what their trees take, padded
 ROUND_ROWS = 1024
 
 
 def round_rows(asked: int | None, slots: int) -> int:
     """Rows of the round scratch: ``asked``, else ROUND_ROWS (at most what ``slots`` trees of
-    TREE_ROWS nodes take). Raises ValueError below 1."""
-    rows = int(asked) if asked is not None else min(ROUND_ROWS, slots * TREE_ROWS)
+    TREE_ROWS nodes take in the graphs' padded layout: a lone tree of 65 nodes pads to 96 rows, so a
+    scratch of 80 sent that round to the eager path). Raises ValueError below 1."""
+    padded = padded_shape([TREE_ROWS] * slots)
+    rows = int(asked) if asked is not None else min(ROUND_ROWS, padded[1] if padded else slots * TREE_ROWS)
     if rows < 1:
         raise ValueError(f"round_rows must be >= 1, got {asked}")
     return rows
