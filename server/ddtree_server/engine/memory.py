@@ -65,12 +65,19 @@ def _scratch_bytes(engine) -> int:
 
 def state_bytes(engine) -> int:
     """Bytes a hybrid's slot keeps on the paged layout: its GDN recurrent and conv states (a
-    cache without attention rows), else 0."""
+    cache without attention rows; the ``chunk`` method's verify scratch is the round's, so the
+    measured cache views a one-row scratch on the meta device instead of allocating its own), else 0."""
     model = _model(engine)
     if not isinstance(model, HybridTarget):
         return 0
-    cache = model.new_cache(1)
+    cache = model.new_cache(1, scratch=model.new_scratch(1, "meta") if model.method == "chunk" else None)
     return slot_cache_bytes(cache) - cache_bytes(cache.kv)
+
+
+def paged_slot_bytes(engine) -> int:
+    """Bytes a slot keeps outside the pages: a hybrid's GDN states, and the context K/V of a
+    drafter that is not a DFlash one (a DFlash drafter's K/V is in the pages)."""
+    return state_bytes(engine) + (0 if _dflash(engine) is not None else drafter_slot_bytes(engine))
 
 
 def slot_bytes(engine, paged: bool = False) -> tuple[int, int]:
@@ -81,7 +88,7 @@ def slot_bytes(engine, paged: bool = False) -> tuple[int, int]:
     most half the budget, the pages the rest."""
     once = _scratch_bytes(engine)
     if paged:
-        return 2 * (state_bytes(engine) + (0 if _dflash(engine) is not None else drafter_slot_bytes(engine))), once
+        return 2 * paged_slot_bytes(engine), once
     per_slot = slot_cache_bytes(engine.target.new_cache(engine.max_model_len + 1)) + drafter_slot_bytes(engine)
     return per_slot, once
 
@@ -138,7 +145,5 @@ def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int
     if engine.device.type != "cuda":
         return slots * (least - 1) + 1
     free, _ = torch.cuda.mem_get_info(engine.device)
-    drafter = _dflash(engine)
-    own = state_bytes(engine) + (drafter_slot_bytes(engine) if engine.drafter is not None and drafter is None else 0)
-    budget = int(fraction * free) - slots * own - _scratch_bytes(engine)
-    return max(least, budget // page_bytes(_model(engine), drafter))
+    budget = int(fraction * free) - slots * paged_slot_bytes(engine) - _scratch_bytes(engine)
+    return max(least, budget // page_bytes(_model(engine), _dflash(engine)))

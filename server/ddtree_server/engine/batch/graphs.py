@@ -46,6 +46,7 @@ from ddtree_server.engine.batch.padding import (  # noqa: F401 - the buckets are
     padded_shape,
 )
 
+
 def pad_blocks(blocks: list[Block], b_pad: int, n_pad: int, scratch: int) -> list[Block]:
     """The blocks followed by ``b_pad - b`` padding blocks on the scratch slot holding the
     ``n_pad - N`` padding rows (see the module docstring)."""

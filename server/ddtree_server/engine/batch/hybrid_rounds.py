@@ -46,8 +46,11 @@ def round_rows(asked: int | None, slots: int) -> int:
     """Rows of the round scratch: ``asked``, else ROUND_ROWS (at most what ``slots`` trees of
     TREE_ROWS nodes take in the graphs' padded layout: a lone tree of 65 nodes pads to 96 rows, so a
     scratch of 80 sent that round to the eager path). Raises ValueError below 1."""
-    padded = padded_shape([TREE_ROWS] * slots)
-    rows = int(asked) if asked is not None else min(ROUND_ROWS, padded[1] if padded else slots * TREE_ROWS)
+    if asked is not None:
+        rows = int(asked)
+    else:
+        padded = padded_shape([TREE_ROWS] * slots)
+        rows = min(ROUND_ROWS, padded[1] if padded else slots * TREE_ROWS)
     if rows < 1:
         raise ValueError(f"round_rows must be >= 1, got {asked}")
     return rows
