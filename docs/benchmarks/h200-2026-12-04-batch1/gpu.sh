@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One GPU run (part a | b ...): a lone request on the paged layout. (a) the Qwen3-8B shape's batch-1
+# step profiled (device kernels and host functions) on both layouts in plain / DFlash / DDTree mode,
+# and the Qwen3.6-27B shape at batch 1 re-measured after the round scratch's padding fix.
+# Usage: bash gpu.sh OUT_DIR COMMIT PART
+set -uo pipefail
+OUT=$1 COMMIT=$2 PART=$3
+REPO=$(pwd)
+export PYTHONPATH="$REPO/server:$REPO" DDTREE_CACHE=/tmp/ddc HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+LOG="$OUT/gpu-$PART.log"
+step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$LOG"; timeout "$limit" "$@" >>"$LOG" 2>&1; echo "=== $name exit $? $(date -u +%T)" | tee -a "$LOG"; }
+echo "commit $COMMIT" >>"$LOG"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
+python3 -c "import torch, transformers, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
+B="python3 -m ddtree_server.bench --device cuda --iters 5"
+if [[ $PART == a ]]; then
+  for layout in slot paged; do
+    for mode in ar dflash ddtree; do
+      step "8b-$layout-$mode" 90 python3 -m ddtree_server.bench.round_profile --shape qwen3-8b --batch 1 --mode $mode \
+        --context 4096 --kv-layout $layout --host --out "$OUT/profile-8b"
+    done
+  done
+  step 27b-b1-4k 200 $B --random-shape qwen3.6-27b --batch 1 --context-len 4096 --kv-layout slot,paged --out "$OUT/27b-4k-b1"
+fi
+cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
