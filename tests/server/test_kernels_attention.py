@@ -103,6 +103,19 @@ for dt in ("float32", "float16"):
             fused[f"prep/{dt}/norm{norm}/signed{signed}"] = [dt, err(got, want), err(caches[2], caches[0]),
                                                             err(caches[3], caches[1]), err(caches[4], caches[0]),
                                                             kv_only is None]
+            # a batch's rows: token i to (page / slot x[i], row r[i]) of a pool layer [X, hkv, R, d]
+            pools = [torch.zeros(4, hkv, 8, d, dtype=dtype) for _ in range(2)]
+            x_r = torch.randperm(32, generator=g)[:n]
+            x, r = x_r // 8, x_r % 8
+            off = x * pools[0].stride(0) + r * pools[0].stride(2)
+            got = F.qkv_prep_rows(q, k, v, *w, 1e-6, cos, sin, pools[0], pools[1], off, signed)
+            kw_, vw_ = torch.zeros(hkv, n, d, dtype=dtype), torch.zeros(hkv, n, d, dtype=dtype)
+            want = F.qkv_prep_ref(q, k, v, *w, 1e-6, cos, sin, kw_, vw_, 0, signed)
+            hit = torch.zeros(4, 8, dtype=torch.bool)
+            hit[x, r] = True
+            fused[f"rows/{dt}/norm{norm}/signed{signed}"] = [
+                dt, err(got, want), err(pools[0][x, :, r], kw_.transpose(0, 1)), err(pools[1][x, :, r], vw_.transpose(0, 1)),
+                bool((pools[0].permute(0, 2, 1, 3)[~hit] == 0).all() and (pools[1].permute(0, 2, 1, 3)[~hit] == 0).all())]
     gate_up = torch.randn(3, 2 * 1500, generator=g).to(dtype)
     gate, up = gate_up.split(1500, -1)
     fused[f"silu/{dt}"] = [dt, err(F.silu_mul(gate, up), F.silu_mul_ref(gate, up))]
@@ -158,9 +171,9 @@ def test_attention_bad_inputs(report):
 
 def test_fused_match_reference(report):
     res = report["fused"]
-    assert len(res) == 2 * 4 + 2 + 2 * 3
+    assert len(res) == 2 * 8 + 2 + 2 * 3
     for key, (dtype, *errs) in res.items():
-        if key.startswith(("prep/", "rms/")):
-            assert errs[-1] is True, key  # prep: no queries asked, none returned; rms: shape kept
+        if key.startswith(("prep/", "rows/", "rms/")):
+            assert errs[-1] is True, key  # prep: no queries asked, none returned; rows: no other row written; rms: shape kept
             errs = errs[:-1]
         assert max(errs) < _tol(dtype), (key, errs)

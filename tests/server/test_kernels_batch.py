@@ -85,7 +85,11 @@ def engine():
     p = lambda: SamplingParams(max_tokens=4, ignore_eos=True)   # 4 rounds: the K/V carried over 3
     alone = [[x for ev in eng.generate(ids, p(), mode=m) for x in ev.token_ids] for ids, m in jobs]
     batched, sizes = run_together(eng, jobs, p)
-    return {"alone": alone, "batched": batched, "max_batch": max(sizes), "rounds": len(sizes),
+    # the paged layout: every round batched (qkv_prep_rows writes each row to its page row)
+    paged = Engine(t, ByteTokenizer(), d, eos_token_ids=[EOS], max_model_len=64, max_running=3,
+                   kv_layout="paged", kv_pages=24)
+    on_pages, _ = run_together(paged, jobs, p)
+    return {"alone": alone, "batched": batched, "paged": on_pages, "max_batch": max(sizes), "rounds": len(sizes),
             "kernels": kernels_usable(16, t.embed_tokens.weight)}
 
 
@@ -200,8 +204,9 @@ def test_batched_drafter_on_the_kernel_path_equals_its_solo_proposals(child):
 @pytest.mark.slow
 def test_engine_batched_on_the_kernel_path_equals_alone(child):
     """The batch engine with the Triton kernels on (interpreter): batched rounds (the batched
-    attention kernel) give each request the tokens of its solo rounds (the one-request kernel)."""
+    attention kernel, the fused q/k-norm + RoPE + K/V writes per row) give each request the tokens
+    of its solo rounds (the one-request kernels), on slots and on pages."""
     doc = child("engine")
     assert doc["kernels"] and doc["max_batch"] == 3 and all(len(a) == 4 for a in doc["alone"])
     assert doc["rounds"] == 4, doc
-    assert doc["batched"] == doc["alone"]
+    assert doc["batched"] == doc["alone"] and doc["paged"] == doc["alone"]

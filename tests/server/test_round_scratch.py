@@ -113,14 +113,14 @@ def test_rounds_past_the_scratch_are_cut_and_equal_alone_and_ar(padded, monkeypa
 
 def test_the_default_scratch_holds_the_padded_layout_of_every_slots_largest_tree(monkeypatch):
     """``round_rows``: the rows the graphs' padded layout takes for every slot's tree of 80 nodes
-    (a lone tree pads to 96 rows: a scratch of 80 sent a lone request's DDTree rounds to the eager
-    path); a lone request's 65-node trees then take the padded layout, exact."""
+    (a scratch smaller than that sends a lone request's DDTree rounds to the eager path); a lone
+    request's 65-node trees then take the padded layout, exact."""
     from ddtree_server.engine.batch.hybrid_rounds import ROUND_ROWS, round_rows
     from ddtree_server.engine.sampling import SamplingParams
 
     from tests.server.batch_fixtures import real_drafter
 
-    assert [round_rows(None, s) for s in (1, 2, 8, 12, 64)] == [96, 160, 640, 1024, ROUND_ROWS]
+    assert [round_rows(None, s) for s in (1, 2, 8, 12, 64)] == [80, 160, 640, 1024, ROUND_ROWS]
     assert round_rows(40, 1) == 40
     monkeypatch.setenv("DDTREE_BATCH_GRAPHS", "1")
     target = tiny_hybrid("3gdn+attn", seed=21)

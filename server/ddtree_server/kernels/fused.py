@@ -60,7 +60,7 @@ if HAVE_TRITON:
     def _prep_kernel(q_ptr, k_ptr, v_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, row0_ptr, qo_ptr, kc_ptr, vc_ptr,
                      HQ, HKV, s_qn, s_qh, s_kn, s_kh, s_vn, s_vh, s_cn, s_sn, s_on, s_oh, s_kch, s_kcr,
                      s_vch, s_vcr, eps, NORM: tl.constexpr, SIGNED: tl.constexpr, D: tl.constexpr,
-                     HB: tl.constexpr):
+                     HB: tl.constexpr, ROWS: tl.constexpr):
         # program (token i, block of HB heads of the concatenation q | k | v); each row is one
         # head: three masked loads / stores pick its source and destination (no pointer select)
         i = tl.program_id(0).to(tl.int64)  # token * row stride passes 2**31 in long prompts
@@ -98,10 +98,15 @@ if HAVE_TRITON:
             o1 = a * c1 - b * s1
         o2 = b * c2 + a * s2
         o1, o2 = tl.where(mv, x1, o1.to(dt)), tl.where(mv, x2, o2.to(dt))
-        row = tl.load(row0_ptr).to(tl.int64) + i
         q_dst = qo_ptr + i * s_on + hq[:, None] * s_oh
-        k_dst = kc_ptr + hk.to(tl.int64)[:, None] * s_kch + row * s_kcr
-        v_dst = vc_ptr + hv.to(tl.int64)[:, None] * s_vch + row * s_vcr
+        if ROWS:   # token i's own destination: an element offset into a pool layer (slot / page, row)
+            off = tl.load(row0_ptr + i).to(tl.int64)
+            k_dst = kc_ptr + hk.to(tl.int64)[:, None] * s_kch + off
+            v_dst = vc_ptr + hv.to(tl.int64)[:, None] * s_vch + off
+        else:
+            row = tl.load(row0_ptr).to(tl.int64) + i
+            k_dst = kc_ptr + hk.to(tl.int64)[:, None] * s_kch + row * s_kcr
+            v_dst = vc_ptr + hv.to(tl.int64)[:, None] * s_vch + row * s_vcr
         tl.store(q_dst + lo, o1, mask=mq)
         tl.store(q_dst + hi, o2, mask=mq)
         tl.store(k_dst + lo, o1, mask=mk)
@@ -160,7 +165,6 @@ def qkv_prep(q: Tensor | None, k: Tensor, v: Tensor, q_weight: Tensor | None, k_
     if not HAVE_TRITON:
         raise RuntimeError("Triton is not installed")
     n, hkv, d = k.shape
-    hq = 0 if q is None else q.shape[1]
     if (v.shape != k.shape or (q is not None and (q.shape[0] != n or q.shape[2] != d)) or d & (d - 1) or d < 4
             or k_cache.shape[0] != hkv or k_cache.shape[2] != d or v_cache.shape != k_cache.shape
             or cos.shape[-1] != d or sin.shape[-1] != d or (q_weight is None) != (k_weight is None)):
@@ -168,17 +172,51 @@ def qkv_prep(q: Tensor | None, k: Tensor, v: Tensor, q_weight: Tensor | None, k_
                          f"v {tuple(v.shape)}, cache {tuple(k_cache.shape)}, cos {tuple(cos.shape)}")
     if not _rows_ok(q, k, v, cos, sin, k_cache, v_cache) or row0.dim() != 0 or row0.device != k.device:
         raise ValueError("qkv_prep: last axes must be contiguous and row0 a 0-d tensor on k's device")
+    return _launch(q, k, v, q_weight, k_weight, eps, cos, sin, k_cache, v_cache, row0, signed_sin, q_out,
+                   (k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1)), False)
+
+
+def qkv_prep_rows(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor | None, k_weight: Tensor | None, eps: float,
+                  cos: Tensor, sin: Tensor, k_pool: Tensor, v_pool: Tensor, offsets: Tensor,
+                  signed_sin: bool = True) -> Tensor:
+    """``qkv_prep`` with a destination per token, for a batch's rows: token i's keys / values go to
+    element offset ``offsets[i]`` (int64 ``[n]``, head 0) of one pool layer ``k_pool`` / ``v_pool``
+    ``[X, hkv, R, d]`` (a slot pool's ``[slots, hkv, rows, d]``: slot * stride(0) + row * stride(2);
+    a page pool's ``[pages, hkv, page_size, d]``: page * stride(0) + row in page * stride(2)). The
+    two pools must share their strides. Same math as ``qkv_prep``; returns the queries ``[n, hq, d]``."""
+    if not HAVE_TRITON:
+        raise RuntimeError("Triton is not installed")
+    n, hkv, d = k.shape
+    if (k_pool.dim() != 4 or k_pool.shape != v_pool.shape or k_pool.stride() != v_pool.stride()
+            or k_pool.shape[1] != hkv or k_pool.shape[3] != d or offsets.shape != (n,) or offsets.dtype != torch.long
+            or offsets.device != k.device):
+        raise ValueError(f"qkv_prep_rows: need pools [X, {hkv}, R, {d}] of equal strides and int64 offsets [{n}] "
+                         f"on k's device, got {tuple(k_pool.shape)} / {tuple(v_pool.shape)} and {tuple(offsets.shape)}")
+    if q.shape[0] != n or q.shape[2] != d or v.shape != k.shape or d & (d - 1) or d < 4 \
+            or cos.shape[-1] != d or sin.shape[-1] != d or (q_weight is None) != (k_weight is None):
+        raise ValueError(f"qkv_prep_rows: bad shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not _rows_ok(q, k, v, cos, sin, k_pool, v_pool):
+        raise ValueError("qkv_prep_rows: last axes must be contiguous")
+    return _launch(q, k, v, q_weight, k_weight, eps, cos.reshape(n, d), sin.reshape(n, d), k_pool, v_pool, offsets,
+                   signed_sin, None, (k_pool.stride(1), 0, v_pool.stride(1), 0), True)
+
+
+def _launch(q, k, v, q_weight, k_weight, eps, cos, sin, k_dst, v_dst, rows, signed_sin, q_out, strides, per_row):
+    """One ``_prep_kernel`` launch; ``strides``: the destinations' (K head, K row, V head, V row)."""
+    n, hkv, d = k.shape
+    hq = 0 if q is None else q.shape[1]
     cos, sin = cos.reshape(n, d), sin.reshape(n, d)
     if q is not None and q_out is None:
         q_out = torch.empty((n, hq, d), dtype=q.dtype, device=q.device)
     qq, qo = (q, q_out) if q is not None else (k, k)
     qw, kw = (q_weight, k_weight) if k_weight is not None else (cos, cos)
     hb = 8
+    s_kch, s_kcr, s_vch, s_vcr = strides
     _prep_kernel[(n, triton.cdiv(hq + 2 * hkv, hb))](
-        qq, k, v, qw, kw, cos, sin, row0, qo, k_cache, v_cache, hq, hkv, qq.stride(0), qq.stride(1),
+        qq, k, v, qw, kw, cos, sin, rows, qo, k_dst, v_dst, hq, hkv, qq.stride(0), qq.stride(1),
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos.stride(0), sin.stride(0), qo.stride(0),
-        qo.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), eps,
-        NORM=k_weight is not None, SIGNED=signed_sin, D=d, HB=hb, num_warps=2)
+        qo.stride(1), s_kch, s_kcr, s_vch, s_vcr, eps,
+        NORM=k_weight is not None, SIGNED=signed_sin, D=d, HB=hb, ROWS=per_row, num_warps=2)
     return q_out
 
 

@@ -12,7 +12,10 @@ On the paged layout the K/V rows go to and come from pages through the blocks' p
 
 Attention takes the split-K Triton kernel with a request axis where the kernel path is on (CUDA;
 ``kernels/attention_batch.py``: each slot read in place up to its live length, a request's rows
-bitwise those it gets alone), else a padded SDPA over the gathered slots (every device). CUDA
+bitwise those it gets alone) and, as in the per-request forward (``models/dense/fast.py``), a
+layer's q/k-norm + RoPE + K/V writes in one launch (``kernels/fused.py`` ``qkv_prep_rows``, each
+row to its slot row or page row) and the MLP's ``silu(gate) * up`` in another; elsewhere a padded
+SDPA over the gathered slots (every device), the K/V written by indexing. CUDA
 graphs of batched rounds replay these forwards in a padded layout (``graphs.py``; the hybrid ones
 from the layout alone: ``hybrid_rounds.py``).
 """
@@ -28,6 +31,8 @@ from torch import Tensor
 
 from ddtree_server.engine.batch.pages import PAGE_SIZE
 from ddtree_server.kernels.attention_batch import batch_attention
+from ddtree_server.kernels.fused import qkv_prep_rows
+from ddtree_server.models.dense.fast import mlp_hidden
 from ddtree_server.models.layers import apply_rope as _apply_rope
 from ddtree_server.models.layers import attention_backends as _attention_backends
 from ddtree_server.models.layers import kernels_usable
@@ -128,12 +133,11 @@ def attend(lay: Layout, q: Tensor, k: Tensor, v: Tensor, kpool: Tensor, vpool: T
     The pools: ``[slots, layers, hkv, rows, d]``, or ``[layers, pages, hkv, page_size, d]`` when
     the layout has page tables."""
     paged = lay.pages is not None
+    kl, vl = _layer(lay, kpool, vpool, li)
     if paged:
-        kl, vl = kpool[li], vpool[li]                                    # [pages, hkv, page_size, d]
         kl[lay.page_of_row, :, lay.row_in_page] = k
         vl[lay.page_of_row, :, lay.row_in_page] = v
     else:
-        kl, vl = kpool[:, li], vpool[:, li]                              # [slots, hkv, rows, d]
         kl[lay.slot_of_row, :, lay.dest] = k
         vl[lay.slot_of_row, :, lay.dest] = v
     n, hq, d = q.shape
@@ -155,6 +159,33 @@ def attend(lay: Layout, q: Tensor, k: Tensor, v: Tensor, kpool: Tensor, vpool: T
     return out[lay.req, lay.row].reshape(n, hq * d)
 
 
+def _layer(lay: Layout, kpool: Tensor, vpool: Tensor, li: int) -> tuple[Tensor, Tensor]:
+    """Layer ``li`` of the pools: ``[pages, hkv, page_size, d]`` (paged) or ``[slots, hkv, rows, d]``."""
+    return (kpool[li], vpool[li]) if lay.pages is not None else (kpool[:, li], vpool[:, li])
+
+
+def kv_offsets(lay: Layout, pool: Tensor) -> Tensor:
+    """Element offset of each row's K/V (head 0) in a pool layer (``_layer``): page and row in the
+    page, or slot and cache row (``kernels/fused.py`` ``qkv_prep_rows``)."""
+    if lay.pages is not None:
+        return lay.page_of_row * pool.stride(0) + lay.row_in_page * pool.stride(2)
+    return lay.slot_of_row * pool.stride(0) + lay.dest * pool.stride(2)
+
+
+def _fused_attention(attn, h: Tensor, cos: Tensor, sin: Tensor, lay: Layout, kpool: Tensor, vpool: Tensor, li: int,
+                     off: Tensor) -> Tensor:
+    """The kernel path's attention of one layer: q/k-norm + RoPE + the K/V writes in one launch
+    (as the per-request forward, ``models/dense/fast.py``), then the batched split-K kernel."""
+    n, hq, hkv, d = h.shape[0], attn.n_heads, attn.n_kv, attn.head_dim
+    qkv = attn.qkv_proj(h).view(n, hq + 2 * hkv, d)
+    qw, kw, eps = (attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps) if attn.qk_norm else (None, None, 0.0)
+    kl, vl = _layer(lay, kpool, vpool, li)
+    q = qkv_prep_rows(qkv[:, :hq], qkv[:, hq:hq + hkv], qkv[:, hq + hkv:], qw, kw, eps, cos, sin, kl, vl, off)
+    out = batch_attention(q, kl, vl, lay.starts, lay.qo, lay.slots, lay.rmax, "tree" if lay.tree else "causal",
+                          lay.inner, pages=lay.pages)
+    return out.reshape(n, hq * d)
+
+
 def features(x, i, want, captured):
     if i in want:
         captured[want[i]] = x
@@ -167,22 +198,29 @@ def dense_forward(model, kpool: Tensor, vpool: Tensor, lay: Layout, logit_rows: 
     x = model.embed_tokens(lay.ids)
     cos, sin = model._rope(lay.pos, x.dtype)
     a0 = model.layers[0].self_attn
-    mask = None if kernels_usable(a0.head_dim, kpool) else lay.additive(a0.n_heads // a0.n_kv, x.dtype)
+    fused = kernels_usable(a0.head_dim, kpool)   # the per-request forward's fused kernels
+    mask = None if fused else lay.additive(a0.n_heads // a0.n_kv, x.dtype)
+    off = kv_offsets(lay, _layer(lay, kpool, vpool, 0)[0]) if fused else None   # the same in every layer
     want = {layer: i for i, layer in enumerate(model.capture_layers)}
     captured: list = [None] * len(want)
     n = x.shape[0]
     with _attention_backends(x.device):
         for i, layer in enumerate(model.layers):
             attn = layer.self_attn
-            hq, hkv = attn.n_heads, attn.n_kv
-            qkv = attn.qkv_proj(layer.input_layernorm(x)).view(n, hq + 2 * hkv, attn.head_dim)
-            qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv:]
-            if attn.qk_norm:
-                qk = torch.cat((attn.q_norm(qk[:, :hq]), attn.k_norm(qk[:, hq:])), dim=1)
-            qk = _apply_rope(qk, cos, sin)
-            out = attend(lay, qk[:, :hq], qk[:, hq:], v, kpool, vpool, i, mask)
+            h = layer.input_layernorm(x)
+            if fused:
+                out = _fused_attention(attn, h, cos, sin, lay, kpool, vpool, i, off)
+            else:
+                hq, hkv = attn.n_heads, attn.n_kv
+                qkv = attn.qkv_proj(h).view(n, hq + 2 * hkv, attn.head_dim)
+                qk, v = qkv[:, : hq + hkv], qkv[:, hq + hkv:]
+                if attn.qk_norm:
+                    qk = torch.cat((attn.q_norm(qk[:, :hq]), attn.k_norm(qk[:, hq:])), dim=1)
+                qk = _apply_rope(qk, cos, sin)
+                out = attend(lay, qk[:, :hq], qk[:, hq:], v, kpool, vpool, i, mask)
             x = _linear_add(x, out, attn.o_proj)
-            x = _linear_add(x, layer.mlp.hidden(layer.post_attention_layernorm(x)), layer.mlp.down_proj)
+            h = layer.post_attention_layernorm(x)
+            x = _linear_add(x, mlp_hidden(layer.mlp, h) if fused else layer.mlp.hidden(h), layer.mlp.down_proj)
             features(x, i, want, captured)
     logits = model.lm_head(model.norm(x if logit_rows is None else x.index_select(0, logit_rows)))
     return logits, (torch.cat(captured, dim=-1) if captured else None)

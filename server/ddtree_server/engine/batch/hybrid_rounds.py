@@ -44,8 +44,8 @@ ROUND_ROWS = 1024
 
 def round_rows(asked: int | None, slots: int) -> int:
     """Rows of the round scratch: ``asked``, else ROUND_ROWS (at most what ``slots`` trees of
-    TREE_ROWS nodes take in the graphs' padded layout: a lone tree of 65 nodes pads to 96 rows, so a
-    scratch of 80 sent that round to the eager path). Raises ValueError below 1."""
+    TREE_ROWS nodes take in the graphs' padded layout, so that every round of them replays a graph:
+    80 rows for one slot, 160 for two, 256 for three). Raises ValueError below 1."""
     if asked is not None:
         rows = int(asked)
     else:

@@ -8,7 +8,9 @@ BATCH_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 ROW_BUCKETS = (1, 2, 4, 8, 16, 17, 24, 33, 48, 65, 80)
 # past 1,024 rows every 256 (a round there is compute-bound: padding rows cost their GEMM time);
 # 2,560: 32 trees of 80 nodes (DDTree budget 64 at batch 32 is 2,080 rows)
-TOTAL_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, 1280,
+# a lone tree of 17 / 33 / 65 / 80 rows (DDTree budgets 16 / 32 / 64, the hybrid cap) is a round of its
+# own rows: no padding block beside it (whose attention programs and GEMM rows a batch-1 round would pay)
+TOTAL_BUCKETS = (1, 2, 4, 8, 12, 16, 17, 24, 32, 33, 48, 64, 65, 80, 96, 128, 160, 192, 256, 320, 384, 512, 640, 768, 1024, 1280,
                  1536, 1792, 2048, 2304, 2560)
 MAX_ROWS = TOTAL_BUCKETS[-1]   # rows of one graph (its logits are [N_pad, vocab])
 
