@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One GPU run (part a | b ...): a lone request on the paged layout. (a) the Qwen3-8B shape's batch-1
 # step profiled (device kernels and host functions) on both layouts in plain / DFlash / DDTree mode,
-# and the Qwen3.6-27B shape at batch 1 re-measured after the round scratch's padding fix.
+# and the Qwen3.6-27B shape at batch 1 re-measured after the round scratch's padding fix; (b) the GPU
+# tests of the kernels and the batched / paged paths after the fused batched forward, and the 8B
+# batch-1 paged profiles again; (c) the 8B shape at batch 1 / 8 / 64 on both layouts.
 # Usage: bash gpu.sh OUT_DIR COMMIT PART
 set -uo pipefail
 OUT=$1 COMMIT=$2 PART=$3
@@ -21,5 +23,16 @@ if [[ $PART == a ]]; then
     done
   done
   step 27b-b1-4k 200 $B --random-shape qwen3.6-27b --batch 1 --context-len 4096 --kv-layout slot,paged --out "$OUT/27b-4k-b1"
+fi
+if [[ $PART == b ]]; then
+  step gpu-tests 240 python3 -m pytest -q -p no:xdist -p no:cacheprovider --durations=8 tests/server/test_kernels_gpu.py \
+    tests/server/test_paged_gpu.py tests/server/test_draft_kernel_gpu.py tests/server/test_tree_gpu.py tests/server/test_walk_gpu.py
+  for mode in ar ddtree; do
+    step "8b-paged-$mode" 90 python3 -m ddtree_server.bench.round_profile --shape qwen3-8b --batch 1 --mode $mode \
+      --context 4096 --kv-layout paged --host --out "$OUT/profile-8b-fused"
+  done
+fi
+if [[ $PART == c ]]; then
+  step 8b-b1-8-64-4k 560 $B --random-shape qwen3-8b --batch 1,8,64 --context-len 4096 --kv-layout slot,paged --out "$OUT/8b-4k"
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .
