@@ -58,3 +58,29 @@ def test_cuda_auto_layout_takes_pages_when_the_slots_would_not_hold_the_batch():
     assert build(kv_memory_fraction=1e-6).kv_layout == "paged"
     assert build(max_running=1).kv_layout == "slot"
     assert build(max_running=2, kv_layout="slot", kv_memory_fraction=1e-6).kv_layout == "slot"
+
+
+@pytest.mark.parametrize("budget", [16, 64])
+def test_cuda_lone_paged_ddtree_rounds_replay_one_graph(budget):
+    """A lone greedy DDTree request on pages: its rounds after the drafter are one CUDA graph each
+    (engine/batch/paged_solo.py), requests one after another on reused pages; the tokens are plain
+    decoding's on the slot layout."""
+    slot, jobs, _ = _engine_and_jobs()
+    target = getattr(slot.target, "model", slot.target)
+    drafter = slot.drafter.drafter if hasattr(slot.drafter, "drafter") else slot.drafter
+    paged = Engine(target, slot.tokenizer, drafter, eos_token_ids=slot.eos_token_ids, max_model_len=96,
+                   max_running=2, kv_layout="paged", kv_pages=20, poison_freed_slots=True)
+    solo = paged.batch.runner.paged_solo
+    assert solo is not None and solo.capture
+    calls, run = [], solo.run
+    solo.run = lambda *a: calls.append(run(*a)) or calls[-1]
+    for ids, _ in jobs[:4]:
+        p = SamplingParams(max_tokens=40, ignore_eos=True)
+        want = [x for ev in slot.generate(ids, p, mode="ar") for x in ev.token_ids]
+        got = [x for ev in paged.generate(ids, p, mode="ddtree", tree_budget=budget) for x in ev.token_ids]
+        assert got == want
+    assert sum(c is not None for c in calls) >= 20
+    assert any(rd.graph is not None for rd in solo._rounds.values())
+    pool = paged.batch.runner.caches.pages
+    pool.verify()
+    assert pool.free_pages == pool.num_pages - 1

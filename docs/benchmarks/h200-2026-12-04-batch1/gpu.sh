@@ -3,7 +3,8 @@
 # step profiled (device kernels and host functions) on both layouts in plain / DFlash / DDTree mode,
 # and the Qwen3.6-27B shape at batch 1 re-measured after the round scratch's padding fix; (b) the GPU
 # tests of the kernels and the batched / paged paths after the fused batched forward, and the 8B
-# batch-1 paged profiles again; (c) the 8B shape at batch 1 / 8 / 64 on both layouts.
+# batch-1 paged profiles again; (c) the 8B shape at batch 1 / 8 / 64 on both layouts; (d) with the
+# device round of a lone request on pages: its GPU tests, batch 1 of both shapes on both layouts.
 # Usage: bash gpu.sh OUT_DIR COMMIT PART
 set -uo pipefail
 OUT=$1 COMMIT=$2 PART=$3
@@ -34,5 +35,13 @@ if [[ $PART == b ]]; then
 fi
 if [[ $PART == c ]]; then
   step 8b-b1-8-64-4k 560 $B --random-shape qwen3-8b --batch 1,8,64 --context-len 4096 --kv-layout slot,paged --out "$OUT/8b-4k"
+fi
+if [[ $PART == d ]]; then
+  step gpu-tests 200 python3 -m pytest -q -p no:xdist -p no:cacheprovider --durations=5 tests/server/test_paged_gpu.py \
+    tests/server/test_solo_round.py -k cuda
+  step 8b-b1-4k 150 $B --random-shape qwen3-8b --batch 1 --context-len 4096 --kv-layout slot,paged --out "$OUT/8b-4k-b1-solo"
+  step 27b-b1-4k 150 $B --random-shape qwen3.6-27b --batch 1 --context-len 4096 --kv-layout slot,paged --out "$OUT/27b-4k-b1-solo"
+  step 8b-paged-ddtree 60 python3 -m ddtree_server.bench.round_profile --shape qwen3-8b --batch 1 --mode ddtree \
+    --context 4096 --kv-layout paged --host --out "$OUT/profile-8b-solo"
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .

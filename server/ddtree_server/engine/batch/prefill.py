@@ -53,6 +53,21 @@ def finish_chunk(req: Request, n: int, last_logits: Tensor, ctx: Tensor | None) 
     return out
 
 
+def prefill_one(runner, req: Request, n: int) -> list[int] | None:
+    """The request's next ``n`` prompt tokens in one forward (``StepRunner.prefill``): on pages the
+    batched forward through the page table, on slots the per-request forward on its slot's cache
+    (slot 0 may take the target's CUDA graphs, bound to its storage; other slots run eagerly)."""
+    if runner.paged:
+        return prefill_many(runner, [(req, n)])[0]
+    p, cache = req.prefilled, runner.caches[req.slot]
+    check_chunk(req, n, cache.length)
+    ids = torch.tensor(req.prefill_ids[p:p + n], dtype=torch.long, device=runner.device)
+    model = runner.target if req.slot == 0 else runner.model
+    logits, ctx = model.forward(cache, ids, torch.arange(p, p + n, device=runner.device), last_only=True)
+    # graphed forwards return views of static buffers
+    return finish_chunk(req, n, logits, None if ctx is None or req.mode == "ar" else ctx.clone())
+
+
 def prefill_many(runner, chunks: list[tuple[Request, int]]) -> list[list[int] | None]:
     """Every ``(request, n)`` chunk in one forward; per chunk ``finish_chunk``'s result."""
     blocks = []

@@ -31,8 +31,9 @@ from ddtree_server.engine.batch.hybrid_rounds import commit_pending, round_rows
 from ddtree_server.engine.batch.policy import SpecPolicy
 from ddtree_server.engine.batch.paged_draft import draft_caches
 from ddtree_server.engine.batch.paged_hybrid import paged_caches
+from ddtree_server.engine.batch.paged_solo import PagedSoloRound
 from ddtree_server.engine.batch.pools import SlotPool
-from ddtree_server.engine.batch.prefill import check_chunk, finish_chunk, prefill_many
+from ddtree_server.engine.batch.prefill import prefill_one
 from ddtree_server.engine.batch.profile import measure
 from ddtree_server.engine.batch.request import Request
 from ddtree_server.engine.batch.reserve import largest_round
@@ -114,9 +115,11 @@ class StepRunner:
         if cuda and (self.graphs is not None or self.draft_graphs is not None):
             self.graph_pool.reserve = largest_round(self)
         # batch 1's greedy DDTree round after the drafter on the device (dense, graphed: solo_round.py)
-        self.solo = SoloRound(target, capture=cuda and target.capture) if self.kind == "dense" and isinstance(
-            target, GraphedTarget) and drafter is not None and not self.paged and \
-            os.environ.get(SOLO_ENV, "").strip() != "0" else None
+        solo = self.kind == "dense" and drafter is not None and os.environ.get(SOLO_ENV, "").strip() != "0"
+        self.solo = SoloRound(target, capture=cuda and target.capture) if solo and isinstance(
+            target, GraphedTarget) and not self.paged else None
+        # on pages: a lone request's greedy DDTree round after the batched drafter (paged_solo.py)
+        self.paged_solo = PagedSoloRound(self.model, self.caches, capture=cuda and graphs) if solo and self.paged else None
         # pinned buffers for small copies: batch 1's verify inputs and path rows; the batched walk's / commit's indices
         self._inputs_buf, self._rows_buf, *self._bufs = [decode.Staging() for _ in range(4)] if cuda else [None] * 4
         # the speculation policy governs ddtree requests (policy.py); it needs the batched forward
@@ -169,18 +172,7 @@ class StepRunner:
         the ``req.prefilled`` already there: positions continue, dense KV extends, a hybrid's GDN
         recurrent / conv states carry over (a causal ``last_only`` block is committed at once).
         Returns ``[first token]`` after the last chunk, else None (no logits are used before)."""
-        p = req.prefilled
-        n = len(req.prefill_ids) - p if n is None else n
-        if self.paged:   # the batched forward through the page table
-            return prefill_many(self, [(req, n)])[0]
-        cache = self.caches[req.slot]
-        check_chunk(req, n, cache.length)
-        ids = torch.tensor(req.prefill_ids[p:p + n], dtype=torch.long, device=self.device)
-        # slot 0 may take the CUDA graphs (bound to its storage); other slots run eagerly
-        model = self.target if req.slot == 0 else self.model
-        logits, ctx = model.forward(cache, ids, torch.arange(p, p + n, device=self.device), last_only=True)
-        # graphed forwards return views of static buffers
-        return finish_chunk(req, n, logits, None if ctx is None or req.mode == "ar" else ctx.clone())
+        return prefill_one(self, req, len(req.prefill_ids) - req.prefilled if n is None else n)
 
     # ---- decode round -------------------------------------------------------------------------
     def room(self, req: Request) -> int:
@@ -263,9 +255,13 @@ class StepRunner:
                                        tables=getattr(self.dcaches, "tables", None))
             else:
                 logits = torch.stack([self.drafter.propose(self.dcaches[r.slot], r.ctx, r.bonus, r.s) for r in spec])
-            chains = logits.argmax(dim=-1).tolist() if any(r.mode == "dflash" for r in spec) else None
             for r in spec:
                 r.ctx = None   # consumed by the drafter
+            if self.paged_solo is not None and len(reqs) == 1 and spec and not self.governed(reqs[0]):
+                got = self.paged_solo.round(self, reqs[0], logits[0])
+                if got is not None:
+                    return [got]
+            chains = logits.argmax(dim=-1).tolist() if any(r.mode == "dflash" for r in spec) else None
         trees = self._trees(reqs, spec, logits, chains)
         blocks = [Block(r.slot, r.s, t.tokens, t.depths, None if t.is_chain else t.ancestors())
                   for r, t in zip(reqs, trees)]

@@ -158,32 +158,70 @@ class SoloRound:
         """Steps 1-4 of the module docstring with fixed shapes and no host synchronisation; sets
         ``rd.out`` (the packed result ``[HEAD + 2N]``) and ``rd.ctx`` (``[N, F]``: the path's
         feature rows first) and returns ``rd.out``."""
-        st, c = rd.st, rd.width
-        n, depth_max, dev = st.n, draft.shape[0], draft.device
-        root, s, cap = rd.scal[0:1], rd.scal[1], rd.scal[2]
-        vals, ids = topk_logp(draft, c)
-        tokens, depths, parents, counts = build_trees_device(vals[None], ids[None], c)
-        live_nodes = torch.minimum(counts[0], cap)
-        rows = torch.arange(n, device=dev)
-        live = rows <= live_nodes                                   # the root and the first cap nodes
-        zero, pad = torch.zeros(1, dtype=torch.long, device=dev), torch.zeros(n - 1 - c, dtype=torch.long, device=dev)
-        tok = torch.cat((root, tokens[0], pad))
-        dep = torch.cat((zero, depths[0], pad))
-        par = torch.cat((zero - 1, parents[0], pad))                # the root's parent -1
+        st = rd.st
+        n, depth_max = st.n, draft.shape[0]
+        s = rd.scal[1]
+        tree = device_tree(draft, rd.width, n, rd.scal[0:1], rd.scal[2])
         # verify inputs: rows past the live nodes see only themselves (each its own "parent")
-        st.ids.copy_(torch.where(live, tok, 0))
-        st.pos.copy_(dep + s)
+        st.ids.copy_(tree.ids)
+        st.pos.copy_(tree.dep + s)
         st.s.copy_(s)
-        st.block.copy_(ancestor_mask(torch.where(live, par, rows), depth_max))
+        st.block.copy_(tree.mask(depth_max))
         logits, feats = self.target.run_static(st, cache)
-        # walk: dead rows hang under the root with token -1, which no choice matches
-        acc, bonus = walk_rows(logits.argmax(dim=-1), torch.where(live, tok, -1), torch.where(live, par, 0), depth_max)
-        order = torch.sort(acc, descending=True, stable=True).indices   # path rows first, in index order
-        dst = rows + s
+        order, rd.out = walk_and_pack(logits, tree, depth_max)
+        dst = torch.arange(n, device=draft.device) + s
         for kv in (cache.k, cache.v):
             kv.index_copy_(2, dst, kv.index_select(2, order + s))
-        k = acc.sum()[None]
-        chain = ((parents[0] == rows[:c]) | ~live[1:c + 1]).all()[None].long()
-        rd.out = torch.cat((k, live_nodes[None], chain, bonus.max()[None], order, tok.gather(0, order)))
         rd.ctx = None if feats is None else feats.index_select(0, order)
         return rd.out
+
+
+@dataclass
+class DeviceTree:
+    """One request's tree on the device in ``n`` rows (root first, then the nodes, then padding):
+    tokens, depths, parents (the root's -1), which rows are live (the root and the first ``cap``
+    nodes), their count and whether the tree is a chain (``[1]`` long)."""
+
+    tok: Tensor
+    dep: Tensor
+    par: Tensor
+    live: Tensor
+    nodes: Tensor
+    chain: Tensor
+
+    @property
+    def ids(self) -> Tensor:
+        """The verify forward's token ids (dead rows: token 0)."""
+        return torch.where(self.live, self.tok, 0)
+
+    def mask(self, depth_max: int) -> Tensor:
+        """The ``[n, n]`` ancestor-or-self mask; a dead row sees only itself (its own "parent")."""
+        rows = torch.arange(self.tok.shape[0], device=self.tok.device)
+        return ancestor_mask(torch.where(self.live, self.par, rows), depth_max)
+
+
+def device_tree(draft: Tensor, width: int, n: int, root: Tensor, cap: Tensor) -> DeviceTree:
+    """Step 1: the best-first tree of ``width`` nodes from draft logits ``[L, vocab]`` (root ``[1]``,
+    ``cap`` a 0-d tensor: the live nodes at most) in ``n >= width + 1`` rows, all on the device."""
+    dev = draft.device
+    vals, ids = topk_logp(draft, width)
+    tokens, depths, parents, counts = build_trees_device(vals[None], ids[None], width)
+    nodes = torch.minimum(counts[0], cap)
+    rows = torch.arange(n, device=dev)
+    live = rows <= nodes                                        # the root and the first cap nodes
+    zero, pad = torch.zeros(1, dtype=torch.long, device=dev), torch.zeros(n - 1 - width, dtype=torch.long, device=dev)
+    chain = ((parents[0] == rows[:width]) | ~live[1:width + 1]).all()[None].long()
+    return DeviceTree(torch.cat((root, tokens[0], pad)), torch.cat((zero, depths[0], pad)),
+                      torch.cat((zero - 1, parents[0], pad)), live, nodes, chain)
+
+
+def walk_and_pack(logits: Tensor, tree: DeviceTree, depth_max: int) -> tuple[Tensor, Tensor]:
+    """Step 3's walk: the target's argmax against the live rows (dead rows hang under the root with
+    token -1, which no choice matches). Returns the rows in commit order (path rows first, in index
+    order) and the packed result (accepted count, live nodes, chain flag, bonus; the N rows in that
+    order; their tokens)."""
+    acc, bonus = walk_rows(logits.argmax(dim=-1), torch.where(tree.live, tree.tok, -1),
+                           torch.where(tree.live, tree.par, 0), depth_max)
+    order = torch.sort(acc, descending=True, stable=True).indices
+    out = torch.cat((acc.sum()[None], tree.nodes[None], tree.chain, bonus.max()[None], order, tree.tok.gather(0, order)))
+    return order, out

@@ -1,0 +1,194 @@
+"""The batch-1 DDTree round after the drafter, all on the device, on the paged KV layout (dense targets).
+
+``solo_round.py`` for a lone greedy ``ddtree`` request on pages: the tree build, the verify
+forward, the walk and the commit run with fixed shapes and no host synchronisation, so on CUDA
+they are ONE CUDA graph per (tree width, rows) replayed every round, and the round ends with ONE
+device-to-host copy. Before, such a round took the batched path: the trees copied back to build the
+layout on the host, the forward, then the walk copied back, the GPU idle in between (the
+batch-1 profile of docs/benchmarks/h200-2026-12-04-batch1/).
+
+The verify forward is the batched one (``forward.dense_forward``) over a layout of one block
+built on the device (``DeviceLayout``): the tree's n rows at cache rows ``s .. s+n-1``, their K/V
+written through the slot's page table (a copy of its device row, ``PagedSlots.device_tables``).
+Rows past the live nodes are dead: they see only themselves and are never accepted; their K/V go
+to the request's own reserved rows past its tree or, past its pages, to the dummy page. The round
+applies only while ``s + n`` rows fit the table's width (else the batched path runs). The commit
+moves the rows in path order to ``s ..`` through the page table (gather, then scatter), and the
+host sets the committed length to ``s + len(path)``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor
+
+from ddtree_server.engine.batch import settle
+from ddtree_server.engine.batch.forward import dense_forward
+from ddtree_server.engine.batch.pages import PAGE_SIZE
+from ddtree_server.engine.batch.solo_round import HEAD, SoloResult, device_tree, walk_and_pack
+
+log = logging.getLogger(__name__)
+
+
+class DeviceLayout:
+    """A ``forward.Layout`` of one block of ``n`` tree rows whose fields are device buffers written
+    on the device (duck-typed: the fields ``dense_forward`` and ``forward.attend`` read)."""
+
+    def __init__(self, n: int, width: int, device):
+        long = dict(dtype=torch.long, device=device)
+        self.b, self.rmax, self.tree, self.n = 1, n, True, n
+        self.ids, self.pos, self.req = torch.zeros(n, **long), torch.zeros(n, **long), torch.zeros(n, **long)
+        self.row = torch.arange(n, **long)
+        self.page_of_row, self.row_in_page = torch.zeros(n, **long), torch.zeros(n, **long)
+        self.starts, self.qo = torch.zeros(1, dtype=torch.int32, device=device), \
+            torch.tensor([0, n], dtype=torch.int32, device=device)
+        self.slots = torch.zeros(1, **long)
+        self.pages = torch.zeros((1, width), dtype=torch.int32, device=device)   # the slot's table row
+        self.inner = torch.zeros((1, n, n), dtype=torch.bool, device=device)
+        self.kv_max = 0   # host: the eager SDPA path's key count (s + n), set per round
+
+    def fill(self, tree, s: Tensor, depth_max: int) -> None:
+        """The round's rows from the device tree and the 0-d committed length ``s`` (cache rows
+        ``s .. s+n-1``)."""
+        dest = self.row + s
+        self.ids.copy_(tree.ids)
+        self.pos.copy_(tree.dep + s)
+        self.starts.copy_(s[None])
+        self.page_of_row.copy_(self.pages[0, dest // PAGE_SIZE])
+        self.row_in_page.copy_(dest % PAGE_SIZE)
+        self.inner.copy_(tree.mask(depth_max)[None])
+
+    # the eager SDPA path (no Triton kernels: the CPU); s is known on the host there
+    @property
+    def lens(self) -> Tensor:
+        return (self.starts + self.n).long()
+
+    @property
+    def valid(self) -> Tensor:
+        return torch.arange(self.kv_max, device=self.ids.device)[None, :] < self.lens[:, None]
+
+    def additive(self, rep: int, dtype) -> Tensor:
+        s = self.kv_max - self.n
+        see = torch.zeros((self.n, self.kv_max), dtype=torch.bool, device=self.ids.device)
+        see[:, :s] = True
+        see[:, s:] = self.inner[0]
+        m = see[None, None, None].expand(1, 1, rep, self.n, self.kv_max).reshape(1, 1, rep * self.n, self.kv_max)
+        return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill_(~m, float("-inf"))
+
+
+class _Round:
+    def __init__(self, width: int, n: int, draft: Tensor, table_width: int):
+        self.width, self.n = width, n
+        self.lay = DeviceLayout(n, table_width, draft.device)
+        self.draft = torch.zeros_like(draft)
+        self.scal = torch.zeros(3, dtype=torch.long, device=draft.device)   # root token, s, cap
+        self.graph = None
+        self.out: Tensor | None = None
+        self.ctx: Tensor | None = None
+
+
+class PagedSoloRound:
+    """The device round of a dense ``model`` whose K/V is the page pools ``kpool`` / ``vpool``
+    (``[layers, pages, kv_heads, page_size, d]``) of ``slots`` (``paged.PagedSlots``); ``capture``:
+    CUDA graphs (else eager, e.g. on the CPU)."""
+
+    def __init__(self, model, slots, capture: bool):
+        self.model, self.slots, self.capture = model, slots, capture
+        self.enabled = True   # False after a capture error: the batched path from then on
+        self._rounds: dict[tuple, _Round] = {}
+        self._pool = None
+        self._host = self._back = None   # pinned buffers of the input scalars and of the result (CUDA)
+
+    def round(self, runner, req, draft: Tensor) -> list[int] | None:
+        """The request's round on the device (its tokens, the request settled), or None where it
+        does not apply (``run``): the caller's batched round then goes on with the same draft."""
+        got = self.run(req, draft, min(req.budget, runner.room(req)))
+        if got is None:
+            return None
+        runner.last.nodes += got.nodes
+        runner.last.kinds[got.kind] += 1
+        return settle.record(runner, req, got.path, got.tokens, got.bonus, got.nodes + 1, got.kind, got.ctx)
+
+    def run(self, req, draft: Tensor, cap: int) -> SoloResult | None:
+        """As ``SoloRound.run`` for the request in slot ``req.slot`` (draft logits ``[L, vocab]``);
+        None, with nothing done, where the round does not apply (not a greedy ddtree request
+        without a processor, cap < 1, or its rows past the table's width)."""
+        if not self.enabled or req.mode != "ddtree" or cap < 1 or not req.params.greedy or req.processor is not None:
+            return None
+        width = req.budget
+        n = width + 1
+        table = self.slots.device_tables(draft.device)
+        if req.s + n > table.shape[1] * PAGE_SIZE:
+            return None
+        key = (width, tuple(draft.shape), draft.dtype)
+        rd = self._rounds.get(key)
+        if rd is None:
+            with torch.inference_mode(False):   # normal tensors: updatable in and out of inference mode
+                rd = self._rounds[key] = _Round(width, n, draft, table.shape[1])
+        if self.capture:
+            self._host = self._host if self._host is not None else torch.empty(3, dtype=torch.long, pin_memory=True)
+            self._host.numpy()[:] = (req.bonus, req.s, cap)   # free again: the last round ended with a wait
+            rd.scal.copy_(self._host, non_blocking=True)
+        else:
+            rd.scal.copy_(torch.tensor((req.bonus, req.s, cap)))
+        rd.draft.copy_(draft)
+        rd.lay.pages.copy_(table[req.slot:req.slot + 1])
+        rd.lay.kv_max = req.s + n
+        if not self.capture:
+            host = self._body(rd).tolist()
+        else:
+            if rd.graph is None:
+                try:
+                    self._capture(rd)
+                except RuntimeError as exc:   # warm-up and capture wrote the dummy page only
+                    log.warning("paged device round disabled (CUDA graph capture failed): %s", exc)
+                    self.enabled = False
+                    return None
+            rd.graph.replay()
+            if self._back is None or self._back.numel() < rd.out.numel():
+                self._back = torch.empty(rd.out.numel(), dtype=torch.long, pin_memory=True)
+            back = self._back[:rd.out.numel()]
+            back.copy_(rd.out, non_blocking=True)
+            torch.cuda.current_stream().synchronize()   # the round's one wait
+            host = back.tolist()
+        k, nodes, chain, bonus = host[:HEAD]
+        self.slots[req.slot].length = req.s + k
+        path, toks = host[HEAD:HEAD + k], host[HEAD + n:HEAD + n + k]
+        ctx = None if rd.ctx is None else rd.ctx[:k].clone()
+        return SoloResult(path, toks[1:] + [bonus], bonus, nodes, bool(chain), ctx)
+
+    def _capture(self, rd: _Round) -> None:
+        # warm-up and capture with an empty table: every write lands on the dummy page; the
+        # request's table row is copied back before the replay
+        real = rd.lay.pages.clone()
+        rd.lay.pages.zero_()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._body(rd)
+        torch.cuda.current_stream().wait_stream(side)
+        rd.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(rd.graph, pool=self._pool):
+            self._body(rd)
+        self._pool = rd.graph.pool()
+        rd.lay.pages.copy_(real)
+
+    def _body(self, rd: _Round) -> Tensor:
+        """Tree, verify inputs, forward, walk, commit: fixed shapes, no host synchronisation."""
+        depth_max, s = rd.draft.shape[0], rd.scal[1]
+        tree = device_tree(rd.draft, rd.width, rd.n, rd.scal[0:1], rd.scal[2])
+        rd.lay.fill(tree, s, depth_max)
+        kpool, vpool = self.slots.pool("k"), self.slots.pool("v")
+        logits, feats = dense_forward(self.model, kpool, vpool, rd.lay)
+        order, rd.out = walk_and_pack(logits, tree, depth_max)
+        # the rows in path order to s .. s+n-1 through the page table: gather all, then scatter
+        src = order + s
+        src_page, src_row = rd.lay.pages[0, src // PAGE_SIZE].long(), src % PAGE_SIZE
+        for pool in (kpool, vpool):
+            moved = pool[:, src_page, :, src_row]
+            pool[:, rd.lay.page_of_row, :, rd.lay.row_in_page] = moved
+        rd.ctx = None if feats is None else feats.index_select(0, order)
+        return rd.out
