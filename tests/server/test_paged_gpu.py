@@ -60,9 +60,9 @@ def test_cuda_auto_layout_takes_pages_when_the_slots_would_not_hold_the_batch():
     assert build(max_running=2, kv_layout="slot", kv_memory_fraction=1e-6).kv_layout == "slot"
 
 
-@pytest.mark.parametrize("budget", [16, 64])
-def test_cuda_lone_paged_ddtree_rounds_replay_one_graph(budget):
-    """A lone greedy DDTree request on pages: its rounds after the drafter are one CUDA graph each
+@pytest.mark.parametrize("mode,budget", [("ddtree", 16), ("ddtree", 64), ("dflash", 64)])
+def test_cuda_lone_paged_rounds_replay_one_graph(mode, budget):
+    """A lone greedy DDTree / DFlash request on pages: its rounds after the drafter are one CUDA graph each
     (engine/batch/paged_solo.py), requests one after another on reused pages; the tokens are plain
     decoding's on the slot layout."""
     slot, jobs, _ = _engine_and_jobs()
@@ -77,7 +77,7 @@ def test_cuda_lone_paged_ddtree_rounds_replay_one_graph(budget):
     for ids, _ in jobs[:4]:
         p = SamplingParams(max_tokens=40, ignore_eos=True)
         want = [x for ev in slot.generate(ids, p, mode="ar") for x in ev.token_ids]
-        got = [x for ev in paged.generate(ids, p, mode="ddtree", tree_budget=budget) for x in ev.token_ids]
+        got = [x for ev in paged.generate(ids, p, mode=mode, tree_budget=budget) for x in ev.token_ids]
         assert got == want
     assert sum(c is not None for c in calls) >= 20
     assert any(rd.graph is not None for rd in solo._rounds.values())

@@ -1,4 +1,4 @@
-"""engine/batch/paged_solo.py: a lone request's DDTree round on the paged layout, all on the device,
+"""engine/batch/paged_solo.py: a lone request's DDTree (or DFlash) round on the paged layout, all on the device,
 equals the batched round it replaces (fp32, CPU, eager; on CUDA the same code is one CUDA graph:
 test_paged_gpu.py).
 
@@ -57,14 +57,15 @@ def _oracle(prompt, ref):
     return NoisyOracle(len(prompt), ref, vocab=VOCAB, hidden=64, layer_ids=[1, 2], block_size=8)
 
 
-@pytest.mark.parametrize("budget", [1, 4, 16, 64])
-def test_lone_paged_device_round_equals_the_batched_round(dense, budget):
+@pytest.mark.parametrize("mode,budget", [("ddtree", 1), ("ddtree", 4), ("ddtree", 16), ("ddtree", 64),
+                                         ("dflash", 64), ("dflash", 3)])   # a DFlash chain cut to 3 of its 7 drafts
+def test_lone_paged_device_round_equals_the_batched_round(dense, mode, budget):
     dense.capture_layers = [1, 2]
     prompt = list(b"paged device rounds")
     ref = _ar(dense, prompt, 200, 400)
     dev, host = _paged(dense, _oracle(prompt, ref), 400), _paged(dense, _oracle(prompt, ref), 400, device_round=False)
     params = SamplingParams(max_tokens=10_000, ignore_eos=True)
-    reqs = [e.make_request(prompt, params, mode="ddtree", tree_budget=budget) for e in (dev, host)]
+    reqs = [e.make_request(prompt, params, mode=mode, tree_budget=budget) for e in (dev, host)]
     for e, r in zip((dev, host), reqs):
         e.batch.add(r)
     got: list[list[int]] = [[], []]
@@ -83,6 +84,10 @@ def test_lone_paged_device_round_equals_the_batched_round(dense, budget):
     done = [c for c in dev.batch.runner.device_rounds if c is not None]
     assert len(done) >= ROUNDS - 1   # the first round after the prompt may be a plain one
     assert len(got[0]) > 1.5 * ROUNDS or budget == 1   # trees accepted: the commit moved rows
+    if mode == "dflash":
+        assert a.kinds["chain"] >= ROUNDS - 1 and a.kinds["tree"] == 0, a.kinds
+    elif budget >= 16:
+        assert a.kinds["tree"] >= ROUNDS // 2, a.kinds
     dense.capture_layers = []
 
 

@@ -1,6 +1,7 @@
-"""The batch-1 DDTree round after the drafter, all on the device, on the paged KV layout (dense targets).
+"""The batch-1 DDTree / DFlash round after the drafter, all on the device, on the paged KV layout (dense targets).
 
-``solo_round.py`` for a lone greedy ``ddtree`` request on pages: the tree build, the verify
+``solo_round.py`` for a lone greedy ``ddtree`` (or ``dflash``: the chain of the draft block's
+argmax tokens) request on pages: the tree build, the verify
 forward, the walk and the commit run with fixed shapes and no host synchronisation, so on CUDA
 they are ONE CUDA graph per (tree width, rows) replayed every round, and the round ends with ONE
 device-to-host copy. Before, such a round took the batched path: the trees copied back to build the
@@ -27,7 +28,7 @@ from torch import Tensor
 from ddtree_server.engine.batch import settle
 from ddtree_server.engine.batch.forward import dense_forward
 from ddtree_server.engine.batch.pages import PAGE_SIZE
-from ddtree_server.engine.batch.solo_round import HEAD, SoloResult, device_tree, walk_and_pack
+from ddtree_server.engine.batch.solo_round import HEAD, SoloResult, device_chain, device_tree, walk_and_pack
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,8 @@ class DeviceLayout:
 
 
 class _Round:
-    def __init__(self, width: int, n: int, draft: Tensor, table_width: int):
-        self.width, self.n = width, n
+    def __init__(self, mode: str, width: int, n: int, draft: Tensor, table_width: int):
+        self.mode, self.width, self.n = mode, width, n
         self.lay = DeviceLayout(n, table_width, draft.device)
         self.draft = torch.zeros_like(draft)
         self.scal = torch.zeros(3, dtype=torch.long, device=draft.device)   # root token, s, cap
@@ -115,18 +116,19 @@ class PagedSoloRound:
         """As ``SoloRound.run`` for the request in slot ``req.slot`` (draft logits ``[L, vocab]``);
         None, with nothing done, where the round does not apply (not a greedy ddtree request
         without a processor, cap < 1, or its rows past the table's width)."""
-        if not self.enabled or req.mode != "ddtree" or cap < 1 or not req.params.greedy or req.processor is not None:
+        if not self.enabled or req.mode not in ("ddtree", "dflash") or cap < 1 or not req.params.greedy \
+                or req.processor is not None:
             return None
-        width = req.budget
+        width = req.budget if req.mode == "ddtree" else draft.shape[0]   # a chain: the block's drafts
         n = width + 1
         table = self.slots.device_tables(draft.device)
         if req.s + n > table.shape[1] * PAGE_SIZE:
             return None
-        key = (width, tuple(draft.shape), draft.dtype)
+        key = (req.mode, width, tuple(draft.shape), draft.dtype)
         rd = self._rounds.get(key)
         if rd is None:
             with torch.inference_mode(False):   # normal tensors: updatable in and out of inference mode
-                rd = self._rounds[key] = _Round(width, n, draft, table.shape[1])
+                rd = self._rounds[key] = _Round(req.mode, width, n, draft, table.shape[1])
         if self.capture:
             self._host = self._host if self._host is not None else torch.empty(3, dtype=torch.long, pin_memory=True)
             self._host.numpy()[:] = (req.bonus, req.s, cap)   # free again: the last round ended with a wait
@@ -179,7 +181,8 @@ class PagedSoloRound:
     def _body(self, rd: _Round) -> Tensor:
         """Tree, verify inputs, forward, walk, commit: fixed shapes, no host synchronisation."""
         depth_max, s = rd.draft.shape[0], rd.scal[1]
-        tree = device_tree(rd.draft, rd.width, rd.n, rd.scal[0:1], rd.scal[2])
+        tree = device_tree(rd.draft, rd.width, rd.n, rd.scal[0:1], rd.scal[2]) if rd.mode == "ddtree" else \
+            device_chain(rd.draft, rd.n, rd.scal[0:1], rd.scal[2])
         rd.lay.fill(tree, s, depth_max)
         kpool, vpool = self.slots.pool("k"), self.slots.pool("v")
         logits, feats = dense_forward(self.model, kpool, vpool, rd.lay)

@@ -215,6 +215,17 @@ def device_tree(draft: Tensor, width: int, n: int, root: Tensor, cap: Tensor) ->
                       torch.cat((zero - 1, parents[0], pad)), live, nodes, chain)
 
 
+def device_chain(draft: Tensor, n: int, root: Tensor, cap: Tensor) -> DeviceTree:
+    """A DFlash round's chain on the device: the argmax of each of the ``L`` draft positions
+    (``[L, vocab]``), the first ``cap`` of them live, in ``n >= L + 1`` rows."""
+    dev, depth = draft.device, draft.shape[0]
+    rows = torch.arange(n, device=dev)
+    pad = torch.zeros(n - 1 - depth, dtype=torch.long, device=dev)
+    nodes = torch.minimum(cap, torch.tensor(depth, device=dev))
+    return DeviceTree(torch.cat((root, draft.argmax(dim=-1), pad)), torch.where(rows <= depth, rows, 0),
+                      rows - 1, rows <= nodes, nodes, torch.ones(1, dtype=torch.long, device=dev))
+
+
 def walk_and_pack(logits: Tensor, tree: DeviceTree, depth_max: int) -> tuple[Tensor, Tensor]:
     """Step 3's walk: the target's argmax against the live rows (dead rows hang under the root with
     token -1, which no choice matches). Returns the rows in commit order (path rows first, in index
