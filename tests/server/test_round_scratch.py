@@ -12,7 +12,7 @@ import pytest
 import torch
 from ddtree_server.api.metrics import Metrics
 from ddtree_server.engine.batch import trees
-from ddtree_server.engine.batch.pools import slot_cache_bytes
+from ddtree_server.engine.batch.pools import cache_bytes, measured, slot_cache_bytes
 from ddtree_server.engine.engine import Engine, slots_for
 from ddtree_server.speculative.tree import DraftTree, chain_tree, root_only
 
@@ -71,6 +71,11 @@ def test_hybrid_slot_bytes_leave_out_the_round_scratch():
     default = Engine(target, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=3)
     assert default.batch.runner.scratch.rows == 256
     assert default._slot_bytes() == (default.slot_bytes, 1024 * scratch // 40)
+    # the sizing measures caches on the meta device: a billion rows are measured, not allocated
+    from tests.server.batch_fixtures import real_drafter
+    from tests.server.tiny import tiny_target
+    for model in (target, tiny_target(), real_drafter(tiny_target(layers=3))):
+        assert measured(lambda m=model: m.new_cache(10**9), cache_bytes) > 10**11
     # /metrics: the slot and the round scratch apart
     m = Metrics()
     m.observe_memory(engine.batch.memory)

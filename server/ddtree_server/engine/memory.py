@@ -10,8 +10,8 @@ per slot (a hybrid's GDN states, ``paged_hybrid.py``) and the round scratch (``d
 The default layout (``choose_layout``) is paged where the slots would not hold the batch at
 max_model_len (on CUDA), else slot, whose lone request runs the per-request CUDA graphs (and on a
 dense target the one-graph DDTree round: faster at batch 1). Off CUDA the defaults are fixed (``CPU_MAX_RUNNING``;
-pages for every slot at max_model_len). The sizes are measured on one cache built and freed here
-(``pools.cache_bytes``).
+pages for every slot at max_model_len). The sizes are measured on one cache built on the meta
+device here (``pools.measured``: shapes only, nothing allocated).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ddtree_server.engine.batch.hybrid_rounds import round_rows
 from ddtree_server.engine.batch.paged import kv_geometry
 from ddtree_server.engine.batch.pages import PAGE_SIZE
 from ddtree_server.engine.batch.paged_draft import DraftPages
-from ddtree_server.engine.batch.pools import cache_bytes, slot_cache_bytes
+from ddtree_server.engine.batch.pools import cache_bytes, measured, slot_cache_bytes
 from ddtree_server.models.dense.target import TargetModel
 from ddtree_server.models.drafter.model import DFlashDrafter
 from ddtree_server.models.hybrid.model import HybridTarget
@@ -46,7 +46,7 @@ def drafter_slot_bytes(engine) -> int:
     """Bytes of one slot's drafter context K/V at max_model_len (0 without a drafter)."""
     if engine.drafter is None:
         return 0
-    return cache_bytes(engine.drafter.new_cache(engine.max_model_len + 1 + engine.block_size))
+    return measured(lambda: engine.drafter.new_cache(engine.max_model_len + 1 + engine.block_size), cache_bytes)
 
 
 def _dflash(engine):
@@ -70,8 +70,8 @@ def state_bytes(engine) -> int:
     model = _model(engine)
     if not isinstance(model, HybridTarget):
         return 0
-    cache = model.new_cache(1, scratch=model.new_scratch(1, "meta") if model.method == "chunk" else None)
-    return slot_cache_bytes(cache) - cache_bytes(cache.kv)
+    return measured(lambda: model.new_cache(1, scratch=model.new_scratch(1, "meta") if model.method == "chunk" else None),
+                    lambda cache: slot_cache_bytes(cache) - cache_bytes(cache.kv))
 
 
 def paged_slot_bytes(engine) -> int:
@@ -89,7 +89,7 @@ def slot_bytes(engine, paged: bool = False) -> tuple[int, int]:
     once = _scratch_bytes(engine)
     if paged:
         return 2 * paged_slot_bytes(engine), once
-    per_slot = slot_cache_bytes(engine.target.new_cache(engine.max_model_len + 1)) + drafter_slot_bytes(engine)
+    per_slot = measured(lambda: engine.target.new_cache(engine.max_model_len + 1)) + drafter_slot_bytes(engine)
     return per_slot, once
 
 

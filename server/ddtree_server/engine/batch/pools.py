@@ -17,9 +17,13 @@ padded batch-1 device round (``solo_round.py``) reads them with zero weights, an
 from __future__ import annotations
 
 import copy
+import logging
 
 import torch
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+log = logging.getLogger(__name__)
 
 
 def _tensor_fields(obj) -> list[tuple[object, str, Tensor]]:
@@ -40,12 +44,37 @@ def cache_bytes(cache) -> int:
     return sum(t.numel() * t.element_size() for _, _, t in _tensor_fields(cache))
 
 
+_FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.arange, torch.tensor, torch.eye}
+
+
+class _OnMeta(TorchFunctionMode):
+    """Tensor factories called in this mode allocate on the meta device (shapes and dtypes only)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func in _FACTORIES:
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
 def slot_cache_bytes(cache) -> int:
     """Bytes of ``cache`` as a batch-engine slot: ``cache_bytes`` less an own ``chunk`` verify
     scratch, which the engine replaces by one scratch per round (``round_scratch_bytes``)."""
     scratch = getattr(cache, "scratch", None)
     own = scratch is not None and not scratch.shared and scratch.method == "chunk"
     return cache_bytes(cache) - (scratch.nbytes if own else 0)
+
+
+def measured(build, size=slot_cache_bytes) -> int:
+    """``size`` of the cache ``build()`` makes, built on the meta device (nothing allocated: a
+    27B-shape slot at its full context is 17 GiB); built for real where a constructor needs
+    tensor values (then allocated and freed)."""
+    try:
+        with _OnMeta():
+            return size(build())
+    except (NotImplementedError, RuntimeError) as exc:   # an op without a meta kernel
+        log.debug("measuring a cache on the meta device failed (%s); building it", exc)
+        return size(build())
 
 
 def _clone(obj, memo: dict):
