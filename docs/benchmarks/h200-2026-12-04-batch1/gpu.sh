@@ -6,7 +6,8 @@
 # batch-1 paged profiles again; (c) the 8B shape at batch 1 / 8 / 64 on both layouts; (d) with the
 # device round of a lone request on pages: its GPU tests, batch 1 of both shapes on both layouts;
 # (e) with DFlash rounds on it too: the GPU tests, the 8B shape at batch 1 on both layouts, the
-# 27B shape's admitted 32k requests on pages.
+# 27B shape's admitted 32k requests on pages; (f) after the fix of the DFlash capture: the lone
+# paged GPU tests and the 8B shape at batch 1.
 # Usage: bash gpu.sh OUT_DIR COMMIT PART
 set -uo pipefail
 OUT=$1 COMMIT=$2 PART=$3
@@ -52,5 +53,9 @@ if [[ $PART == e ]]; then
   step 27b-paged-32k 330 python3 -m ddtree_server.bench.admission_run --shape qwen3.6-27b --kv-layout paged \
     --max-model-len 262144 --prefill-chunk 4096 --context 32768 --slots 30 --fraction 0.9 --new-tokens 1024 --rounds 3 \
     --out "$OUT/admission-27b-32k"
+fi
+if [[ $PART == f ]]; then
+  step gpu-tests 100 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_paged_gpu.py -k lone
+  step 8b-b1-4k 80 $B --random-shape qwen3-8b --batch 1 --context-len 4096 --kv-layout slot,paged --out "$OUT/8b-4k-b1-f"
 fi
 cd "$OUT" && tar czf "../res-$PART.tgz" . && mv "../res-$PART.tgz" .

@@ -221,7 +221,7 @@ def device_chain(draft: Tensor, n: int, root: Tensor, cap: Tensor) -> DeviceTree
     dev, depth = draft.device, draft.shape[0]
     rows = torch.arange(n, device=dev)
     pad = torch.zeros(n - 1 - depth, dtype=torch.long, device=dev)
-    nodes = torch.minimum(cap, torch.tensor(depth, device=dev))
+    nodes = cap.clamp(max=depth)   # (no host tensor: this runs inside a CUDA graph capture)
     return DeviceTree(torch.cat((root, draft.argmax(dim=-1), pad)), torch.where(rows <= depth, rows, 0),
                       rows - 1, rows <= nodes, nodes, torch.ones(1, dtype=torch.long, device=dev))
 
