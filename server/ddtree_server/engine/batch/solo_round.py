@@ -33,7 +33,7 @@ from ddtree_server.speculative.tree_gpu import ancestor_mask, build_trees_device
 from ddtree_server.speculative.walk_gpu import walk_rows
 
 log = logging.getLogger(__name__)
-SOLO_ENV = "DDTREE_SOLO_ROUND"   # "0": batch-1 ddtree rounds keep the host path (A/B measurements)
+SOLO_ENV = "DDTREE_SOLO_ROUND"   # "0": lone requests keep the host / batched round (A/B measurements; paged_solo.py too)
 HEAD = 4   # packed result: accepted count, live nodes, chain flag, bonus; then N path rows, N path tokens
 
 
