@@ -28,7 +28,8 @@ from torch import Tensor
 from ddtree_server.engine.batch import settle
 from ddtree_server.engine.batch.forward import dense_forward
 from ddtree_server.engine.batch.pages import PAGE_SIZE
-from ddtree_server.engine.batch.solo_round import HEAD, SoloResult, device_chain, device_tree, walk_and_pack
+from ddtree_server.engine.batch.solo_round import (SoloResult, Transfers, device_chain, device_tree, unpack,
+                                                   walk_and_pack)
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class PagedSoloRound:
         self.enabled = True   # False after a capture error: the batched path from then on
         self._rounds: dict[tuple, _Round] = {}
         self._pool = None
-        self._host = self._back = None   # pinned buffers of the input scalars and of the result (CUDA)
+        self.io = Transfers()
 
     def round(self, runner, req, draft: Tensor) -> list[int] | None:
         """The request's round on the device (its tokens, the request settled), or None where it
@@ -129,12 +130,7 @@ class PagedSoloRound:
         if rd is None:
             with torch.inference_mode(False):   # normal tensors: updatable in and out of inference mode
                 rd = self._rounds[key] = _Round(req.mode, width, n, draft, table.shape[1])
-        if self.capture:
-            self._host = self._host if self._host is not None else torch.empty(3, dtype=torch.long, pin_memory=True)
-            self._host.numpy()[:] = (req.bonus, req.s, cap)   # free again: the last round ended with a wait
-            rd.scal.copy_(self._host, non_blocking=True)
-        else:
-            rd.scal.copy_(torch.tensor((req.bonus, req.s, cap)))
+        self.io.scalars(rd.scal, (req.bonus, req.s, cap), self.capture)
         rd.draft.copy_(draft)
         rd.lay.pages.copy_(table[req.slot:req.slot + 1])
         rd.lay.kv_max = req.s + n
@@ -148,18 +144,10 @@ class PagedSoloRound:
                     log.warning("paged device round disabled (CUDA graph capture failed): %s", exc)
                     self.enabled = False
                     return None
-            rd.graph.replay()
-            if self._back is None or self._back.numel() < rd.out.numel():
-                self._back = torch.empty(rd.out.numel(), dtype=torch.long, pin_memory=True)
-            back = self._back[:rd.out.numel()]
-            back.copy_(rd.out, non_blocking=True)
-            torch.cuda.current_stream().synchronize()   # the round's one wait
-            host = back.tolist()
-        k, nodes, chain, bonus = host[:HEAD]
-        self.slots[req.slot].length = req.s + k
-        path, toks = host[HEAD:HEAD + k], host[HEAD + n:HEAD + n + k]
-        ctx = None if rd.ctx is None else rd.ctx[:k].clone()
-        return SoloResult(path, toks[1:] + [bonus], bonus, nodes, bool(chain), ctx)
+            host = self.io.replay(rd.graph, rd.out)
+        result = unpack(host, n, rd.ctx)
+        self.slots[req.slot].length = req.s + len(result.path)
+        return result
 
     def _capture(self, rd: _Round) -> None:
         # warm-up and capture with an empty table: every write lands on the dummy page; the

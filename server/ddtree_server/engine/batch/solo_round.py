@@ -78,7 +78,7 @@ class SoloRound:
         self._rounds: dict[tuple, _Round] = {}
         self._ptr = None
         self._pool = None
-        self._host = self._back = None   # pinned buffers of the input scalars and of the result (CUDA)
+        self.io = Transfers()
 
     def _get(self, cache, width: int, draft: Tensor) -> _Round | None:
         st = self.target.static_inputs(cache, width + 1)
@@ -108,11 +108,8 @@ class SoloRound:
         rd = self._get(cache, width, draft)
         if rd is None:
             return None
-        n = rd.st.n
+        self.io.scalars(rd.scal, (root, s, cap), self.capture)
         if self.capture:
-            self._host = self._host if self._host is not None else torch.empty(3, dtype=torch.long, pin_memory=True)
-            self._host.numpy()[:] = (root, s, cap)   # free again: the last round ended with a wait
-            rd.scal.copy_(self._host, non_blocking=True)
             rd.draft.copy_(draft)
             if rd.graph is None:
                 try:
@@ -121,21 +118,12 @@ class SoloRound:
                     log.warning("device round disabled (CUDA graph capture failed): %s", exc)
                     self.enabled = False
                     return None
-            rd.graph.replay()
-            if self._back is None or self._back.numel() < rd.out.numel():
-                self._back = torch.empty(rd.out.numel(), dtype=torch.long, pin_memory=True)
-            back = self._back[:rd.out.numel()]
-            back.copy_(rd.out, non_blocking=True)
-            torch.cuda.current_stream().synchronize()   # the round's one wait
-            host = back.tolist()
+            host = self.io.replay(rd.graph, rd.out)
         else:
-            rd.scal.copy_(torch.tensor((root, s, cap)))
             host = self._body(rd, cache, draft).tolist()
-        k, nodes, chain, bonus = host[:HEAD]
-        cache.length = s + k
-        path, toks = host[HEAD:HEAD + k], host[HEAD + n:HEAD + n + k]
-        ctx = None if rd.ctx is None else rd.ctx[:k].clone()
-        return SoloResult(path, toks[1:] + [bonus], bonus, nodes, bool(chain), ctx)
+        result = unpack(host, rd.st.n, rd.ctx)
+        cache.length = s + len(result.path)
+        return result
 
     def _capture(self, rd: _Round, cache) -> None:
         # warm-up writes K/V (and their compaction) only into spare rows past the real capacity;
@@ -174,6 +162,39 @@ class SoloRound:
             kv.index_copy_(2, dst, kv.index_select(2, order + s))
         rd.ctx = None if feats is None else feats.index_select(0, order)
         return rd.out
+
+
+class Transfers:
+    """The host side of a device round on CUDA: its three input scalars in through a pinned buffer,
+    its graph replayed and its packed result back through another (the round's one wait)."""
+
+    def __init__(self):
+        self._host = self._back = None
+
+    def scalars(self, dst: Tensor, values: tuple[int, int, int], pinned: bool) -> None:
+        if not pinned:
+            dst.copy_(torch.tensor(values))
+            return
+        self._host = self._host if self._host is not None else torch.empty(3, dtype=torch.long, pin_memory=True)
+        self._host.numpy()[:] = values   # free again: the last round ended with a wait
+        dst.copy_(self._host, non_blocking=True)
+
+    def replay(self, graph, out: Tensor) -> list[int]:
+        graph.replay()
+        if self._back is None or self._back.numel() < out.numel():
+            self._back = torch.empty(out.numel(), dtype=torch.long, pin_memory=True)
+        back = self._back[:out.numel()]
+        back.copy_(out, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        return back.tolist()
+
+
+def unpack(host: list[int], n: int, ctx: Tensor | None) -> SoloResult:
+    """The round's result from its packed form (``walk_and_pack``) of ``n`` rows and the rows'
+    feature rows in path order (the path's rows copied out)."""
+    k, nodes, chain, bonus = host[:HEAD]
+    path, toks = host[HEAD:HEAD + k], host[HEAD + n:HEAD + n + k]
+    return SoloResult(path, toks[1:] + [bonus], bonus, nodes, bool(chain), None if ctx is None else ctx[:k].clone())
 
 
 @dataclass
