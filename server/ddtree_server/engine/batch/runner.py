@@ -119,7 +119,8 @@ class StepRunner:
         self.solo = SoloRound(target, capture=cuda and target.capture) if solo and isinstance(
             target, GraphedTarget) and not self.paged else None
         # on pages: a lone request's greedy DDTree round after the batched drafter (paged_solo.py)
-        self.paged_solo = PagedSoloRound(self.model, self.caches, capture=cuda and graphs) if solo and self.paged else None
+        self.paged_solo = PagedSoloRound(self.model, self.caches, capture=cuda and graphs and kernels_usable(
+            head_dim, self.model.embed_tokens.weight)) if solo and self.paged else None   # (eager SDPA: s-shaped)
         # pinned buffers for small copies: batch 1's verify inputs and path rows; the batched walk's / commit's indices
         self._inputs_buf, self._rows_buf, *self._bufs = [decode.Staging() for _ in range(4)] if cuda else [None] * 4
         # the speculation policy governs ddtree requests (policy.py); it needs the batched forward
