@@ -65,13 +65,12 @@ def _scratch_bytes(engine) -> int:
 
 def state_bytes(engine) -> int:
     """Bytes a hybrid's slot keeps on the paged layout: its GDN recurrent and conv states (a
-    cache without attention rows; the ``chunk`` method's verify scratch is the round's, so the
-    measured cache views a one-row scratch on the meta device instead of allocating its own), else 0."""
+    one-row cache less its attention rows; the ``chunk`` method's verify scratch is the round's:
+    ``slot_cache_bytes`` leaves it out), else 0."""
     model = _model(engine)
     if not isinstance(model, HybridTarget):
         return 0
-    return measured(lambda: model.new_cache(1, scratch=model.new_scratch(1, "meta") if model.method == "chunk" else None),
-                    lambda cache: slot_cache_bytes(cache) - cache_bytes(cache.kv))
+    return measured(lambda: model.new_cache(1), lambda cache: slot_cache_bytes(cache) - cache_bytes(cache.kv))
 
 
 def paged_slot_bytes(engine) -> int:

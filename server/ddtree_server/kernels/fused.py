@@ -137,6 +137,14 @@ if HAVE_TRITON:
         tl.store(o_ptr + i * s_on + c, (act * u).to(g.dtype), mask=ok)
 
 
+def _inputs_ok(q, k, v, q_weight, k_weight, cos, sin) -> bool:
+    """The shapes ``qkv_prep`` and ``qkv_prep_rows`` share: q ``[n, hq, d]`` (or None), k and v
+    ``[n, hkv, d]``, d a power of two >= 4, cos / sin of width d, both norm weights or neither."""
+    n, _, d = k.shape
+    return (v.shape == k.shape and (q is None or (q.shape[0] == n and q.shape[2] == d)) and not d & (d - 1)
+            and d >= 4 and cos.shape[-1] == d and sin.shape[-1] == d and (q_weight is None) == (k_weight is None))
+
+
 def _rows_ok(*tensors: Tensor | None) -> bool:
     return all(t is None or t.stride(-1) == 1 for t in tensors)
 
@@ -165,9 +173,8 @@ def qkv_prep(q: Tensor | None, k: Tensor, v: Tensor, q_weight: Tensor | None, k_
     if not HAVE_TRITON:
         raise RuntimeError("Triton is not installed")
     n, hkv, d = k.shape
-    if (v.shape != k.shape or (q is not None and (q.shape[0] != n or q.shape[2] != d)) or d & (d - 1) or d < 4
-            or k_cache.shape[0] != hkv or k_cache.shape[2] != d or v_cache.shape != k_cache.shape
-            or cos.shape[-1] != d or sin.shape[-1] != d or (q_weight is None) != (k_weight is None)):
+    if (not _inputs_ok(q, k, v, q_weight, k_weight, cos, sin)
+            or k_cache.shape[0] != hkv or k_cache.shape[2] != d or v_cache.shape != k_cache.shape):
         raise ValueError(f"qkv_prep: bad shapes q {None if q is None else tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)}, cache {tuple(k_cache.shape)}, cos {tuple(cos.shape)}")
     if not _rows_ok(q, k, v, cos, sin, k_cache, v_cache) or row0.dim() != 0 or row0.device != k.device:
@@ -192,13 +199,11 @@ def qkv_prep_rows(q: Tensor, k: Tensor, v: Tensor, q_weight: Tensor | None, k_we
             or offsets.device != k.device):
         raise ValueError(f"qkv_prep_rows: need pools [X, {hkv}, R, {d}] of equal strides and int64 offsets [{n}] "
                          f"on k's device, got {tuple(k_pool.shape)} / {tuple(v_pool.shape)} and {tuple(offsets.shape)}")
-    if q.shape[0] != n or q.shape[2] != d or v.shape != k.shape or d & (d - 1) or d < 4 \
-            or cos.shape[-1] != d or sin.shape[-1] != d or (q_weight is None) != (k_weight is None):
+    if not _inputs_ok(q, k, v, q_weight, k_weight, cos, sin):
         raise ValueError(f"qkv_prep_rows: bad shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if not _rows_ok(q, k, v, cos, sin, k_pool, v_pool):
         raise ValueError("qkv_prep_rows: last axes must be contiguous")
-    return _launch(q, k, v, q_weight, k_weight, eps, cos.reshape(n, d), sin.reshape(n, d), k_pool, v_pool, offsets,
-                   signed_sin, None, (k_pool.stride(1), 0, v_pool.stride(1), 0), True)
+    return _launch(q, k, v, q_weight, k_weight, eps, cos, sin, k_pool, v_pool, offsets, signed_sin, None, (k_pool.stride(1), 0, v_pool.stride(1), 0), True)
 
 
 def _launch(q, k, v, q_weight, k_weight, eps, cos, sin, k_dst, v_dst, rows, signed_sin, q_out, strides, per_row):

@@ -65,8 +65,13 @@ class PagedKV:
         dev = self.k.device
         src_page, src_row = self._where(table, torch.tensor(rows, device=dev) + start)
         dst_page, dst_row = self._where(table, torch.arange(start, start + len(rows), device=dev))
+        self.move(src_page, src_row, dst_page, dst_row)
+
+    def move(self, src_page: Tensor, src_row: Tensor, dst_page: Tensor, dst_row: Tensor) -> None:
+        """Row ``src_row[i]`` of page ``src_page[i]`` to row ``dst_row[i]`` of page ``dst_page[i]``
+        in every layer, all read before any is written (device indices: no host synchronisation)."""
         for pool in (self.k, self.v):
-            pool[:, dst_page, :, dst_row] = pool[:, src_page, :, src_row]   # read whole, then write
+            pool[:, dst_page, :, dst_row] = pool[:, src_page, :, src_row]
 
     def gather(self, layer: int, table: Tensor, length: int) -> Tensor:
         """The first ``length`` rows of a request in layer ``layer``: ``(k, v)``, each

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ddtree_server.engine.batch import settle
+from ddtree_server.engine.batch.draft import address
 from ddtree_server.engine.batch.forward import dense_forward
 from ddtree_server.engine.batch.pages import PAGE_SIZE
 from ddtree_server.engine.batch.solo_round import (SoloResult, Transfers, device_chain, device_tree, unpack,
@@ -54,12 +55,12 @@ class DeviceLayout:
     def fill(self, tree, s: Tensor, depth_max: int) -> None:
         """The round's rows from the device tree and the 0-d committed length ``s`` (cache rows
         ``s .. s+n-1``)."""
-        dest = self.row + s
+        page, row = address(0, self.row + s, self.pages)
         self.ids.copy_(tree.ids)
         self.pos.copy_(tree.dep + s)
         self.starts.copy_(s[None])
-        self.page_of_row.copy_(self.pages[0, dest // PAGE_SIZE])
-        self.row_in_page.copy_(dest % PAGE_SIZE)
+        self.page_of_row.copy_(page)
+        self.row_in_page.copy_(row)
         self.inner.copy_(tree.mask(depth_max)[None])
 
     # the eager SDPA path (no Triton kernels: the CPU); s is known on the host there
@@ -107,11 +108,7 @@ class PagedSoloRound:
         """The request's round on the device (its tokens, the request settled), or None where it
         does not apply (``run``): the caller's batched round then goes on with the same draft."""
         got = self.run(req, draft, min(req.budget, runner.room(req)))
-        if got is None:
-            return None
-        runner.last.nodes += got.nodes
-        runner.last.kinds[got.kind] += 1
-        return settle.record(runner, req, got.path, got.tokens, got.bonus, got.nodes + 1, got.kind, got.ctx)
+        return None if got is None else settle.device_round(runner, req, got)
 
     def run(self, req, draft: Tensor, cap: int) -> SoloResult | None:
         """As ``SoloRound.run`` for the request in slot ``req.slot`` (draft logits ``[L, vocab]``);
@@ -172,14 +169,9 @@ class PagedSoloRound:
         tree = device_tree(rd.draft, rd.width, rd.n, rd.scal[0:1], rd.scal[2]) if rd.mode == "ddtree" else \
             device_chain(rd.draft, rd.n, rd.scal[0:1], rd.scal[2])
         rd.lay.fill(tree, s, depth_max)
-        kpool, vpool = self.slots.pool("k"), self.slots.pool("v")
-        logits, feats = dense_forward(self.model, kpool, vpool, rd.lay)
+        logits, feats = dense_forward(self.model, self.slots.pool("k"), self.slots.pool("v"), rd.lay)
         order, rd.out = walk_and_pack(logits, tree, depth_max)
-        # the rows in path order to s .. s+n-1 through the page table: gather all, then scatter
-        src = order + s
-        src_page, src_row = rd.lay.pages[0, src // PAGE_SIZE].long(), src % PAGE_SIZE
-        for pool in (kpool, vpool):
-            moved = pool[:, src_page, :, src_row]
-            pool[:, rd.lay.page_of_row, :, rd.lay.row_in_page] = moved
+        # the rows in path order to s .. s+n-1 (the layout's rows) through the page table
+        self.slots.kv.move(*address(0, order + s, rd.lay.pages), rd.lay.page_of_row, rd.lay.row_in_page)
         rd.ctx = None if feats is None else feats.index_select(0, order)
         return rd.out

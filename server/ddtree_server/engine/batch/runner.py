@@ -233,9 +233,7 @@ class StepRunner:
             got = self.solo.run(cache, draft, req, min(req.budget, self.room(req))) \
                 if self.solo is not None and not self.governed(req) else None
             if got is not None:   # None: not a greedy ddtree round, or its padded forward does not fit
-                self.last.nodes += got.nodes
-                self.last.kinds[got.kind] += 1
-                return settle.record(self, req, got.path, got.tokens, got.bonus, got.nodes + 1, got.kind, got.ctx)
+                return settle.device_round(self, req, got)
             draft = draft[None]
         # the host round: one request's heap (cheaper than the device build's kernels launched eagerly)
         tree = self._trees([req], [req] if draft is not None else [], draft, device=False)[0]

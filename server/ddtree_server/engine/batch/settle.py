@@ -49,6 +49,14 @@ def settle(runner, req: Request, tree: DraftTree, path: list[int], bonus: int, c
     return record(runner, req, path, accepted_tokens(tree, path, bonus), bonus, tree.size, kind_of(tree), ctx, copy)
 
 
+def device_round(runner, req: Request, got) -> list[int]:
+    """A round run on the device (``solo_round.SoloResult``): counted in the runner's round info,
+    then the request's new state (``record``); returns the tokens."""
+    runner.last.nodes += got.nodes
+    runner.last.kinds[got.kind] += 1
+    return record(runner, req, got.path, got.tokens, got.bonus, got.nodes + 1, got.kind, got.ctx)
+
+
 def record(runner, req: Request, path: list[int], out: list[int], bonus: int, size: int, kind: str,
            ctx: Tensor | None, copy: bool = False) -> list[int]:
     k = len(path)
