@@ -64,7 +64,7 @@ def test_preempted_requests_resume_with_the_same_tokens(request, kind, caplog):
     from the prompt and its tokens in chunks); every request's tokens are those it gets alone on
     the slot layout (and greedy ones plain decoding's)."""
     dense = request.getfixturevalue(kind)
-    drafter = real_drafter(dense)
+    drafter = real_drafter(dense, window=12 if kind == "hybrid" else None)   # hybrid: the rings too
     slot = Engine(dense, ByteTokenizer(), drafter, eos_token_ids=[EOS], max_model_len=MAX_LEN, max_running=1)
     engine = paged(dense, drafter, LEAST + 4, running=6)
     prompts = [list(f"request {i}: the cat sat on".encode()) for i in range(6)]
@@ -183,16 +183,25 @@ def test_hybrid_node_method_on_pages():
     all_free(engine)
 
 
+@pytest.mark.parametrize("window", [None, 12])
 @pytest.mark.parametrize("kind", ["dense", "hybrid"])
-def test_memory_estimates_equal_what_the_paged_layout_builds(request, kind):
+def test_memory_estimates_equal_what_the_paged_layout_builds(request, kind, window):
     """``memory.page_bytes`` (sizing before anything is built) is the built pool's bytes per page,
-    the drafter's pages included; ``memory.state_bytes`` what a hybrid's slot keeps outside the
-    pages (0 for a dense target, whose slots keep nothing)."""
+    the drafter's pages included; ``memory.paged_slot_bytes`` what a slot keeps outside the pages:
+    a hybrid's GDN states (``state_bytes``) and the drafter's rings of its sliding-window layer
+    (nothing for a dense target without rings). With a window the drafter's sliding layer leaves
+    the pages for rings of the window and a block."""
     from ddtree_server.engine import memory
 
     target = request.getfixturevalue(kind)
-    drafter = real_drafter(target)
+    drafter = real_drafter(target, window=window)
     engine = paged(target, drafter, LEAST + 8, running=3)
-    assert memory.page_bytes(target, drafter) == engine.batch.memory.page_bytes > 0
-    assert memory.state_bytes(engine) == engine.batch.slot_bytes
-    assert (engine.batch.slot_bytes > 0) == (kind == "hybrid")
+    rows = memory._draft_rows(engine)
+    assert memory.page_bytes(target, drafter, rows) == engine.batch.memory.page_bytes > 0
+    assert memory.paged_slot_bytes(engine) == engine.batch.slot_bytes
+    rings = engine.batch.slot_bytes - memory.state_bytes(engine)
+    assert (engine.batch.slot_bytes > 0) == (kind == "hybrid" or window is not None)
+    assert (rings > 0) == (window is not None)
+    if window:   # one of 2 layers in a ring of 2 pages (12 + a block of 6 rows) per slot
+        full = memory.page_bytes(target, real_drafter(target), rows)
+        assert full - engine.batch.memory.page_bytes == rings // 2 == engine.batch.runner.dcaches.rk[:2].numel() * 4

@@ -6,7 +6,8 @@ max_model_len; without ``--max-running`` on CUDA the engine takes as many slots 
 ``CUDA_MAX_RUNNING``). Paged layout: the target's K/V (a hybrid's attention layers') and the
 DFlash drafter's context K/V in pages of 16 tokens on the same page ids (``paged_draft.py``; a
 page costs both), as many as ``kv_memory_fraction`` of the free memory holds after what stays
-per slot (a hybrid's GDN states, ``paged_hybrid.py``) and the round scratch (``default_pages``).
+per slot (a hybrid's GDN states, ``paged_hybrid.py``; the drafter's sliding-window rings) and the
+round scratch (``default_pages``).
 The default layout (``choose_layout``) is paged where the slots would not hold the batch at
 max_model_len (on CUDA), else slot, whose lone request runs the per-request CUDA graphs (and on a
 dense target the one-graph DDTree round: faster at batch 1). Off CUDA the defaults are fixed (``CPU_MAX_RUNNING``;
@@ -46,7 +47,7 @@ def drafter_slot_bytes(engine) -> int:
     """Bytes of one slot's drafter context K/V at max_model_len (0 without a drafter)."""
     if engine.drafter is None:
         return 0
-    return measured(lambda: engine.drafter.new_cache(engine.max_model_len + 1 + engine.block_size), cache_bytes)
+    return measured(lambda: engine.drafter.new_cache(_draft_rows(engine)), cache_bytes)
 
 
 def _dflash(engine):
@@ -73,10 +74,18 @@ def state_bytes(engine) -> int:
     return measured(lambda: model.new_cache(1), lambda cache: slot_cache_bytes(cache) - cache_bytes(cache.kv))
 
 
+def _draft_rows(engine) -> int:
+    """Rows of a slot of the drafter's context K/V (the runner's ``draft_caches``)."""
+    return engine.max_model_len + 1 + engine.block_size
+
+
 def paged_slot_bytes(engine) -> int:
-    """Bytes a slot keeps outside the pages: a hybrid's GDN states, and the context K/V of a
-    drafter that is not a DFlash one (a DFlash drafter's K/V is in the pages)."""
-    return state_bytes(engine) + (0 if _dflash(engine) is not None else drafter_slot_bytes(engine))
+    """Bytes a slot keeps outside the pages: a hybrid's GDN states, a DFlash drafter's rings of
+    its sliding-window layers (its other K/V is in the pages), or the context K/V of another drafter."""
+    dflash = _dflash(engine)
+    if dflash is None:
+        return state_bytes(engine) + drafter_slot_bytes(engine)
+    return state_bytes(engine) + DraftPages.ring_bytes(dflash.config, dflash.dtype, _draft_rows(engine))
 
 
 def slot_bytes(engine, paged: bool = False) -> tuple[int, int]:
@@ -124,12 +133,13 @@ def choose_layout(engine, asked: str, running: int | None, fraction: float) -> t
     return ("slot", want) if fits else ("paged", None)
 
 
-def page_bytes(model, drafter=None) -> int:
+def page_bytes(model, drafter=None, draft_rows: int = 0) -> int:
     """Bytes of one page of the target's K/V (K and V, every layer with K/V: ``kv_geometry``) and
-    of a DFlash ``drafter``'s on the same page ids, without building them."""
+    of a DFlash ``drafter``'s on the same page ids (its layers not in rings at slots of
+    ``draft_rows`` rows), without building them."""
     layers, kv_heads, head_dim, dtype = kv_geometry(model)
     own = 2 * layers * kv_heads * PAGE_SIZE * head_dim * torch.empty((), dtype=dtype).element_size()
-    return own + (DraftPages.page_bytes(drafter.config, drafter.dtype) if drafter is not None else 0)
+    return own + (DraftPages.page_bytes(drafter.config, drafter.dtype, draft_rows) if drafter is not None else 0)
 
 
 def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int:
@@ -145,4 +155,4 @@ def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int
         return slots * (least - 1) + 1
     free, _ = torch.cuda.mem_get_info(engine.device)
     budget = int(fraction * free) - slots * paged_slot_bytes(engine) - _scratch_bytes(engine)
-    return max(least, budget // page_bytes(_model(engine), _dflash(engine)))
+    return max(least, budget // page_bytes(_model(engine), _dflash(engine), _draft_rows(engine)))

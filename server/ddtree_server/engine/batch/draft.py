@@ -17,6 +17,7 @@ to ``PASS_BYTES`` (``request_passes``); each request's attention is its own in a
 ``tables`` (the paged layout, ``paged_draft.py``): the pools are page pools ``[pages, layers,
 kv_heads, 16, d]`` on the target's page ids and ``tables`` the device page tables of every slot
 ``[slots + 1, width]``; position p of slot r is row ``p % 16`` of page ``tables[r, p // 16]``.
+With rings (``paged_draft.LayerPool``) each layer names its own pool and tables (``layer_pool``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ddtree_server.engine.batch.paged_draft import LayerPool
 from ddtree_server.engine.batch.pages import PAGE_SIZE
 from ddtree_server.kernels.attention_batch import batch_attention
 from ddtree_server.models.drafter.attention import visibility
@@ -90,16 +92,37 @@ def address(slot: Tensor, pos: Tensor, tables: Tensor | None) -> tuple[Tensor, T
     return tables[slot, pos // PAGE_SIZE].long(), pos % PAGE_SIZE
 
 
+def layer_pool(pool, i: int, tables: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """Layer i's cache (``[slots | pages, kv_heads, rows, d]``) and the tables that address it."""
+    return pool.layer(i, tables) if isinstance(pool, LayerPool) else (pool[:, i], tables)
+
+
+def last_rows(slot_c: Tensor, pos: Tensor, ring_rows: int, scratch: int) -> Tensor:
+    """The slots to write context rows to in rings of ``ring_rows`` rows: rows a ring or more
+    before their slot's newest row in this append go to the ``scratch`` slot instead, so that no
+    two rows of one append land on the same ring row (graph-safe: no host sync)."""
+    newest = torch.full((scratch + 1,), -1, dtype=pos.dtype, device=pos.device)
+    newest = newest.scatter_reduce(0, slot_c, pos, "amax")
+    return torch.where(pos > newest[slot_c] - ring_rows, slot_c, torch.full_like(slot_c, scratch))
+
+
 def append_context(drafter, kpool: Tensor, vpool: Tensor, ctx: Tensor, pos: Tensor, slot_c: Tensor,
                    tables: Tensor | None = None) -> None:
     """Project context features ``[C, F]`` and write their K/V at positions ``pos`` of slots ``slot_c``."""
     h = drafter.project_context(ctx)[None]
     cos, sin = drafter.rope(pos[None], h.dtype)
-    at, row = address(slot_c, pos, tables)
+    rows = {}
     for i, layer in enumerate(drafter.layers):
         k, v = layer.self_attn.kv(h, cos, sin)                       # [1, hkv, C, d]
-        kpool[:, i][at, :, row] = k[0].transpose(0, 1)
-        vpool[:, i][at, :, row] = v[0].transpose(0, 1)
+        kl, tab = layer_pool(kpool, i, tables)
+        vl = layer_pool(vpool, i, tables)[0]
+        if id(tab) not in rows:
+            ringed = isinstance(kpool, LayerPool) and tab is kpool.ring_tables
+            at = last_rows(slot_c, pos, kpool.ring_rows, tab.shape[0] - 1) if ringed else slot_c
+            rows[id(tab)] = address(at, pos, tab)
+        at, row = rows[id(tab)]
+        kl[at, :, row] = k[0].transpose(0, 1)
+        vl[at, :, row] = v[0].transpose(0, 1)
 
 
 def draft_blocks(drafter, kpool: Tensor, vpool: Tensor, slot_t: Tensor, starts: Tensor, bonus: Tensor,
@@ -113,32 +136,36 @@ def draft_blocks(drafter, kpool: Tensor, vpool: Tensor, slot_t: Tensor, starts: 
     x = drafter.embed_tokens(drafter.block_ids(bonus)).to(drafter.dtype)
     cos, sin = drafter.rope(qpos, x.dtype)
     attn0 = drafter.layers[0].self_attn
-    pages = None if tables is None else tables.index_select(0, slot_t)                 # [b, width]
     if kernels_usable(attn0.head_dim, kpool):
-        attend = _kernel_attention(drafter, slot_t, starts, b, bs, pages)
+        attend = _kernel_attention(drafter, slot_t, starts, b, bs)
     else:
-        attend = _gathered_attention(drafter, kpool, slot_t, qpos, kv_max, pages)
-    at, row = address(slot_t[:, None].expand(b, bs), qpos, tables)
+        attend = _gathered_attention(drafter, kpool, slot_t, qpos, kv_max)
+    rows = {}   # per tables (the target's, the rings'): block rows' addresses, requests' table rows
     with sdpa_backends(dev):
         for i, layer in enumerate(drafter.layers):
             attn = layer.self_attn
             xn = layer.input_layernorm(x)
             k, v = attn.kv(xn, cos, sin)                                  # [b, hkv, bs, d]
-            kl, vl = kpool[:, i], vpool[:, i]
+            kl, tab = layer_pool(kpool, i, tables)
+            vl = layer_pool(vpool, i, tables)[0]
+            if id(tab) not in rows:
+                rows[id(tab)] = (*address(slot_t[:, None].expand(b, bs), qpos, tab),
+                                 None if tab is None else tab.index_select(0, slot_t))   # [b, width]
+            at, row, pages = rows[id(tab)]
             kl[at, :, row] = k.transpose(1, 2)
             vl[at, :, row] = v.transpose(1, 2)
-            x = layer.finish(x, attend(i, attn, attn.q(xn, cos, sin), kl, vl))
+            x = layer.finish(x, attend(i, attn, attn.q(xn, cos, sin), kl, vl, pages))
     return drafter.lm_head(drafter.norm(x[:, 1:]))
 
 
-def _kernel_attention(drafter, slot_t: Tensor, starts: Tensor, b: int, bs: int, pages: Tensor | None):
+def _kernel_attention(drafter, slot_t: Tensor, starts: Tensor, b: int, bs: int):
     """Layer i's block attention through ``batch_attention``: ``block`` mode for non-causal layers,
     ``causal`` for causal ones, the layer's window (``drafter/attention.py``: ``visibility``)."""
     dev = slot_t.device
     start32, slot32 = starts.to(torch.int32), slot_t.to(torch.int32)
     qo = torch.arange(0, (b + 1) * bs, bs, dtype=torch.int32, device=dev)
 
-    def attend(i: int, attn, q: Tensor, kl: Tensor, vl: Tensor) -> Tensor:
+    def attend(i: int, attn, q: Tensor, kl: Tensor, vl: Tensor, pages: Tensor | None) -> Tensor:
         causal, window = drafter.kinds[i]
         flat = q.transpose(1, 2).reshape(b * bs, attn.n_heads, attn.head_dim)
         out = batch_attention(flat, kl, vl, start32, qo, slot32, bs, "causal" if causal else "block",
@@ -147,7 +174,7 @@ def _kernel_attention(drafter, slot_t: Tensor, starts: Tensor, b: int, bs: int, 
     return attend
 
 
-def _gathered_attention(drafter, kpool: Tensor, slot_t: Tensor, qpos: Tensor, kv_max: int, pages: Tensor | None):
+def _gathered_attention(drafter, kpool: Tensor, slot_t: Tensor, qpos: Tensor, kv_max: int):
     """Layer i's block attention as a masked SDPA over the slots' gathered rows ``[0, kv_max)``
     (rows at or past a request's ``starts[r] + bs`` zeroed and hidden), in passes (``request_passes``)."""
     b, dev = slot_t.shape[0], kpool.device
@@ -160,7 +187,7 @@ def _gathered_attention(drafter, kpool: Tensor, slot_t: Tensor, qpos: Tensor, kv
         masks[kind] = see[:, None]
     hide = ~valid[:, None, :, None]
 
-    def attend(i: int, attn, q: Tensor, kl: Tensor, vl: Tensor) -> Tensor:
+    def attend(i: int, attn, q: Tensor, kl: Tensor, vl: Tensor, pages: Tensor | None) -> Tensor:
         mask = masks[drafter.kinds[i]]
         at = slot_t if pages is None else pages
         outs = [attn.attend(q[a:e], _rows(kl, at[a:e], kv_max, hide[a:e]), _rows(vl, at[a:e], kv_max, hide[a:e]),
