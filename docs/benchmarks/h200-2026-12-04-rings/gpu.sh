@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One GPU run (part a | b ...): the DFlash drafter's sliding-window layers in rings on the paged
+# layout. (a) the GPU tests of the batched drafter (slot pool and rings) and of the paged engine,
+# then the Qwen3.6-27B shape's requests of 32k admitted and decoding together on pages (before the
+# rings: 27 of 30, docs/benchmarks/h200-2026-12-04-batch1/admission-27b-32k/); (b) variants of the
+# paged split-K kernel's page-table read against the slot pool (one attention layer, CUDA graphs),
+# and the 27B shape's 4k requests on pages with the rings.
+# Usage: bash gpu.sh OUT_DIR COMMIT PART
+set -uo pipefail
+OUT=$1 COMMIT=$2 PART=$3
+REPO=$(pwd)
+export PYTHONPATH="$REPO/server:$REPO" DDTREE_CACHE=/tmp/ddc HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+LOG="$OUT/gpu-$PART.log"
+step() { local name=$1 limit=$2; shift 2; echo "=== $name (limit ${limit}s) $(date -u +%T)" | tee -a "$LOG"; timeout "$limit" "$@" >>"$LOG" 2>&1; echo "=== $name exit $? $(date -u +%T)" | tee -a "$LOG"; }
+echo "commit $COMMIT" >>"$LOG"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$LOG" 2>&1
+python3 -c "import torch, transformers, triton, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__, 'triton', triton.__version__)" >>"$LOG" 2>&1
+A="python3 -m ddtree_server.bench.admission_run --shape qwen3.6-27b --kv-layout paged --max-model-len 262144 --prefill-chunk 4096"
+if [[ $PART == a ]]; then
+  step gpu-tests 150 python3 -m pytest -q -p no:xdist -p no:cacheprovider --durations=5 tests/server/test_draft_kernel_gpu.py \
+    tests/server/test_paged_gpu.py
+  step 27b-paged-32k 400 $A --context 32768 --slots 34 --fraction 0.9 --new-tokens 1024 --rounds 3 --out "$OUT/admission-27b-32k"
+fi
+if [[ $PART == b ]]; then
+  step paged-variants 280 python3 -m ddtree_server.bench.paged_attention --device cuda --variants "${VARIANTS:-0,1,2}" \
+    --out "$OUT/paged-variants"
+  step 27b-paged-4k 300 $A --context 4096 --slots 150 --fraction 0.9 --new-tokens 1024 --rounds 4 --out "$OUT/admission-27b-4k"
+fi
