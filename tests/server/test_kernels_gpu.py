@@ -45,9 +45,12 @@ def test_chain_rows_equal_one_token_steps_bitwise(shape, s0):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_paged_batch_rows_equal_the_slot_pool_bitwise(shape):
+@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4])
+def test_paged_batch_rows_equal_the_slot_pool_bitwise(shape, variant, monkeypatch):
     """The batched kernel through page tables (shuffled pages of 16) gives the slot pool's bits in
-    bf16 at the real shapes: plain rows, chains and trees of several requests."""
+    bf16 at the real shapes: plain rows, chains and trees of several requests; in every address
+    variant of the page pool (DDTREE_PAGED_VARIANT, kernels/attention_paged_kernels.py)."""
+    monkeypatch.setenv("DDTREE_PAGED_VARIANT", str(variant))
     from ddtree_server.bench.paged_attention import pools
     from ddtree_server.kernels.attention_batch import batch_attention
 

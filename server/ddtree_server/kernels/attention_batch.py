@@ -11,12 +11,17 @@ request's attention rows are bitwise equal alone and in any batch (tests/server/
 With ``pages`` the cache is a page pool ``[num_pages, kv_heads, page_size, d]`` and request r's rows
 are found through its page-table row ``pages[r]`` (row j: page ``pages[r, j // page_size]``, row
 ``j % page_size``); the plan is the one of a slot of ``pages.shape[1] * page_size`` rows, so the
-rows are bitwise those of the slot pool (engine/batch/pages.py keeps the tables).
+rows are bitwise those of the slot pool (engine/batch/pages.py keeps the tables). Experiments on the
+page pool's address path (bench/paged_attention.py ``--variants``): ``DDTREE_PAGED_VARIANT`` (0, the
+default: one page-table read per key row; 1-4: kernels/attention_paged_kernels.py, the same bits),
+``DDTREE_PAGED_STAGES`` (pipeline stages of the paged launch) and ``DDTREE_PAGED_PRELOAD`` (the
+page ids variants 3-4 read up front), read at each call.
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch import Tensor
@@ -33,6 +38,24 @@ if HAVE_TRITON:
         batch_merge_kernel,
         batch_split_kernel,
     )
+
+
+PAGED_VARIANTS = (0, 1, 2, 3, 4)
+
+
+def paged_settings(page: int, block_n: int, stages: int) -> tuple[int, int, int]:
+    """(variant, num_stages, preloaded ids) of a paged launch from the environment; variants past 0
+    need pages of a power of two that divide the key tile (else variant 0)."""
+    variant = int(os.environ.get("DDTREE_PAGED_VARIANT", "0") or 0)
+    if variant not in PAGED_VARIANTS:
+        raise ValueError(f"DDTREE_PAGED_VARIANT {variant}: one of {PAGED_VARIANTS}")
+    if variant and (page & (page - 1) or block_n % page):
+        variant = 0
+    pre = int(os.environ.get("DDTREE_PAGED_PRELOAD", "64") or 64) if variant in (3, 4) else 64
+    pre = max(pre, block_n // page if variant else 1)
+    if pre & (pre - 1):
+        raise ValueError(f"DDTREE_PAGED_PRELOAD {pre}: a power of two")
+    return variant, int(os.environ.get("DDTREE_PAGED_STAGES", "0") or 0) or stages, pre
 
 
 def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, slot: Tensor, n_max: int,
@@ -92,13 +115,16 @@ def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, 
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     scale_log2 = (scale if scale is not None else d ** -0.5) * LOG2E
     table = pages if pages is not None else slot
+    variant, stages, pre = (paged_settings(page, block_n, config.num_stages) if pages is not None
+                            else (0, config.num_stages, 64))
     batch_split_kernel[(splits, b * hkv, m_tiles)](
         q, k, v, start, qo, slot, table, mask, out, po, pl, hkv, rep, q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2), table.stride(0),
         mask.stride(0) if mode == "tree" else 0, mask.stride(1) if mode == "tree" else 0,
         out.stride(0), out.stride(1), m_pad, scale_log2, window or 0, MODE=_MODES[mode], SPLITS=splits,
         BLOCK_M=block_m, BLOCK_N=block_n, D=d, PREC=prec, PAGED=pages is not None, PAGE=page, WINDOWED=window is not None,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        VARIANT=variant, KV_SAME=variant > 0 and k.stride() == v.stride(), PRE_IDS=pre,
+        num_warps=config.num_warps, num_stages=stages)
     if splits > 1:
         batch_merge_kernel[(n_max * rep, b * hkv)](po, pl, out, start, qo, hkv, rep, out.stride(0), out.stride(1),
                                                    m_pad, SPLITS=splits, SP2=triton.next_power_of_2(splits),

@@ -8,12 +8,14 @@ follow the one-request kernel's rules.
 
 ``PAGED``: the cache is a page pool ``[pages, kv_heads, PAGE, d]`` instead of a slot pool, and
 request r's row j lives in page ``pages[r, j // PAGE]`` at row ``j % PAGE``; tiles, splits and the
-arithmetic are the same, only the addresses differ (so paged rows are bitwise the slot pool's)."""
+arithmetic are the same, only the addresses differ (so paged rows are bitwise the slot pool's).
+``VARIANT`` > 0 picks another address path of the page pool (attention_paged_kernels.py)."""
 
 import triton
 import triton.language as tl
 
 from ddtree_server.kernels.attention_kernels import online_step, per_split, tile_visible, window_span
+from ddtree_server.kernels.attention_paged_kernels import paged_kv, split_page_ids, tile_page_ids
 
 
 @triton.jit
@@ -36,7 +38,11 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
                        stride_vr, stride_pr, stride_mb, stride_mn, stride_on, stride_oh, m_pad, scale_log2,
                        window, MODE: tl.constexpr, SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, D: tl.constexpr, PREC: tl.constexpr, PAGED: tl.constexpr,
-                       PAGE: tl.constexpr, WINDOWED: tl.constexpr):
+                       PAGE: tl.constexpr, WINDOWED: tl.constexpr, VARIANT: tl.constexpr = 0,
+                       KV_SAME: tl.constexpr = False, PRE_IDS: tl.constexpr = 64):
+    ALT: tl.constexpr = PAGED and VARIANT > 0                 # an alternative page address path
+    PRELOAD: tl.constexpr = ALT and (VARIANT - 1) // 2 == 1   # variants 3, 4
+    G: tl.constexpr = BLOCK_N // PAGE if ALT else 1
     pid_s, pid_hr, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r, h = pid_hr // HKV, pid_hr % HKV
     s = tl.load(start_ptr + r).to(tl.int32)
@@ -51,8 +57,9 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
     tok, head = rows // rep, h * rep + rows % rep
     row_ok = tok < N
     dd = tl.arange(0, D)
-    q = tl.load(q_ptr + (q0 + tok)[:, None] * stride_qn + head[:, None] * stride_qh + dd[None, :],
-                mask=row_ok[:, None], other=0.0)
+    if not PRELOAD:
+        q = tl.load(q_ptr + (q0 + tok)[:, None] * stride_qn + head[:, None] * stride_qh + dd[None, :],
+                    mask=row_ok[:, None], other=0.0)
     per = per_split(length, BLOCK_N, SPLITS)
     lo = pid_s * per * BLOCK_N
     last = tl.maximum(tl.minimum(N - 1, (pid_m * BLOCK_M + BLOCK_M - 1) // rep), 0)
@@ -64,25 +71,40 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
         free = 0
         lo, hi = window_span(lo, hi, s, (pid_m * BLOCK_M) // rep, last, window, BLOCK_N, MODE)
     pre = tl.maximum(lo, tl.minimum(hi, free // BLOCK_N * BLOCK_N))
+    pre_ids, fits = 0, False
+    if PRELOAD:   # the split's page ids first, then q: the two reads overlap
+        pre_ids, fits = split_page_ids(lo, hi, r, pages_ptr, stride_pr, PAGE, G, PRE_IDS)
+        q = tl.load(q_ptr + (q0 + tok)[:, None] * stride_qn + head[:, None] * stride_qh + dd[None, :],
+                    mask=row_ok[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
     kb = k_ptr + slot * stride_ks + h * stride_kh
     vb = v_ptr + slot * stride_vs + h * stride_vh
     for t in range(lo, pre, BLOCK_N):  # whole tiles of the committed prefix: no mask
-        j = t + tl.arange(0, BLOCK_N)
-        jk, jv = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, stride_vs, stride_vr, j >= 0,
-                             PAGED, PAGE)
-        k = tl.load(kb + jk[:, None] + dd[None, :])
-        v = tl.load(vb + jv[:, None] + dd[None, :])
+        if ALT:
+            ids = tile_page_ids(t, lo, hi, r, pages_ptr, stride_pr, pre_ids, fits, PAGE, G, PRE_IDS, PRELOAD)
+            k, v = paged_kv(kb, vb, ids, t, hi, dd, stride_ks, stride_kr, stride_vs, stride_vr, False, PAGE, G, D,
+                            VARIANT % 2 == 0, KV_SAME)
+        else:
+            j = t + tl.arange(0, BLOCK_N)
+            jk, jv = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, stride_vs, stride_vr, j >= 0,
+                                 PAGED, PAGE)
+            k = tl.load(kb + jk[:, None] + dd[None, :])
+            v = tl.load(vb + jv[:, None] + dd[None, :])
         m_i, l_i, acc = online_step(q, k, v, m_i, l_i, acc, 0, scale_log2, False, PREC)
     for t in range(pre, hi, BLOCK_N):
         j = t + tl.arange(0, BLOCK_N)
         kin = j < hi
-        jk, jv = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, stride_vs, stride_vr, kin,
-                             PAGED, PAGE)
-        k = tl.load(kb + jk[:, None] + dd[None, :], mask=kin[:, None], other=0.0)
-        v = tl.load(vb + jv[:, None] + dd[None, :], mask=kin[:, None], other=0.0)
+        if ALT:
+            ids = tile_page_ids(t, lo, hi, r, pages_ptr, stride_pr, pre_ids, fits, PAGE, G, PRE_IDS, PRELOAD)
+            k, v = paged_kv(kb, vb, ids, t, hi, dd, stride_ks, stride_kr, stride_vs, stride_vr, True, PAGE, G, D,
+                            VARIANT % 2 == 0, KV_SAME)
+        else:
+            jk, jv = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, stride_vs, stride_vr, kin,
+                                 PAGED, PAGE)
+            k = tl.load(kb + jk[:, None] + dd[None, :], mask=kin[:, None], other=0.0)
+            v = tl.load(vb + jv[:, None] + dd[None, :], mask=kin[:, None], other=0.0)
         vis = tile_visible(j - s, tok, kin, row_ok, N, mask_ptr + r * stride_mb, stride_mn, window, MODE, WINDOWED)
         m_i, l_i, acc = online_step(q, k, v, m_i, l_i, acc, vis & kin[None, :], scale_log2, True, PREC)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
