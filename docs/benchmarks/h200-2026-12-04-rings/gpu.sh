@@ -22,7 +22,9 @@ if [[ $PART == a ]]; then
   step 27b-paged-32k 400 $A --context 32768 --slots 34 --fraction 0.9 --new-tokens 1024 --rounds 3 --out "$OUT/admission-27b-32k"
 fi
 if [[ $PART == b ]]; then
-  step paged-variants 280 python3 -m ddtree_server.bench.paged_attention --device cuda --variants "${VARIANTS:-0,1,2}" \
+  step gpu-test-auto 90 python3 -m pytest -q -p no:xdist -p no:cacheprovider tests/server/test_paged_gpu.py -k auto
+  step paged-variants 280 python3 -m ddtree_server.bench.paged_attention --device cuda --variants 0,1,2,3,4 --stages 2,3 \
+    --shapes qwen3-8b,qwen3.6-27b --contexts 4096,16384 --batches 8,64 --rows 1,16 --layouts shuffled --iters 30 \
     --out "$OUT/paged-variants"
   step 27b-paged-4k 300 $A --context 4096 --slots 150 --fraction 0.9 --new-tokens 1024 --rounds 4 --out "$OUT/admission-27b-4k"
 fi

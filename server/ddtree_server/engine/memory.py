@@ -76,7 +76,7 @@ def state_bytes(engine) -> int:
 
 def _draft_rows(engine) -> int:
     """Rows of a slot of the drafter's context K/V (the runner's ``draft_caches``)."""
-    return engine.max_model_len + 1 + engine.block_size
+    return engine.max_model_len + 1 + (engine.block_size or 0)
 
 
 def paged_slot_bytes(engine) -> int:
