@@ -4,7 +4,9 @@
 # then the Qwen3.6-27B shape's requests of 32k admitted and decoding together on pages (before the
 # rings: 27 of 30, docs/benchmarks/h200-2026-12-04-batch1/admission-27b-32k/); (b) variants of the
 # paged split-K kernel's page-table read against the slot pool (one attention layer, CUDA graphs),
-# and the 27B shape's 4k requests on pages with the rings.
+# and the 27B shape's 4k requests on pages with the rings; (c) with the sweep's best variants the
+# default: the GPU tests of the kernels, the batched drafter and the paged engine, and the 8B shape
+# at batch 8 / 64 on both layouts.
 # Usage: bash gpu.sh OUT_DIR COMMIT PART
 set -uo pipefail
 OUT=$1 COMMIT=$2 PART=$3
@@ -27,4 +29,10 @@ if [[ $PART == b ]]; then
     --shapes qwen3-8b,qwen3.6-27b --contexts 4096,16384 --batches 8,64 --rows 1,16 --layouts shuffled --iters 30 \
     --out "$OUT/paged-variants"
   step 27b-paged-4k 300 $A --context 4096 --slots 150 --fraction 0.9 --new-tokens 1024 --rounds 4 --out "$OUT/admission-27b-4k"
+fi
+if [[ $PART == c ]]; then
+  step gpu-tests 200 python3 -m pytest -q -p no:xdist -p no:cacheprovider --durations=5 tests/server/test_kernels_gpu.py \
+    tests/server/test_draft_kernel_gpu.py tests/server/test_paged_gpu.py
+  step 8b-b8-64-4k 330 python3 -m ddtree_server.bench --device cuda --iters 5 --random-shape qwen3-8b --batch 8,64 \
+    --context-len 4096 --kv-layout slot,paged --out "$OUT/8b-4k"
 fi

@@ -11,15 +11,17 @@ request's attention rows are bitwise equal alone and in any batch (tests/server/
 With ``pages`` the cache is a page pool ``[num_pages, kv_heads, page_size, d]`` and request r's rows
 are found through its page-table row ``pages[r]`` (row j: page ``pages[r, j // page_size]``, row
 ``j % page_size``); the plan is the one of a slot of ``pages.shape[1] * page_size`` rows, so the
-rows are bitwise those of the slot pool (engine/batch/pages.py keeps the tables). Experiments on the
-page pool's address path (bench/paged_attention.py ``--variants``): ``DDTREE_PAGED_VARIANT`` (0, the
-default: one page-table read per key row; 1-4: kernels/attention_paged_kernels.py, the same bits),
+rows are bitwise those of the slot pool (engine/batch/pages.py keeps the tables). The page pool's
+address path (kernels/attention_paged_kernels.py, the same bits in every variant) is chosen by
+``default_variant`` from a sweep on one H200 (bench/paged_attention.py ``--variants``); for
+experiments ``DDTREE_PAGED_VARIANT`` (0: one page-table read per key row; 1-4: sub-tile page ids),
 ``DDTREE_PAGED_STAGES`` (pipeline stages of the paged launch) and ``DDTREE_PAGED_PRELOAD`` (the
 page ids variants 3-4 read up front), read at each call.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -41,12 +43,31 @@ if HAVE_TRITON:
 
 
 PAGED_VARIANTS = (0, 1, 2, 3, 4)
+BIG_SMEM = 160 << 10   # shared memory per block for the paged launch's third pipeline stage
 
 
-def paged_settings(page: int, block_n: int, stages: int) -> tuple[int, int, int]:
-    """(variant, num_stages, preloaded ids) of a paged launch from the environment; variants past 0
-    need pages of a power of two that divide the key tile (else variant 0)."""
-    variant = int(os.environ.get("DDTREE_PAGED_VARIANT", "0") or 0)
+@functools.lru_cache(maxsize=None)
+def _smem(device: torch.device) -> int:
+    return int(getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0))
+
+
+def default_variant(head_dim: int, device, stages: int) -> tuple[int, int]:
+    """(variant, num_stages) of a paged launch by default, from the sweep on one H200
+    (docs/benchmarks/h200-2026-12-04-rings/paged-variants/): head dims up to 128 take variant 4 (a
+    3-D tile from sub-tile page ids read up front) at 3 stages where the shared memory holds them
+    (0.95-1.03x the slot pool against variant 0's 1.08-1.13x), larger ones variant 2 (the 3-D
+    tile) at the launch's stages (1.03-1.10x against 1.02-1.12x)."""
+    if head_dim <= 128 and torch.device(device).type == "cuda" and _smem(torch.device(device)) >= BIG_SMEM:
+        return 4, 3
+    return 2, stages
+
+
+def paged_settings(page: int, block_n: int, stages: int, head_dim: int = 128, device="cpu") -> tuple[int, int, int]:
+    """(variant, num_stages, preloaded ids) of a paged launch: ``default_variant``, or the
+    environment's (``DDTREE_PAGED_VARIANT`` / ``_STAGES`` / ``_PRELOAD``: the sweep's knobs); variants
+    past 0 need pages of a power of two that divide the key tile (else variant 0)."""
+    variant, stages = default_variant(head_dim, device, stages)
+    variant = int(os.environ.get("DDTREE_PAGED_VARIANT", "") or variant)
     if variant not in PAGED_VARIANTS:
         raise ValueError(f"DDTREE_PAGED_VARIANT {variant}: one of {PAGED_VARIANTS}")
     if variant and (page & (page - 1) or block_n % page):
@@ -115,7 +136,7 @@ def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, 
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     scale_log2 = (scale if scale is not None else d ** -0.5) * LOG2E
     table = pages if pages is not None else slot
-    variant, stages, pre = (paged_settings(page, block_n, config.num_stages) if pages is not None
+    variant, stages, pre = (paged_settings(page, block_n, config.num_stages, d, q.device) if pages is not None
                             else (0, config.num_stages, 64))
     batch_split_kernel[(splits, b * hkv, m_tiles)](
         q, k, v, start, qo, slot, table, mask, out, po, pl, hkv, rep, q.stride(0), q.stride(1),
