@@ -6,7 +6,8 @@
 # paged split-K kernel's page-table read against the slot pool (one attention layer, CUDA graphs),
 # and the 27B shape's 4k requests on pages with the rings; (c) with the sweep's best variants the
 # default: the GPU tests of the kernels, the batched drafter and the paged engine, and the 8B shape
-# at batch 8 / 64 on both layouts.
+# at batch 8 / 64 on both layouts; (d) variants at tree-sized row counts (DDTree got slower with
+# (c)'s default), and the 8B shape at batch 64 with variant 0 for launches of several row blocks.
 # Usage: bash gpu.sh OUT_DIR COMMIT PART
 set -uo pipefail
 OUT=$1 COMMIT=$2 PART=$3
@@ -35,4 +36,10 @@ if [[ $PART == c ]]; then
     tests/server/test_draft_kernel_gpu.py tests/server/test_paged_gpu.py
   step 8b-b8-64-4k 330 python3 -m ddtree_server.bench --device cuda --iters 5 --random-shape qwen3-8b --batch 8,64 \
     --context-len 4096 --kv-layout slot,paged --out "$OUT/8b-4k"
+fi
+if [[ $PART == d ]]; then
+  step paged-variants-rows 150 python3 -m ddtree_server.bench.paged_attention --device cuda --variants 0,2,4 --stages 2,3 \
+    --shapes qwen3-8b --contexts 4096 --batches 64 --rows 33,65 --layouts shuffled --iters 30 --out "$OUT/paged-variants-rows"
+  step 8b-b64-4k 300 python3 -m ddtree_server.bench --device cuda --iters 5 --random-shape qwen3-8b --batch 64 \
+    --context-len 4096 --kv-layout slot,paged --out "$OUT/8b-4k-b64"
 fi
