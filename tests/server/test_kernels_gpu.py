@@ -45,7 +45,7 @@ def test_chain_rows_equal_one_token_steps_bitwise(shape, s0):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("variant", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("variant", [0, 2, 4])
 def test_paged_batch_rows_equal_the_slot_pool_bitwise(shape, variant, monkeypatch):
     """The batched kernel through page tables (shuffled pages of 16) gives the slot pool's bits in
     bf16 at the real shapes: plain rows, chains and trees of several requests; in every address

@@ -1,5 +1,5 @@
-"""The page pool's address variants of kernels/attention_batch.py (``DDTREE_PAGED_VARIANT`` 1-4,
-kernels/attention_paged_kernels.py) under TRITON_INTERPRET=1 (CPU): every variant gives bitwise the
+"""The page pool's address variants of kernels/attention_batch.py (``DDTREE_PAGED_VARIANT`` 2 and 4,
+kernels/attention_paged_kernels.py; the default picks among 0, 2, 4 by head dim and row blocks) under TRITON_INTERPRET=1 (CPU): every variant gives bitwise the
 rows of variant 0 and of the slot pool (shuffled pages, page 0 and the unused pages NaN so a wrong
 read shows), for one-row decoding, a 16-row causal block and tree, head dims 64 / 128 / 256 (tiles of
 4 and of 2 pages), lengths off the tile and page grid, sliding windows, and the preload's

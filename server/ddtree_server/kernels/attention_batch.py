@@ -14,9 +14,9 @@ are found through its page-table row ``pages[r]`` (row j: page ``pages[r, j // p
 rows are bitwise those of the slot pool (engine/batch/pages.py keeps the tables). The page pool's
 address path (kernels/attention_paged_kernels.py, the same bits in every variant) is chosen by
 ``default_variant`` from a sweep on one H200 (bench/paged_attention.py ``--variants``); for
-experiments ``DDTREE_PAGED_VARIANT`` (0: one page-table read per key row; 1-4: sub-tile page ids),
+experiments ``DDTREE_PAGED_VARIANT`` (0: one page-table read per key row; 2, 4: sub-tile page ids),
 ``DDTREE_PAGED_STAGES`` (pipeline stages of the paged launch) and ``DDTREE_PAGED_PRELOAD`` (the
-page ids variants 3-4 read up front), read at each call.
+page ids variant 4 reads up front), read at each call.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ if HAVE_TRITON:
     )
 
 
-PAGED_VARIANTS = (0, 1, 2, 3, 4)
+PAGED_VARIANTS = (0, 2, 4)
 BIG_SMEM = 160 << 10   # shared memory per block for the paged launch's third pipeline stage
 
 
@@ -79,7 +79,7 @@ def paged_settings(page: int, block_n: int, stages: int, head_dim: int = 128, de
         raise ValueError(f"DDTREE_PAGED_VARIANT {variant}: one of {PAGED_VARIANTS}")
     if variant and (page & (page - 1) or block_n % page):
         variant = 0
-    pre = int(os.environ.get("DDTREE_PAGED_PRELOAD", "64") or 64) if variant in (3, 4) else 64
+    pre = int(os.environ.get("DDTREE_PAGED_PRELOAD", "64") or 64) if variant == 4 else 64
     pre = max(pre, block_n // page if variant else 1)
     if pre & (pre - 1):
         raise ValueError(f"DDTREE_PAGED_PRELOAD {pre}: a power of two")

@@ -41,7 +41,7 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
                        PAGE: tl.constexpr, WINDOWED: tl.constexpr, VARIANT: tl.constexpr = 0,
                        KV_SAME: tl.constexpr = False, PRE_IDS: tl.constexpr = 64):
     ALT: tl.constexpr = PAGED and VARIANT > 0                 # an alternative page address path
-    PRELOAD: tl.constexpr = ALT and (VARIANT - 1) // 2 == 1   # variants 3, 4
+    PRELOAD: tl.constexpr = ALT and VARIANT == 4
     G: tl.constexpr = BLOCK_N // PAGE if ALT else 1
     pid_s, pid_hr, pid_m = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r, h = pid_hr // HKV, pid_hr % HKV
@@ -85,7 +85,7 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
         if ALT:
             ids = tile_page_ids(t, lo, hi, r, pages_ptr, stride_pr, pre_ids, fits, PAGE, G, PRE_IDS, PRELOAD)
             k, v = paged_kv(kb, vb, ids, t, hi, dd, stride_ks, stride_kr, stride_vs, stride_vr, False, PAGE, G, D,
-                            VARIANT % 2 == 0, KV_SAME)
+                            KV_SAME)
         else:
             j = t + tl.arange(0, BLOCK_N)
             jk, jv = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, stride_vs, stride_vr, j >= 0,
@@ -99,7 +99,7 @@ def batch_split_kernel(q_ptr, k_ptr, v_ptr, start_ptr, qo_ptr, slot_ptr, pages_p
         if ALT:
             ids = tile_page_ids(t, lo, hi, r, pages_ptr, stride_pr, pre_ids, fits, PAGE, G, PRE_IDS, PRELOAD)
             k, v = paged_kv(kb, vb, ids, t, hi, dd, stride_ks, stride_kr, stride_vs, stride_vr, True, PAGE, G, D,
-                            VARIANT % 2 == 0, KV_SAME)
+                            KV_SAME)
         else:
             jk, jv = row_offsets(j, r, pages_ptr, stride_pr, stride_ks, stride_kr, stride_vs, stride_vr, kin,
                                  PAGED, PAGE)

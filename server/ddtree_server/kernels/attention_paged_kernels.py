@@ -8,15 +8,16 @@ multiply only those by the page stride (64-bit: a pool can pass 2**31 elements) 
 within-page part (``row * stride_kr + dd``) in 32 bits; with K and V of equal strides (``KV_SAME``,
 every pool the engine makes) one offset block serves both loads:
 
-* ``ROWS3D`` False: per-row offsets built from the sub-tile ids (broadcast over the page's rows and
-  reshaped to ``[BLOCK_N]``), then the same 2-D ``[BLOCK_N, D]`` loads as variant 0;
-* ``ROWS3D`` True: a 3-D pointer block ``[G, PAGE, D]`` (page base + row in page + dd, contiguous
-  runs of ``PAGE`` rows the compiler can see) loaded and reshaped (row-major, no reordering) to
+* variant 2: a 3-D pointer block ``[G, PAGE, D]`` (page base + row in page + dd, contiguous runs of
+  ``PAGE`` rows the compiler can see) loaded and reshaped (row-major, no reordering) to
   ``[BLOCK_N, D]``;
-* ``PRELOAD``: the ids of the split's whole key range ``[lo, hi)`` (at most ``PRE_IDS``) in one
+* variant 4, ``PRELOAD`` too: the ids of the split's whole key range ``[lo, hi)`` (at most ``PRE_IDS``) in one
   ``[PRE_IDS // G, G]`` load issued before the q load (their latency overlaps it); tile i takes
   row i of that block in registers (a select and a sum: exact), so no tile's K / V load waits on a
   page-table read of its own. Longer ranges read each tile's ``G`` ids in the loop.
+
+(Variants 1 and 3, the same with per-row offsets and 2-D loads, were 1.44x and 1.49x the slot pool
+on one H200 and are gone: docs/benchmarks/h200-2026-12-04-rings/.)
 
 The loaded tiles are the very elements variant 0 loads (zeros past ``hi``), in the same order, so
 the tiles, splits and arithmetic and hence the bits are unchanged (tests/server/test_kernels_paged.py)."""
@@ -56,35 +57,27 @@ def tile_page_ids(t, lo, hi, r, pages_ptr, stride_pr, pre_ids, fits, PAGE: tl.co
 
 @triton.jit
 def _load_rows(base, ids, t, hi, dd, stride_s, stride_r, MASKED: tl.constexpr, PAGE: tl.constexpr,
-               G: tl.constexpr, D: tl.constexpr, ROWS3D: tl.constexpr):
+               G: tl.constexpr, D: tl.constexpr):
     """The ``[G * PAGE, D]`` tile of pages ``ids`` (rows from ``t``; rows at or past ``hi`` zero
     when ``MASKED``) of one pool whose head base pointer is ``base``."""
     pb = base + ids.to(tl.int64) * stride_s                 # [G] page bases (64-bit)
     win = tl.arange(0, PAGE) * stride_r                      # [PAGE] within-page rows (32-bit)
-    if ROWS3D:
-        ptr = pb[:, None, None] + (win[:, None] + dd[None, :])[None, :, :]
-        if MASKED:
-            j = t + tl.arange(0, G)[:, None] * PAGE + tl.arange(0, PAGE)[None, :]
-            x = tl.load(ptr, mask=(j < hi)[:, :, None], other=0.0)
-        else:
-            x = tl.load(ptr)
-        return tl.reshape(x, [G * PAGE, D])
+    ptr = pb[:, None, None] + (win[:, None] + dd[None, :])[None, :, :]
+    if MASKED:
+        j = t + tl.arange(0, G)[:, None] * PAGE + tl.arange(0, PAGE)[None, :]
+        x = tl.load(ptr, mask=(j < hi)[:, :, None], other=0.0)
     else:
-        rows = tl.reshape(pb[:, None] + win[None, :], [G * PAGE])
-        if MASKED:
-            j = t + tl.arange(0, G * PAGE)
-            return tl.load(rows[:, None] + dd[None, :], mask=(j < hi)[:, None], other=0.0)
-        else:
-            return tl.load(rows[:, None] + dd[None, :])
+        x = tl.load(ptr)
+    return tl.reshape(x, [G * PAGE, D])
 
 
 @triton.jit
 def paged_kv(kb, vb, ids, t, hi, dd, stride_ks, stride_kr, stride_vs, stride_vr, MASKED: tl.constexpr,
-             PAGE: tl.constexpr, G: tl.constexpr, D: tl.constexpr, ROWS3D: tl.constexpr, KV_SAME: tl.constexpr):
+             PAGE: tl.constexpr, G: tl.constexpr, D: tl.constexpr, KV_SAME: tl.constexpr):
     """K and V tiles ``[G * PAGE, D]`` at key row ``t`` through sub-tile page ids ``ids``."""
-    k = _load_rows(kb, ids, t, hi, dd, stride_ks, stride_kr, MASKED, PAGE, G, D, ROWS3D)
+    k = _load_rows(kb, ids, t, hi, dd, stride_ks, stride_kr, MASKED, PAGE, G, D)
     if KV_SAME:   # equal strides: one offset computation (CSE) for both
-        v = _load_rows(vb, ids, t, hi, dd, stride_ks, stride_kr, MASKED, PAGE, G, D, ROWS3D)
+        v = _load_rows(vb, ids, t, hi, dd, stride_ks, stride_kr, MASKED, PAGE, G, D)
     else:
-        v = _load_rows(vb, ids, t, hi, dd, stride_vs, stride_vr, MASKED, PAGE, G, D, ROWS3D)
+        v = _load_rows(vb, ids, t, hi, dd, stride_vs, stride_vr, MASKED, PAGE, G, D)
     return k, v
