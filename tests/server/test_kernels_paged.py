@@ -91,3 +91,24 @@ def test_paged_variants_equal_variant_0_and_the_slot_pool_bitwise(child, name):
     r = child(name)
     assert not r["nan"] and r["splits"] > 1, r
     assert all(r["v0"]) and all(r["slot"]), r
+
+
+def test_the_default_variant_follows_the_measured_cases(monkeypatch):
+    """``default_variant``: variant 4 at 3 stages only for one row block of causal / block rows at
+    head dim <= 128 on a GPU with the shared memory for it; tree masks and several row blocks keep
+    variant 0; head dim 256 variant 2; the environment overrides (a sweep's knob)."""
+    from ddtree_server.kernels import attention_batch as AB
+
+    monkeypatch.setattr(AB, "_smem", lambda device: 227 << 10)
+    assert AB.default_variant(128, "cuda", 2) == (4, 3)
+    assert AB.default_variant(128, "cuda", 2, m_tiles=5) == (0, 2)
+    assert AB.default_variant(128, "cuda", 2, tree=True) == (0, 2)
+    assert AB.default_variant(256, "cuda", 2) == (2, 2)
+    assert AB.default_variant(128, "cpu", 2) == (2, 2)
+    monkeypatch.setattr(AB, "_smem", lambda device: 99 << 10)   # a GPU without room for 3 stages
+    assert AB.default_variant(128, "cuda", 2) == (2, 2)
+    monkeypatch.setenv("DDTREE_PAGED_VARIANT", "0")
+    assert AB.paged_settings(16, 64, 2, 128, "cpu")[0] == 0
+    monkeypatch.setenv("DDTREE_PAGED_VARIANT", "3")
+    with pytest.raises(ValueError, match="one of"):
+        AB.paged_settings(16, 64, 2, 128, "cpu")
