@@ -72,11 +72,12 @@ class TinyApp:
     """A started worker + app; `request()` runs one request (raises on a hang), `stop()` ends it."""
 
     def __init__(self, engine: Any = None, *, stall_seconds: float | None = None, start: bool = True,
-                 **config: Any) -> None:
+                 on_finished: Any = None, **config: Any) -> None:
         self.engine = engine or tiny_engine()
         self.config = ServerConfig(device="cpu", **config)
         self.metrics = Metrics()
         extra = {} if stall_seconds is None else {"stall_seconds": stall_seconds}
+        extra.update({} if on_finished is None else {"on_finished": on_finished})
         self.worker = Worker(load=lambda status: self.engine, warmup=lambda engine: None,
                              max_queue=self.config.max_queue, **extra)
         self.app = create_app(self.config, self.worker, self.metrics)

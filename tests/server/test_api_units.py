@@ -19,6 +19,7 @@ from ddtree_server.api.schemas import ChatCompletionRequest, CompletionRequest
 from ddtree_server.api.streaming import DONE, sse
 from ddtree_server.api.worker import Worker
 from ddtree_server.config import ServerConfig
+from tests.server.api_tiny import MODEL_ID, TinyApp
 
 
 # ---- config ----------------------------------------------------------------------------------
@@ -128,6 +129,38 @@ def test_metrics_skip_prefill_only_requests_and_count_decode_totals():
     assert "ddtree_decode_tokens_total 16.0" in text
     assert "ddtree_decode_seconds_total 1.0" in text
     assert "ddtree_generated_tokens_total 19.0" in text
+
+
+def test_a_finished_request_is_observed_before_its_answer_is_delivered(monkeypatch):
+    """The worker records a finished request (``on_finished``: /metrics' counters) before the
+    request's last event and end reach the client, so /metrics read right after a response counts
+    it (found by a trial: the counters lagged the answer); a rejected request likewise."""
+    from ddtree_server.api import worker as W
+
+    order: list[str] = []
+    deliver = W.Job.deliver
+
+    def logged(job, item):
+        order.append("end" if item is W._END else "last" if getattr(item, "finish_reason", None) or
+                     isinstance(item, BaseException) else "event")
+        deliver(job, item)
+
+    monkeypatch.setattr(W.Job, "deliver", logged)
+    app = TinyApp(on_finished=lambda job, event: order.append("observed"))
+    try:
+        ok = app.request("POST", "/v1/completions", json={"model": MODEL_ID, "prompt": "abc", "max_tokens": 5,
+                                                         "temperature": 0})
+        assert ok.status_code == 200
+        assert order[-3:] == ["observed", "last", "end"] and order.count("observed") == 1, order
+        order.clear()
+
+        def refuse(*args, **kwargs):
+            raise ValueError("refused by the engine")
+        monkeypatch.setattr(app.engine, "make_request", refuse)
+        bad = app.request("POST", "/v1/completions", json={"model": MODEL_ID, "prompt": "abc", "max_tokens": 5})
+        assert bad.status_code == 400 and order == ["observed", "last", "end"], (bad.text, order)
+    finally:
+        app.stop()
 
 
 def test_sdnotify_sends_datagrams(tmp_path, monkeypatch):

@@ -111,7 +111,7 @@ def test_admission_waits_for_pages_and_memory_shows_them(dense):
 
 def test_paged_layout_refuses_too_few_pages_and_unknown_layouts(dense):
     for few in (LEAST - 1, 1):   # the number needed, even for fewer than the pool's minimum of 2
-        with pytest.raises(ValueError, match=f"cannot hold one request of {MAX_LEN + 1} rows .{LEAST - 1} pages"):
+        with pytest.raises(ValueError, match=f"cannot hold one request of {MAX_LEN + 1} rows: at least {LEAST} are needed"):
             paged(dense, None, few)
     with pytest.raises(ValueError, match="unknown KV layout"):
         Engine(dense, ByteTokenizer(), eos_token_ids=[EOS], max_model_len=MAX_LEN, kv_layout="pages")

@@ -285,8 +285,7 @@ class Worker:
                 log.exception("engine step failed")
                 for req, job in list(jobs.values()):
                     batch.abort(req)
-                    job.deliver(exc)
-                    self._finish(job, None, cancelled=False)
+                    self._finish(job, None, cancelled=False, last=exc)
                     self._end_running()
                 jobs.clear()
                 continue
@@ -301,10 +300,11 @@ class Worker:
                 job = jobs[req.rid][1]
                 if job.first_event_at is None:
                     job.first_event_at = time.monotonic()
-                job.deliver(event)
-                if event.finish_reason is not None:
+                if event.finish_reason is None:
+                    job.deliver(event)
+                else:
                     del jobs[req.rid]
-                    self._finish(job, event, cancelled=event.finish_reason == "cancelled")
+                    self._finish(job, event, cancelled=event.finish_reason == "cancelled", last=event)
                     self._end_running()
 
     def _end_running(self) -> None:
@@ -328,21 +328,24 @@ class Worker:
                 req = self.engine.make_request(job.prompt_ids, job.params, mode=job.mode,
                                                tree_budget=job.tree_budget, cancel=job.cancel, rid=job.rid)
             except Exception as exc:   # the engine validates before generating
-                job.deliver(Rejected(str(exc)) if isinstance(exc, ValueError) else exc)
-                self._finish(job, None, cancelled=False)
+                self._finish(job, None, cancelled=False, last=Rejected(str(exc)) if isinstance(exc, ValueError) else exc)
                 self._end_running()
                 continue
             batch.add(req)
             jobs[job.rid] = (req, job)
 
-    def _finish(self, job: Job, event: Any, *, cancelled: bool) -> None:
-        job.deliver(_END)
-        with self._lock:
-            self._inflight -= 1
-            self._jobs.pop(job.rid, None)
+    def _finish(self, job: Job, event: Any, *, cancelled: bool, last: Any = None) -> None:
+        """End a job: the observer first (metrics), then its ``last`` item (final event or error)
+        and the end marker, so /metrics read after a response already counts that request."""
         if cancelled:
             log.info("request %s cancelled (client disconnected or drain deadline)", job.rid)
         try:
             self._on_finished(job, event)
         except Exception:
             log.exception("finish observer failed")
+        if last is not None:
+            job.deliver(last)
+        job.deliver(_END)
+        with self._lock:
+            self._inflight -= 1
+            self._jobs.pop(job.rid, None)

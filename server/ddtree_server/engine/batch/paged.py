@@ -64,8 +64,8 @@ class PagedSlots:
         committed row, ``paged_draft.py``; past the reserved pages they map to the dummy page)."""
         need = -(-max_len // PAGE_SIZE)
         if num_pages - 1 < need:
-            raise ValueError(f"{num_pages} KV pages cannot hold one request of {max_len} rows "
-                             f"({need} pages of {PAGE_SIZE} rows and the dummy page are needed)")
+            raise ValueError(f"{num_pages} KV pages cannot hold one request of {max_len} rows: at least "
+                             f"{need + 1} are needed ({need} pages of {PAGE_SIZE} rows and the dummy page)")
         self.pages = PagePool(num_pages, check=check)
         self.width = self.pages.pages_for(max_len + spare)
         layers, kv_heads, head_dim, dtype = kv_geometry(model)
