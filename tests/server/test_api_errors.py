@@ -45,6 +45,11 @@ def test_context_overflow_names_the_numbers(api_http):
     assert "20" in error["message"] and error["code"] == "context_length_exceeded"
     error = error_of(api_http.post("/v1/completions", json={"model": MODEL, "prompt": [42] * MAX_MODEL_LEN}), 400)
     assert error["code"] == "context_length_exceeded"
+    # a max_tokens the client never sent is named as the endpoint's default (16 on /v1/completions)
+    error = error_of(api_http.post("/v1/completions", json={"model": MODEL, "prompt": prompt}), 400)
+    assert "max_tokens (16, the default)" in error["message"], error
+    assert "the default" not in error_of(api_http.post("/v1/completions", json={
+        "model": MODEL, "prompt": prompt, "max_tokens": 16}), 400)["message"]
 
 
 @pytest.mark.parametrize("prompt", [[10**9], [-1], [[5, 49152]]])

@@ -215,8 +215,9 @@ def sampling_params(request: ChatCompletionRequest | CompletionRequest, prompt_l
     if limit is None:
         limit = max_model_len - prompt_len
     elif prompt_len + limit > max_model_len:
-        raise ApiError(400, f"prompt ({prompt_len} tokens) + {param} ({limit}) = {prompt_len + limit} tokens "
-                            f"exceeds the context window of {max_model_len} tokens",
+        told = param in getattr(request, "model_fields_set", {param})   # else the endpoint's default
+        raise ApiError(400, f"prompt ({prompt_len} tokens) + {param} ({limit}{'' if told else ', the default'}) = "
+                            f"{prompt_len + limit} tokens exceeds the context window of {max_model_len} tokens",
                        param=param, code="context_length_exceeded")
     defaults = defaults or {}
     temperature = request.temperature if request.temperature is not None else defaults.get(
