@@ -105,6 +105,7 @@ def test_the_default_variant_follows_the_measured_cases(monkeypatch):
     assert AB.default_variant(128, "cuda", 2, tree=True) == (0, 2)
     assert AB.default_variant(256, "cuda", 2) == (2, 2)
     assert AB.default_variant(128, "cpu", 2) == (2, 2)
+    assert AB.default_variant(128, "cuda", 2, elem=4) == (2, 2)   # 3 stages of fp32 tiles: too big for some
     monkeypatch.setattr(AB, "_smem", lambda device: 99 << 10)   # a GPU without room for 3 stages
     assert AB.default_variant(128, "cuda", 2) == (2, 2)
     monkeypatch.setenv("DDTREE_PAGED_VARIANT", "0")

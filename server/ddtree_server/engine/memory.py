@@ -154,5 +154,7 @@ def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int
     if engine.device.type != "cuda":
         return slots * (least - 1) + 1
     free, _ = torch.cuda.mem_get_info(engine.device)
-    budget = int(fraction * free) - slots * paged_slot_bytes(engine) - _scratch_bytes(engine)
+    dflash = _dflash(engine)   # the drafter's rings have one more slot: the graphs' scratch (paged_draft.py)
+    rings = DraftPages.ring_bytes(dflash.config, dflash.dtype, _draft_rows(engine)) if dflash is not None else 0
+    budget = int(fraction * free) - slots * paged_slot_bytes(engine) - rings - _scratch_bytes(engine)
     return max(least, budget // page_bytes(_model(engine), _dflash(engine), _draft_rows(engine)))

@@ -51,7 +51,8 @@ def _smem(device: torch.device) -> int:
     return int(getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 0))
 
 
-def default_variant(head_dim: int, device, stages: int, m_tiles: int = 1, tree: bool = False) -> tuple[int, int]:
+def default_variant(head_dim: int, device, stages: int, m_tiles: int = 1, tree: bool = False,
+                    elem: int = 2) -> tuple[int, int]:
     """(variant, num_stages) of a paged launch by default, from the sweeps on one H200
     (docs/benchmarks/h200-2026-12-04-rings/): head dims up to 128 with one row block of causal or
     block rows (decode steps, chains, draft blocks) take variant 4 (a 3-D tile from sub-tile page
@@ -59,22 +60,24 @@ def default_variant(head_dim: int, device, stages: int, m_tiles: int = 1, tree: 
     against variant 0's 1.08-1.13x); tree masks and several row blocks keep variant 0, since
     variant 4 made the 8B shape's batch-64 DDTree round 1.16x the slot layout's against 1.04x
     (the cases measured; prompt chunks and lone small trees were not); larger head dims variant 2
-    (the 3-D tile) at the launch's stages (1.03-1.10x against 1.02-1.12x)."""
+    (the 3-D tile) at the launch's stages (1.03-1.10x against 1.02-1.12x). Three stages of
+    fp32 tiles (``elem`` 4 bytes) would need more shared memory than some GPUs of 160 KiB have:
+    fp32 takes variant 2 at the launch's stages too."""
     if head_dim > 128:
         return 2, stages
     if m_tiles > 1 or tree:
         return 0, stages
-    if torch.device(device).type == "cuda" and _smem(torch.device(device)) >= BIG_SMEM:
+    if elem <= 2 and torch.device(device).type == "cuda" and _smem(torch.device(device)) >= BIG_SMEM:
         return 4, 3
     return 2, stages
 
 
 def paged_settings(page: int, block_n: int, stages: int, head_dim: int = 128, device="cpu",
-                   m_tiles: int = 1, tree: bool = False) -> tuple[int, int, int]:
+                   m_tiles: int = 1, tree: bool = False, elem: int = 2) -> tuple[int, int, int]:
     """(variant, num_stages, preloaded ids) of a paged launch: ``default_variant``, or the
     environment's (``DDTREE_PAGED_VARIANT`` / ``_STAGES`` / ``_PRELOAD``: the sweep's knobs); variants
     past 0 need pages of a power of two that divide the key tile (else variant 0)."""
-    variant, stages = default_variant(head_dim, device, stages, m_tiles, tree)
+    variant, stages = default_variant(head_dim, device, stages, m_tiles, tree, elem)
     variant = int(os.environ.get("DDTREE_PAGED_VARIANT", "") or variant)
     if variant not in PAGED_VARIANTS:
         raise ValueError(f"DDTREE_PAGED_VARIANT {variant}: one of {PAGED_VARIANTS}")
@@ -144,7 +147,8 @@ def batch_attention(q: Tensor, k: Tensor, v: Tensor, start: Tensor, qo: Tensor, 
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
     scale_log2 = (scale if scale is not None else d ** -0.5) * LOG2E
     table = pages if pages is not None else slot
-    variant, stages, pre = (paged_settings(page, block_n, config.num_stages, d, q.device, m_tiles, mode == "tree")
+    variant, stages, pre = (paged_settings(page, block_n, config.num_stages, d, q.device, m_tiles, mode == "tree",
+                                           q.element_size())
                             if pages is not None
                             else (0, config.num_stages, 64))
     batch_split_kernel[(splits, b * hkv, m_tiles)](
