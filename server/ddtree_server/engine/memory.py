@@ -157,4 +157,4 @@ def default_pages(engine, slots: int, fraction: float, asked: int | None) -> int
     dflash = _dflash(engine)   # the drafter's rings have one more slot: the graphs' scratch (paged_draft.py)
     rings = DraftPages.ring_bytes(dflash.config, dflash.dtype, _draft_rows(engine)) if dflash is not None else 0
     budget = int(fraction * free) - slots * paged_slot_bytes(engine) - rings - _scratch_bytes(engine)
-    return max(least, budget // page_bytes(_model(engine), _dflash(engine), _draft_rows(engine)))
+    return max(least, budget // page_bytes(_model(engine), dflash, _draft_rows(engine)))

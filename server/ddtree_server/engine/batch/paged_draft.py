@@ -69,7 +69,7 @@ class LayerPool:
     def __init__(self, pages: Tensor, rings: Tensor, ringed: list[bool], ring_tables: Tensor):
         self.pages, self.rings, self.ring_tables = pages, rings, ring_tables
         self.ring_rows = rings.shape[0] // ring_tables.shape[0] * PAGE_SIZE   # rows of one slot's ring
-        self.place = [(r, sum(1 for x in ringed[:i] if x == r)) for i, r in enumerate(ringed)]
+        self.place = [(r, ringed[:i].count(r)) for i, r in enumerate(ringed)]   # (in a ring, index there)
         self.device, self.dtype = pages.device, pages.dtype
 
     def element_size(self) -> int:
@@ -95,7 +95,7 @@ class DraftPages:
         self.v = torch.zeros_like(self.k)
         self.caches = [DraftLength(max_len) for _ in range(slots)]
         self.tables = tables
-        self.ring = ring_pages(config, max_len) if any(ringed) else 0
+        self.ring = ring_pages(config, max_len)
         self._pools = {"k": self.k, "v": self.v}
         if self.ring:
             shape = ((slots + 1) * self.ring, ringed.count(True), *geometry)
@@ -130,16 +130,18 @@ class DraftPages:
     @staticmethod
     def page_bytes(config, dtype, max_len: int) -> int:
         """Bytes of one page of the drafter's K and V (every layer not in a ring)."""
-        elem = torch.empty((), dtype=dtype).element_size()
-        paged = _ringed(config, max_len).count(False)
-        return 2 * paged * config.num_key_value_heads * PAGE_SIZE * config.head_dim * elem
+        return _kv_bytes(config, dtype, _ringed(config, max_len).count(False), PAGE_SIZE)
 
     @staticmethod
     def ring_bytes(config, dtype, max_len: int) -> int:
         """Bytes of one slot's rings (0 without)."""
-        elem = torch.empty((), dtype=dtype).element_size()
-        rows = ring_pages(config, max_len) * PAGE_SIZE
-        return 2 * _ringed(config, max_len).count(True) * config.num_key_value_heads * rows * config.head_dim * elem
+        return _kv_bytes(config, dtype, _ringed(config, max_len).count(True), ring_pages(config, max_len) * PAGE_SIZE)
+
+
+def _kv_bytes(config, dtype, layers: int, rows: int) -> int:
+    """Bytes of K and V of ``rows`` rows in ``layers`` drafter layers."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return 2 * layers * config.num_key_value_heads * rows * config.head_dim * elem
 
 
 def draft_caches(drafter, raw, slots: int, pool_slots: int, max_len: int, pooled: bool, paged=None, device=None):
